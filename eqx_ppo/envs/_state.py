@@ -1,0 +1,36 @@
+"""The environment state the library expects (Brax / MuJoCo Playground protocol)."""
+
+import dataclasses
+from typing import Any, Self
+
+import equinox as eqx
+from jaxtyping import Array, Float, PyTree
+
+
+class State(eqx.Module):
+    """One env's state, field-compatible with `brax.envs.State`.
+
+    Built-in envs return this; Brax and Playground envs return their own state
+    class with the same fields, and the library only reads `obs`, `reward`,
+    `done`, `info` and `metrics` and writes through `replace`.
+
+    **Fields:**
+
+    - `pipeline_state`: whatever the env needs to step (physics state, counters).
+    - `obs`: the observation pytree.
+    - `reward`: a scalar, or a dict of scalars for multi-head rewards.
+    - `done`: `1.0` when this step ended the episode (termination or truncation).
+    - `metrics`: per-step scalars the env reports, logged under `env/...`.
+    - `info`: bookkeeping; `info["truncation"]` marks time-limit ends.
+    """
+
+    pipeline_state: Any
+    obs: PyTree[Array]
+    reward: PyTree[Float[Array, ""]]
+    done: Float[Array, ""]
+    metrics: dict[str, Any] = eqx.field(default_factory=dict)
+    info: dict[str, Any] = eqx.field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with `changes` applied (the Brax `State.replace` API)."""
+        return dataclasses.replace(self, **changes)

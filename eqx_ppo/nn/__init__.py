@@ -1,0 +1,12 @@
+"""Layers, containers and samplers: every one an immutable stateful module."""
+
+from ._module import (
+    AbstractStatefulModule as AbstractStatefulModule,
+    AbstractStatistics as AbstractStatistics,
+    State as State,
+    StatefulModuleOutput as StatefulModuleOutput,
+    apply_batched as apply_batched,
+    reset_where as reset_where,
+    trainable as trainable,
+)
+from ._adapter import PPONetworkOutput as PPONetworkOutput

@@ -1,0 +1,193 @@
+"""The stateful module contract every eqx_ppo layer follows.
+
+**Batching convention.** A layer is written for *one* environment, as in
+Equinox: `x` has no batch axis, `state` is one env's carry, the regularisation
+loss is a scalar and every metric is one env's value. The library supplies the
+env axis with `jax.vmap`, giving each env its own PRNG key. We chose this over
+nnx-ppo's leading-batch-axis convention because
+
+1. per-env keys make every stochastic layer reproducible on any subset of
+   envs, so a minibatch replay of envs `[3, 7]` sees exactly the noise envs 3
+   and 7 saw in the rollout;
+2. the same layer runs unchanged over `[B]`, `[T, B]` or `[seeds, B]` by
+   stacking `vmap`s, which is how the loss replays feed-forward networks over
+   all time steps at once;
+3. layers are shorter: no `axis=-1` bookkeeping, no batch-size arguments.
+
+For interactive use, `initialize_state(batch_size)` builds a `[B, ...]` state
+and [`eqx_ppo.nn.apply_batched`][] calls a network once on a batch, so the
+nnx-ppo recording workflow keeps its length.
+
+**Shapes** of one call (single env):
+
+- `state`: the layer's carry pytree, `()` for stateless layers.
+- `x`: the layer's input pytree, e.g. `Float[Array, "features"]`.
+- `extras`: `None` to act afresh (rollout, inference); the `extras` this layer
+  emitted in the rollout to replay that step (loss replay).
+- `output.next_state`: same structure as `state`.
+- `output.regularization_loss`: `Float[Array, ""]`, added to the PPO loss.
+- `output.metrics`: a dict of arrays, logged under `net/<path>/...`.
+- `output.extras`: what the loss replay must get back; `None` if nothing.
+"""
+
+import abc
+from typing import Any, NamedTuple, Self
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
+
+State = PyTree
+"""A per-env carry: any pytree of arrays, `()` for stateless layers."""
+
+
+class StatefulModuleOutput(NamedTuple):
+    """What every call of an [`eqx_ppo.nn.AbstractStatefulModule`][] returns.
+
+    **Fields:**
+
+    - `next_state`: the carry for the next step.
+    - `output`: the forward output.
+    - `regularization_loss`: a scalar per env, added to the training loss.
+    - `metrics`: a dict of per-env diagnostics, never differentiated.
+    - `extras`: the values loss replay passes back as `extras`.
+    """
+
+    next_state: State
+    output: Any
+    regularization_loss: Float[Array, ""]
+    metrics: dict
+    extras: Any = None
+
+
+class AbstractStatefulModule(eqx.Module):
+    """Base class of every layer and container.
+
+    Subclasses implement `__call__`; layers with a carry override
+    `initial_state`; layers that keep running statistics override
+    `update_statistics`. See the module docstring for the batching convention.
+    """
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        state: State,
+        x: Any,
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """Run one step for one env.
+
+        **Arguments:**
+
+        - `state`: this layer's carry for this env.
+        - `x`: the input.
+        - `extras`: `None` to act afresh, or the `extras` emitted by the rollout
+          call being replayed.
+        - `key`: a PRNG key; stochastic layers require it (except in inference
+          mode), deterministic layers ignore it.
+        """
+
+    def initial_state(self) -> State:
+        """The carry of one env at the start of an episode."""
+        return ()
+
+    def reset_state(self, prev_state: State) -> State:
+        """The carry after an episode boundary, given the carry before it."""
+        del prev_state
+        return self.initial_state()
+
+    def update_statistics(self, extras: Any) -> Self:
+        """Fold a rollout's `extras` (leaves `[T, B, ...]`) into running statistics.
+
+        Returns a new module; the default has no statistics and returns `self`.
+        """
+        del extras
+        return self
+
+    def initialize_state(self, batch_size: int | None = None) -> State:
+        """`initial_state()`, with a leading `[batch_size]` axis if given."""
+        state = self.initial_state()
+        if batch_size is None:
+            return state
+        return jax.tree.map(
+            lambda s: jnp.broadcast_to(s, (batch_size, *jnp.shape(s))), state
+        )
+
+
+class AbstractStatistics(eqx.Module):
+    """Marks arrays that are never trained (e.g. a normaliser's running moments).
+
+    [`eqx_ppo.nn.trainable`][] excludes every array inside a subclass, so the
+    optimiser, gradient norms and weight logging skip them.
+    """
+
+
+def _is_statistics(node: Any) -> bool:
+    return isinstance(node, AbstractStatistics)
+
+
+def trainable(model: PyTree) -> PyTree[bool]:
+    """A filter spec selecting the trainable leaves of `model`.
+
+    Trainable means: a floating-point array not inside an
+    [`eqx_ppo.nn.AbstractStatistics`][]. Use it with `eqx.partition`:
+
+    ```python
+    params, static = eqx.partition(model, eqx_ppo.nn.trainable(model))
+    ```
+    """
+
+    def mark(node: Any) -> Any:
+        if _is_statistics(node):
+            return jax.tree.map(lambda _: False, node)
+        return eqx.is_inexact_array(node)
+
+    return jax.tree.map(mark, model, is_leaf=_is_statistics)
+
+
+def zero_loss() -> Float[Array, ""]:
+    """The regularisation loss of a layer that adds none."""
+    return jnp.zeros((), jnp.float32)
+
+
+def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:
+    """Split `key` among `n` children; `None` stays `None` (deterministic calls)."""
+    if key is None:
+        return [None] * n
+    return list(jax.random.split(key, n))
+
+
+def reset_where(
+    module: AbstractStatefulModule, done: Bool[Array, ""], state: State
+) -> State:
+    """One env's carry, reset if `done`: the rule the rollout and replay share."""
+    fresh = module.reset_state(state)
+    return jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh, state)
+
+
+def apply_batched(
+    module: AbstractStatefulModule,
+    state: State,
+    x: Any,
+    extras: Any = None,
+    *,
+    key: PRNGKeyArray | None = None,
+) -> StatefulModuleOutput:
+    """Call `module` once on a batch: every leaf has a leading env axis `[B]`.
+
+    `key` is split into one key per env, in the same way the rollout does it,
+    so `apply_batched` on a batch reproduces the per-env calls exactly.
+
+    ```python
+    state = net.initialize_state(8)
+    out = eqx_ppo.nn.apply_batched(net, state, obs, key=jax.random.key(0))
+    ```
+    """
+    n = jax.tree.leaves(x)[0].shape[0]
+    keys = None if key is None else jax.random.split(key, n)
+    return jax.vmap(
+        lambda s, xi, e, k: module(s, xi, e, key=k),
+    )(state, x, extras, keys)
