@@ -10,3 +10,5 @@ from ._module import (
     trainable as trainable,
 )
 from ._adapter import PPONetworkOutput as PPONetworkOutput
+from ._dense import Dense as Dense
+from ._dense import get_activation as get_activation
