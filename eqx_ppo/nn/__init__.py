@@ -12,3 +12,5 @@ from ._module import (
 from ._adapter import PPONetworkOutput as PPONetworkOutput
 from ._dense import Dense as Dense
 from ._dense import get_activation as get_activation
+from ._normalizer import Normalizer as Normalizer
+from ._normalizer import NormalizerStatistics as NormalizerStatistics
