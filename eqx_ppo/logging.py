@@ -1,0 +1,184 @@
+"""What to log (`LoggingLevel`), in-graph metric reduction, and metric sinks.
+
+Metrics are reduced to scalars inside the compiled program (means, stds or
+percentiles), so nothing that grows with the length of a run ever stays on the
+device. Sinks receive plain `dict[str, float]` on the host.
+"""
+
+import csv
+import enum
+import json
+import math
+import pathlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, PyTree
+
+LogFn = Callable[[dict[str, float], int], None]
+"""A metric sink: called with `(metrics, step)` on the host."""
+
+
+class LoggingLevel(enum.Flag):
+    """Which metric groups a run computes; combine with `|`.
+
+    Key names follow nnx-ppo: `losses/...`, `rollout_batch/...`, `env/...`,
+    `net/<path>/...`, `grad_norm`, `weights/...`, `throughput/train_sps`.
+    `ROLLOUT_OBS` logs every observation leaf and is left out of `ALL`.
+    """
+
+    LOSSES = enum.auto()
+    CRITIC_EXTRA = enum.auto()
+    ACTOR_EXTRA = enum.auto()
+    ROLLOUT_STATS = enum.auto()
+    ROLLOUT_OBS = enum.auto()
+    ENV_METRICS = enum.auto()
+    NETWORK_METRICS = enum.auto()
+    GRAD_NORM = enum.auto()
+    WEIGHTS = enum.auto()
+    THROUGHPUT = enum.auto()
+    BASIC = LOSSES
+    ALL = (
+        LOSSES
+        | ACTOR_EXTRA
+        | CRITIC_EXTRA
+        | ROLLOUT_STATS
+        | ENV_METRICS
+        | NETWORK_METRICS
+        | GRAD_NORM
+        | WEIGHTS
+        | THROUGHPUT
+    )
+    NONE = 0
+
+
+def reduce_metric(
+    out: dict[str, Array],
+    name: str,
+    value: PyTree[Array],
+    percentiles: Sequence[float] | None = None,
+) -> None:
+    """Add `value`'s summary statistics to `out` under `name` (in-graph).
+
+    Nested dicts extend the name with `/key`. Boolean leaves become their
+    fraction true (`name`); other leaves become `name/mean` and `name/std`, or
+    `name/p{N}` for each requested percentile.
+    """
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            reduce_metric(out, f"{name}/{k}", v, percentiles)
+        return
+    value = jnp.asarray(value)
+    if value.dtype == jnp.bool_:
+        out[name] = jnp.mean(value.astype(jnp.float32))
+    elif not percentiles:
+        out[f"{name}/mean"] = jnp.mean(value.astype(jnp.float32))
+        out[f"{name}/std"] = jnp.std(value.astype(jnp.float32))
+    else:
+        levels = jnp.asarray(percentiles, jnp.float32)
+        ps = jnp.percentile(value.astype(jnp.float32), levels)
+        for level, p in zip(percentiles, ps, strict=True):
+            out[f"{name}/p{level:g}"] = p
+
+
+def to_host(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Device scalars to Python floats (one transfer for the whole dict)."""
+    host = jax.device_get(dict(metrics))
+    return {k: float(np.asarray(v)) for k, v in host.items()}
+
+
+def _clean(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class JSONLLogger:
+    """Appends one JSON object per call to `path`: `{"step": ..., **metrics}`.
+
+    Non-finite values are written as `null`, so every line is strict JSON.
+    """
+
+    def __init__(self, path: str | pathlib.Path):
+        self.path = pathlib.Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class CSVLogger:
+    """Writes metrics as CSV rows; the header is the union of keys seen so far.
+
+    When a new key appears the file is rewritten with the wider header, so the
+    file always parses as one table.
+    """
+
+    def __init__(self, path: str | pathlib.Path):
+        self.path = pathlib.Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._rows: list[dict[str, Any]] = []
+        self._fields: list[str] = ["step"]
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        row = {"step": step, **metrics}
+        new = [k for k in row if k not in self._fields]
+        self._fields.extend(new)
+        self._rows.append(row)
+        if new or len(self._rows) == 1:
+            with self.path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self._fields)
+                writer.writeheader()
+                writer.writerows(self._rows)
+        else:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self._fields).writerow(row)
+
+
+class TensorBoardLogger:
+    """Writes scalars with tensorboardX (`pip install eqx_ppo[logging]`)."""
+
+    def __init__(self, logdir: str | pathlib.Path):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError as e:
+            raise ImportError(
+                "TensorBoardLogger needs tensorboardX: "
+                "`pip install 'eqx_ppo[logging]'`."
+            ) from e
+        self.writer = SummaryWriter(str(logdir))
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+
+class WandbLogger:
+    """Logs to Weights & Biases (`pip install eqx_ppo[logging]`); kwargs go to
+    `wandb.init`."""
+
+    def __init__(self, **init_kwargs: Any):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError(
+                "WandbLogger needs wandb: `pip install 'eqx_ppo[logging]'`."
+            ) from e
+        self.run = wandb.init(**init_kwargs)
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+
+def combine_loggers(*log_fns: LogFn) -> LogFn:
+    """One sink that forwards every call to each of `log_fns`."""
+
+    def log(metrics: dict[str, float], step: int) -> None:
+        for fn in log_fns:
+            fn(metrics, step)
+
+    return log

@@ -1,0 +1,345 @@
+"""`train_ppo`: the driver that compiles chunks of iterations and handles host events.
+
+The driver runs `K` iterations per compiled `lax.scan` chunk and returns to
+Python only for host events (logging, progress, eval, video, checkpoints). `K`
+is fixed per run, so the chunk compiles once; a chunk that must stop early
+(an event falls inside it) runs its tail iterations as no-ops under
+`lax.cond`. With `TrainConfig(n_seeds=S)` the whole chunk is `vmap`ped over
+seeds: one program trains all of them.
+"""
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, PRNGKeyArray
+
+from ..logging import LoggingLevel
+from ..nn._module import AbstractStatefulModule
+from ._config import TrainConfig
+from ._rollout import eval_rollout
+from ._step import TrainingState, ppo_init, ppo_step
+
+NetworkOrFactory = (
+    AbstractStatefulModule | Callable[[PRNGKeyArray], AbstractStatefulModule]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoData:
+    """One rendered evaluation episode, passed to `video_fn`."""
+
+    frames: np.ndarray
+    step: int
+    episode_reward: float
+    episode_length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What `train_ppo` returns.
+
+    With `n_seeds > 1`, every array leaf of `training_state` has a leading seed
+    axis and every metric value is a list with one float per seed.
+    """
+
+    training_state: TrainingState
+    final_metrics: dict[str, Any]
+    eval_history: list[dict[str, Any]]
+    total_steps: int
+    total_iterations: int
+
+
+def _build_network(networks: NetworkOrFactory, key: PRNGKeyArray):
+    if isinstance(networks, AbstractStatefulModule):
+        return networks
+    if callable(networks):
+        return networks(key)
+    raise TypeError(
+        "train_ppo(networks=...): expected an eqx_ppo network or a function "
+        f"`key -> network`; got {type(networks).__name__}."
+    )
+
+
+def init_state(
+    env: Any, networks: NetworkOrFactory, config: TrainConfig
+) -> TrainingState:
+    """The initial training state of every seed (stacked when `n_seeds > 1`)."""
+
+    def one(seed_key_data):
+        init_key, train_key, _ = _split_seed_key(seed_key_data)
+        network = _build_network(networks, init_key)
+        return ppo_init(env, network, config.ppo, key=train_key)
+
+    seeds = _seed_key_data(config)
+    if config.n_seeds == 1:
+        return eqx.filter_jit(one)(seeds[0])
+    return eqx.filter_jit(eqx.filter_vmap(one))(seeds)
+
+
+def _seed_key_data(config: TrainConfig) -> Array:
+    return jnp.stack(
+        [
+            jax.random.key_data(jax.random.key(config.seed + i))
+            for i in range(config.n_seeds)
+        ]
+    )
+
+
+def _split_seed_key(key_data: Array) -> PRNGKeyArray:
+    """A seed's network-init, training and evaluation keys."""
+    return jax.random.split(jax.random.wrap_key_data(key_data), 3)
+
+
+def _eval_keys(config: TrainConfig) -> PRNGKeyArray:
+    return jax.vmap(lambda k: _split_seed_key(k)[2])(_seed_key_data(config))
+
+
+@eqx.filter_jit(donate="all-except-first")
+def _run_chunk(static: tuple, state: TrainingState, n_active: Array):
+    env, config, chunk, n_seeds = static
+
+    def chunk_one(s: TrainingState):
+        dynamic, static_part = eqx.partition(s, eqx.is_array)
+        _, metrics_shape = eqx.filter_eval_shape(ppo_step, env, config, s)
+        zeros = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics_shape)
+
+        def body(dyn, i):
+            def active(d):
+                new, metrics = ppo_step(env, config, eqx.combine(d, static_part))
+                return eqx.filter(new, eqx.is_array), metrics
+
+            return jax.lax.cond(i < n_active, active, lambda d: (d, zeros), dyn)
+
+        dynamic, metrics = jax.lax.scan(body, dynamic, jnp.arange(chunk))
+        return eqx.combine(dynamic, static_part), metrics
+
+    if n_seeds == 1:
+        return chunk_one(state)
+    return eqx.filter_vmap(chunk_one)(state)
+
+
+@eqx.filter_jit
+def _evaluate(env, network, key, eval_config):
+    return eval_rollout(
+        env,
+        eqx.nn.inference_mode(network),
+        key,
+        n_envs=eval_config.n_envs,
+        max_episode_length=eval_config.max_episode_length,
+        logging_level=eval_config.logging_level,
+        logging_percentiles=eval_config.logging_percentiles,
+    )
+
+
+def _host(metrics: dict[str, Array], n_seeds: int, index: int | None = None):
+    host = jax.device_get(metrics)
+    out = {}
+    for k, v in host.items():
+        v = np.asarray(v, np.float64)
+        if index is not None:
+            v = v[..., index]
+        out[k] = float(v) if n_seeds == 1 else [float(x) for x in v]
+    return out
+
+
+def _period(every_steps: int, steps_per_iteration: int) -> int:
+    return max(1, math.ceil(every_steps / steps_per_iteration))
+
+
+def train_ppo(
+    env: Any,
+    networks: NetworkOrFactory,
+    config: TrainConfig | None = None,
+    *,
+    log_fn: Callable[[dict[str, Any], int], None] | None = None,
+    video_fn: Callable[[VideoData], None] | None = None,
+    checkpoint_fn: Callable[[TrainingState, int], None] | None = None,
+    eval_env: Any = None,
+    initial_state: TrainingState | None = None,
+) -> TrainResult:
+    """Train a PPO agent; see the module docstring for how the work is compiled.
+
+    **Arguments:**
+
+    - `env`: a Brax / Playground-protocol env (single-env `reset` / `step`).
+    - `networks`: a network ending in a `PPOAdapter`, or a function
+      `key -> network` (each seed then gets its own initialisation).
+    - `config`: a [`eqx_ppo.TrainConfig`][].
+    - `log_fn`: called `(metrics, step)` after every iteration, with eval
+      metrics merged in when an eval ran.
+    - `video_fn`: called with [`eqx_ppo.VideoData`][] when `config.video` is
+      enabled and the eval env has `render`.
+    - `checkpoint_fn`: called `(training_state, step)` every
+      `checkpoint_every_steps` steps and at the end.
+    - `eval_env`: the env for evaluation (default: `env`).
+    - `initial_state`: resume from this state instead of a fresh one.
+    """
+    config = TrainConfig() if config is None else config
+    ppo = config.ppo
+    eval_env = env if eval_env is None else eval_env
+    n_seeds = config.n_seeds
+    state = (
+        init_state(env, networks, config) if initial_state is None else initial_state
+    )
+    spi = ppo.steps_per_iteration
+    total_iterations = ppo.n_iterations
+
+    eval_every = _period(config.eval.every_steps, spi) if config.eval.enabled else None
+    ckpt_every = (
+        _period(config.checkpoint_every_steps, spi)
+        if checkpoint_fn is not None
+        else None
+    )
+    video_every = (
+        _period(config.video.every_steps, spi)
+        if config.video.enabled and video_fn is not None
+        else None
+    )
+    log_every = (
+        _period(config.log_every_steps, spi)
+        if config.log_every_steps is not None
+        else max(1, math.ceil(total_iterations / 50))
+    )
+    periods = [p for p in (eval_every, ckpt_every, video_every, log_every) if p]
+    chunk = min(periods)
+
+    eval_keys = _eval_keys(config)
+    eval_history: list[dict[str, Any]] = []
+    final_metrics: dict[str, Any] = {}
+    iteration = int(np.max(jax.device_get(state.iteration)))
+    start_iteration = iteration
+    progress = _progress(config, iteration * spi, ppo.total_steps)
+
+    def run_eval(step: int) -> dict[str, Any]:
+        if n_seeds == 1:
+            metrics = _evaluate(eval_env, state.network, eval_keys[0], config.eval)
+        else:
+            metrics = eqx.filter_vmap(
+                lambda net, k: _evaluate(eval_env, net, k, config.eval)
+            )(state.network, eval_keys)
+        metrics = _host(metrics, n_seeds)
+        eval_history.append({"step": step, **metrics})
+        if progress is not None:
+            progress.set_postfix(eval_return=_mean(metrics["eval/episode_reward/mean"]))
+        return metrics
+
+    def due(every: int | None, it: int) -> bool:
+        return every is not None and (it % every == 0 or it == total_iterations)
+
+    def host_events(it: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        step = it * spi
+        if due(eval_every, it):
+            metrics = {**metrics, **run_eval(step)}
+        if due(video_every, it):
+            _record_video(eval_env, state, config, video_fn, step, n_seeds)
+        if due(ckpt_every, it):
+            checkpoint_fn(state, step)
+        return metrics
+
+    if iteration == 0:
+        metrics0 = host_events(0, {})
+        if log_fn is not None and metrics0:
+            log_fn(metrics0, 0)
+
+    static = (env, ppo, chunk, n_seeds)
+    while iteration < total_iterations:
+        next_stop = min(
+            [total_iterations] + [(iteration // p + 1) * p for p in periods]
+        )
+        n_active = next_stop - iteration
+        t0 = time.perf_counter()
+        state, chunk_metrics = _run_chunk(static, state, jnp.asarray(n_active))
+        chunk_metrics = jax.device_get(chunk_metrics)
+        elapsed = time.perf_counter() - t0
+        if ppo.check_finite:
+            _raise_if_nonfinite(chunk_metrics, iteration, n_active)
+        for i in range(n_active):
+            it = iteration + i + 1
+            metrics = _host(chunk_metrics, n_seeds, index=i)
+            if LoggingLevel.THROUGHPUT in ppo.logging_level:
+                metrics["throughput/train_sps"] = n_active * spi * n_seeds / elapsed
+            if i == n_active - 1:
+                metrics = host_events(it, metrics)
+            if log_fn is not None:
+                log_fn(metrics, it * spi)
+            final_metrics = metrics
+        iteration = next_stop
+        if progress is not None:
+            progress.update(n_active * spi)
+            progress.set_postfix(
+                sps=f"{n_active * spi * n_seeds / elapsed:.0f}",
+                **(
+                    {"eval_return": _mean(eval_history[-1]["eval/episode_reward/mean"])}
+                    if eval_history
+                    else {}
+                ),
+            )
+    if progress is not None:
+        progress.close()
+    return TrainResult(
+        training_state=state,
+        final_metrics=final_metrics,
+        eval_history=eval_history,
+        total_steps=iteration * spi,
+        total_iterations=iteration - start_iteration,
+    )
+
+
+def _mean(value: float | Sequence[float]) -> str:
+    return f"{float(np.mean(value)):.3g}"
+
+
+def _progress(config: TrainConfig, initial: int, total: int):
+    if not config.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total, initial=initial, unit="step", unit_scale=True, desc="train"
+    )
+
+
+def _raise_if_nonfinite(chunk_metrics: dict, iteration: int, n_active: int) -> None:
+    for name in ("debug/finite_loss", "debug/finite_obs"):
+        flags = np.asarray(chunk_metrics[name])[..., :n_active]
+        bad = np.nonzero(~flags.reshape(-1, n_active).all(axis=0))[0]
+        if bad.size:
+            what = "loss" if name.endswith("loss") else "observation"
+            raise FloatingPointError(
+                f"Non-finite {what} at iteration {iteration + int(bad[0]) + 1}; "
+                "training stopped before the state was returned or checkpointed. "
+                "Lower the learning rate, enable gradient_clipping, or check the env."
+            )
+
+
+def _record_video(eval_env, state, config, video_fn, step, n_seeds) -> None:
+    render = getattr(eval_env, "render", None)
+    if render is None:
+        return
+    from ._video import rollout_for_video
+
+    network = state.network
+    if n_seeds > 1:
+        network = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, network)
+    states, reward, length = rollout_for_video(
+        eval_env,
+        network,
+        config.video.episode_length,
+        jax.random.key(config.seed + step),
+    )
+    frames = render(states, **config.video.render_kwargs)
+    video_fn(
+        VideoData(
+            frames=np.stack([np.asarray(f) for f in frames]),
+            step=step,
+            episode_reward=float(reward),
+            episode_length=int(length),
+        )
+    )
