@@ -1,0 +1,410 @@
+"""PopulationGraphBuilder: the mutable description a PopulationGraph is built from."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, PRNGKeyArray
+
+from .._activation_key import ACTIVATION_KEY
+from ..nn._dense import Dense, check_size, get_activation
+from ..nn._module import AbstractStatefulModule, split_key
+from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
+
+Activation = str | Callable[[Array], Array] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _PendingPopulation:
+    name: str
+    size: int
+    activation: Callable[[Array], Array]
+    role: Role
+    input_from: str | None
+    output_to: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _PendingConnection:
+    spec: ConnectionSpec
+    transform: AbstractStatefulModule | None
+
+
+class PopulationGraphBuilder:
+    """Describe a population graph step by step, then `finalize` it.
+
+    The builder is an ordinary mutable Python object; `finalize(key=...)`
+    validates the description and returns an immutable
+    [`eqx_ppo.graph.PopulationGraph`][] (an Equinox module like every other
+    layer). After `finalize` the builder refuses further changes.
+
+    ```python
+    builder = PopulationGraphBuilder()
+    builder.add_input("retina", 4, input_from="image")
+    builder.add_population("hidden", 16, activation="tanh")
+    builder.add_output("motor", 2, output_to="action")
+    builder.connect("retina", "hidden")
+    builder.connect("hidden", "hidden", delay=1)  # recurrence
+    builder.connect("hidden", "motor")
+    graph = builder.finalize(key=jax.random.key(0))
+    out = graph(graph.initial_state(), {"image": jnp.ones(4)})
+    out.output["action"]  # shape (2,)
+    ```
+
+    Every method returns the builder, so calls can be chained.
+    """
+
+    def __init__(self):
+        self._populations: dict[str, _PendingPopulation] = {}
+        self._connections: list[_PendingConnection] = []
+        self._finalized = False
+
+    def add_population(
+        self, name: str, size: int, *, activation: Activation = None
+    ) -> "PopulationGraphBuilder":
+        """Add a hidden population.
+
+        **Arguments:**
+
+        - `name`: a unique name (a non-empty string).
+        - `size`: number of units; every incoming transform must output this size.
+        - `activation`: applied once to the summed input: `None` (identity), a
+            callable, or a name such as `"tanh"` (see `eqx_ppo.nn.get_activation`).
+        """
+        return self._add(name, size, activation, "hidden", None, None)
+
+    def add_input(
+        self,
+        name: str,
+        size: int,
+        *,
+        input_from: str | None = None,
+        activation: Activation = None,
+    ) -> "PopulationGraphBuilder":
+        """Add a population that sums an observation into its input.
+
+        **Arguments:**
+
+        - `name`, `size`, `activation`: as in `add_population`.
+        - `input_from`: the key of a dict observation to read (one env's value
+            must have shape `(size,)`), or `None` to read the whole observation,
+            which must then be an array of shape `(size,)`.
+        """
+        if input_from is not None and not isinstance(input_from, str):
+            raise TypeError(
+                f"add_input({name!r}, input_from=...) must be an observation key "
+                f"(str) or None; got {type(input_from).__name__} {input_from!r}."
+            )
+        return self._add(name, size, activation, "input", input_from, None)
+
+    def add_output(
+        self,
+        name: str,
+        size: int,
+        *,
+        output_to: str | None = None,
+        activation: Activation = None,
+    ) -> "PopulationGraphBuilder":
+        """Add a population whose activity appears in the graph's output dict.
+
+        **Arguments:**
+
+        - `name`, `size`, `activation`: as in `add_population`.
+        - `output_to`: its key in the output dict; defaults to `name`.
+        """
+        if output_to is not None and not isinstance(output_to, str):
+            raise TypeError(
+                f"add_output({name!r}, output_to=...) must be a str or None; got "
+                f"{type(output_to).__name__} {output_to!r}."
+            )
+        key = name if output_to is None else output_to
+        taken = [p.name for p in self._populations.values() if p.output_to == key]
+        if taken:
+            raise ValueError(
+                f"add_output({name!r}, output_to={key!r}): population {taken[0]!r} "
+                "already writes that output key; pick another output_to."
+            )
+        return self._add(name, size, activation, "output", None, key)
+
+    def connect(
+        self,
+        src: str,
+        dst: str,
+        *,
+        transform: AbstractStatefulModule | None = None,
+        delay: int = 0,
+        reciprocal: bool = False,
+        name: str | None = None,
+    ) -> "PopulationGraphBuilder":
+        """Feed `src`'s activity into `dst`'s summed input.
+
+        **Arguments:**
+
+        - `src`, `dst`: names of populations added before.
+        - `transform`: any stateful module mapping `(src size,)` to
+            `(dst size,)`; its carry, extras, regularisation, statistics and
+            metrics are routed through the graph. `None` creates a learned
+            linear map (`Dense` without activation) at `finalize`.
+        - `delay`: `0` reads `src`'s activity of this step (no delay-0 cycles
+            allowed); `k >= 1` reads the activity of exactly `k` steps ago.
+        - `reciprocal`: also connect `dst` to `src` with the same delay and its
+            own default transform; requires `transform=None`.
+        - `name`: the connection's name, keying its transform, carry and
+            metrics; defaults to `"src->dst"`, with `"@k"` appended for a delay
+            `k`. The reverse connection of a reciprocal pair gets its default.
+        """
+        if reciprocal and transform is not None:
+            raise ValueError(
+                f"connect({src!r}, {dst!r}, reciprocal=True) needs transform=None: "
+                "a module maps one direction only. Call connect twice, once per "
+                "direction, to use custom transforms."
+            )
+        self._connect(src, dst, transform, delay, name)
+        if reciprocal:
+            self._connect(dst, src, None, delay, None)
+        return self
+
+    def finalize(self, *, key: PRNGKeyArray) -> PopulationGraph:
+        """Validate the description and build the immutable graph.
+
+        **Arguments:**
+
+        - `key`: PRNG key for the default (learned linear) transforms.
+
+        Raises `ValueError` when there are no populations or no outputs, inputs
+        mix whole-observation and keyed reads, a delay-0 cycle exists (the
+        message names its populations in order), or a transform's output
+        shape does not match its destination's size.
+        """
+        self._check_open("finalize")
+        pops = self._populations
+        if not pops:
+            raise ValueError(
+                "PopulationGraphBuilder.finalize(): the graph has no populations; "
+                "add some with add_input/add_population/add_output."
+            )
+        if not any(p.role == "output" for p in pops.values()):
+            raise ValueError(
+                "PopulationGraphBuilder.finalize(): the graph has no output "
+                "population, so its output would be empty; add one with add_output."
+            )
+        inputs = [p for p in pops.values() if p.role == "input"]
+        whole = [p.name for p in inputs if p.input_from is None]
+        keyed = [p.name for p in inputs if p.input_from is not None]
+        if whole and keyed:
+            raise ValueError(
+                f"PopulationGraphBuilder.finalize(): inputs {whole} read the whole "
+                f"observation while {keyed} read dict keys; an observation cannot "
+                "be both. Give every input an input_from key (dict observations) "
+                "or none (array observations)."
+            )
+        order = _topological_order(pops, [c.spec for c in self._connections])
+        buffer_length = {name: 0 for name in pops}
+        for conn in self._connections:
+            buffer_length[conn.spec.src] = max(
+                buffer_length[conn.spec.src], conn.spec.delay
+            )
+        keys = split_key(key, len(self._connections))
+        transforms = {
+            conn.spec.name: self._build_transform(conn, k)
+            for conn, k in zip(self._connections, keys, strict=True)
+        }
+        populations = tuple(
+            PopulationSpec(
+                name=p.name,
+                size=p.size,
+                activation=p.activation,
+                role=p.role,
+                input_from=p.input_from,
+                output_to=p.output_to,
+                buffer_length=buffer_length[p.name],
+            )
+            for p in pops.values()
+        )
+        self._finalized = True
+        return PopulationGraph(
+            transforms=transforms,
+            populations=populations,
+            connections=tuple(c.spec for c in self._connections),
+            order=order,
+        )
+
+    def _add(
+        self,
+        name: str,
+        size: int,
+        activation: Activation,
+        role: Role,
+        input_from: str | None,
+        output_to: str | None,
+    ) -> "PopulationGraphBuilder":
+        method = {"input": "add_input", "hidden": "add_population"}.get(
+            role, "add_output"
+        )
+        self._check_open(method)
+        _check_name(f"{method}(name=...)", name)
+        if name in self._populations:
+            raise ValueError(
+                f"{method}({name!r}, ...): a population named {name!r} already "
+                "exists; population names must be unique."
+            )
+        check_size(f"{method}({name!r}, size=...)", size)
+        self._populations[name] = _PendingPopulation(
+            name=name,
+            size=size,
+            activation=get_activation(activation),
+            role=role,
+            input_from=input_from,
+            output_to=output_to,
+        )
+        return self
+
+    def _connect(
+        self,
+        src: str,
+        dst: str,
+        transform: AbstractStatefulModule | None,
+        delay: int,
+        name: str | None,
+    ) -> None:
+        self._check_open("connect")
+        call = f"connect({src!r}, {dst!r})"
+        for role, endpoint in (("source", src), ("destination", dst)):
+            if endpoint not in self._populations:
+                raise ValueError(
+                    f"{call}: unknown {role} population {endpoint!r}; known "
+                    f"populations are {list(self._populations)}. Add it first."
+                )
+        if isinstance(delay, bool) or not isinstance(delay, int):
+            raise TypeError(
+                f"{call}: delay must be an int >= 0; got {type(delay).__name__} "
+                f"{delay!r}."
+            )
+        if delay < 0:
+            raise ValueError(
+                f"{call}: delay must be >= 0 (0 = same step, k = k steps ago); "
+                f"got {delay}."
+            )
+        if transform is not None and not isinstance(transform, AbstractStatefulModule):
+            raise TypeError(
+                f"{call}: transform must be an eqx_ppo stateful module (e.g. "
+                f"eqx_ppo.nn.Dense) or None; got {type(transform).__name__}."
+            )
+        if name is None:
+            name = f"{src}->{dst}" + (f"@{delay}" if delay else "")
+        _check_name(f"{call} name", name)
+        if any(c.spec.name == name for c in self._connections):
+            raise ValueError(
+                f"{call}: a connection named {name!r} already exists; pass "
+                "name=... to tell parallel connections apart."
+            )
+        self._connections.append(
+            _PendingConnection(ConnectionSpec(name, src, dst, delay), transform)
+        )
+
+    def _build_transform(
+        self, conn: _PendingConnection, key: PRNGKeyArray
+    ) -> AbstractStatefulModule:
+        src = self._populations[conn.spec.src]
+        dst = self._populations[conn.spec.dst]
+        if conn.transform is None:
+            return Dense(src.size, dst.size, key=key)
+        where = (
+            f"PopulationGraphBuilder.finalize(): connection {conn.spec.name!r} "
+            f"({src.name!r}, size {src.size} -> {dst.name!r}, size {dst.size})"
+        )
+        try:
+            out = eqx.filter_eval_shape(_probe, conn.transform, src.size)
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"{where}: its transform fails on an input of shape ({src.size},): "
+                f"{err}"
+            ) from err
+        if not isinstance(out, jax.ShapeDtypeStruct) or out.shape != (dst.size,):
+            got = out.shape if isinstance(out, jax.ShapeDtypeStruct) else out
+            raise ValueError(
+                f"{where}: its transform must output shape ({dst.size},) for one "
+                f"env, but outputs {got}. Use a transform sized {src.size} -> "
+                f"{dst.size}."
+            )
+        return conn.transform
+
+    def _check_open(self, method: str) -> None:
+        if self._finalized:
+            raise RuntimeError(
+                f"PopulationGraphBuilder.{method}(): the builder was already "
+                "finalized; start a new PopulationGraphBuilder to build another graph."
+            )
+
+
+def _probe(transform: AbstractStatefulModule, size: int) -> Any:
+    out = transform(
+        transform.initial_state(),
+        jnp.zeros((size,), jnp.float32),
+        key=jax.random.key(0),
+    )
+    return out.output
+
+
+def _check_name(what: str, name: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{what} must be a non-empty str; got {name!r}.")
+    if name == ACTIVATION_KEY:
+        raise ValueError(
+            f"{what} {name!r} is reserved for recorded activations; choose another."
+        )
+
+
+def _topological_order(
+    populations: dict[str, Any], connections: list[ConnectionSpec]
+) -> tuple[str, ...]:
+    """Kahn's algorithm over the delay-0 connections, ties broken by insertion order.
+
+    On a delay-0 cycle, raises a `ValueError` naming one cycle in order.
+    """
+    successors: dict[str, list[str]] = {name: [] for name in populations}
+    in_degree = {name: 0 for name in populations}
+    for conn in connections:
+        if conn.delay == 0:
+            successors[conn.src].append(conn.dst)
+            in_degree[conn.dst] += 1
+    ready = [name for name in populations if in_degree[name] == 0]
+    order: list[str] = []
+    while ready:
+        name = ready.pop(0)
+        order.append(name)
+        for succ in successors[name]:
+            in_degree[succ] -= 1
+            if in_degree[succ] == 0:
+                ready.append(succ)
+    if len(order) < len(populations):
+        cycle = _find_cycle(
+            [name for name in populations if in_degree[name] > 0], connections
+        )
+        raise ValueError(
+            "PopulationGraphBuilder.finalize(): delay-0 cycle "
+            f"{' -> '.join(cycle)}; a population cannot depend on its own activity "
+            "in the same step. Give one of these connections delay >= 1."
+        )
+    return tuple(order)
+
+
+def _find_cycle(stuck: list[str], connections: list[ConnectionSpec]) -> list[str]:
+    """One delay-0 cycle among the populations Kahn's algorithm could not order.
+
+    Each of them still has a delay-0 predecessor among them, so walking
+    predecessors from any one must revisit a population: that loop is a cycle.
+    """
+    stuck_set = set(stuck)
+    predecessor = {}
+    for conn in connections:
+        if conn.delay == 0 and conn.dst in stuck_set and conn.src in stuck_set:
+            predecessor.setdefault(conn.dst, conn.src)
+    path = [stuck[0]]
+    while path.count(path[-1]) < 2:
+        path.append(predecessor[path[-1]])
+    start = path.index(path[-1])
+    return path[start:][::-1]
