@@ -14,3 +14,5 @@ from ._dense import Dense as Dense
 from ._dense import get_activation as get_activation
 from ._normalizer import Normalizer as Normalizer
 from ._normalizer import NormalizerStatistics as NormalizerStatistics
+from ._recurrent import GRU as GRU
+from ._recurrent import LSTM as LSTM

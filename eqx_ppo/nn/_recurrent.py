@@ -1,0 +1,296 @@
+"""Recurrent layers: LSTM (carry `(h, c)`) and GRU (carry `h`)."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._dense import Initializer, check_size, check_vector, get_activation, init_param
+from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+
+Activation = str | Callable[[Array], Array]
+
+LSTMState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
+"""An LSTM carry `(h, c)`: hidden state first, cell state second."""
+
+
+def _init_gates(
+    name: str,
+    init: Initializer,
+    key: PRNGKeyArray,
+    shape: tuple[int, ...],
+    n_gates: int,
+) -> Float[Array, "..."]:
+    """Initialise each gate's block separately and concatenate on the last axis.
+
+    Per-gate calls match flax (e.g. each recurrent block is its own orthogonal
+    matrix) while the layer still does one fused matmul per step.
+    """
+    keys = jax.random.split(key, n_gates)
+    return jnp.concatenate([init_param(name, init, k, shape) for k in keys], axis=-1)
+
+
+def _defaults(
+    kernel_init: Initializer | None,
+    recurrent_init: Initializer | None,
+    bias_init: Initializer | None,
+) -> tuple[Initializer, Initializer, Initializer]:
+    return (
+        jax.nn.initializers.lecun_normal() if kernel_init is None else kernel_init,
+        jax.nn.initializers.orthogonal() if recurrent_init is None else recurrent_init,
+        jax.nn.initializers.zeros if bias_init is None else bias_init,
+    )
+
+
+def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
+    if jnp.shape(h) != (size,):
+        raise ValueError(
+            f"{layer} carry {what} has shape {jnp.shape(h)}, expected ({size},). "
+            "Build it with `initial_state()` (one env) and vmap over envs."
+        )
+
+
+class LSTM(AbstractStatefulModule):
+    """A long short-term memory layer for one env; the output is `h`.
+
+    The carry is the tuple **`(h, c)`, hidden state first, cell state
+    second**. Each step computes, with gates stacked in the order
+    `i, f, g, o` along the last axis of `kernel`, `recurrent_kernel` and
+    `bias`:
+
+    ```
+    i = gate_fn(x W_i + h U_i + b_i)        f = gate_fn(x W_f + h U_f + b_f)
+    g = activation_fn(x W_g + h U_g + b_g)  o = gate_fn(x W_o + h U_o + b_o)
+    c' = f * c + i * g                      h' = o * activation_fn(c')
+    ```
+
+    The defaults follow flax's `LSTMCell`: LeCun-normal input kernels,
+    orthogonal recurrent kernels (one per gate) and **zero biases for every
+    gate, including the forget gate** (no `+1` forget bias). For a forget
+    bias, set `bias[hidden_size:2 * hidden_size]` with `eqx.tree_at`.
+
+    With `trainable_initial_state=True`, `initial_state()` returns the
+    parameters `(initial_h, initial_c)` themselves, so every episode start
+    (and every reset in the loss replay) passes gradient to them.
+    """
+
+    kernel: Float[Array, "in_size gates"]
+    recurrent_kernel: Float[Array, "hidden_size gates"]
+    bias: Float[Array, " gates"]
+    initial_h: Float[Array, " hidden_size"] | None
+    initial_c: Float[Array, " hidden_size"] | None
+    gate_fn: Callable[[Array], Array] = eqx.field(static=True)
+    activation_fn: Callable[[Array], Array] = eqx.field(static=True)
+    in_size: int = eqx.field(static=True)
+    hidden_size: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        hidden_size: int,
+        *,
+        key: PRNGKeyArray,
+        trainable_initial_state: bool = False,
+        gate_fn: Activation = jax.nn.sigmoid,
+        activation_fn: Activation = jnp.tanh,
+        kernel_init: Initializer | None = None,
+        recurrent_init: Initializer | None = None,
+        bias_init: Initializer | None = None,
+    ):
+        """**Arguments:**
+
+        - `in_size`: input features.
+        - `hidden_size`: size of `h` and `c`, and of the output.
+        - `key`: PRNG key for the initialisers.
+        - `trainable_initial_state`: learn `(h0, c0)` (initialised to zeros)
+            instead of starting every episode from zeros.
+        - `gate_fn`: squashing of the `i`, `f`, `o` gates (callable or name).
+        - `activation_fn`: activation of the candidate `g` and of the output
+            cell state (callable or name).
+        - `kernel_init`: initialiser of each gate's `[in_size, hidden_size]`
+            input kernel; default LeCun normal.
+        - `recurrent_init`: initialiser of each gate's
+            `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
+        - `bias_init`: initialiser of each gate's bias; default zeros.
+        """
+        check_size("LSTM(in_size=...)", in_size)
+        check_size("LSTM(hidden_size=...)", hidden_size)
+        kernel_key, recurrent_key, bias_key = jax.random.split(key, 3)
+        kernel_init, recurrent_init, bias_init = _defaults(
+            kernel_init, recurrent_init, bias_init
+        )
+        self.kernel = _init_gates(
+            "LSTM(kernel_init=...)", kernel_init, kernel_key, (in_size, hidden_size), 4
+        )
+        self.recurrent_kernel = _init_gates(
+            "LSTM(recurrent_init=...)",
+            recurrent_init,
+            recurrent_key,
+            (hidden_size, hidden_size),
+            4,
+        )
+        self.bias = _init_gates(
+            "LSTM(bias_init=...)", bias_init, bias_key, (hidden_size,), 4
+        )
+        if trainable_initial_state:
+            self.initial_h = jnp.zeros(hidden_size, jnp.float32)
+            self.initial_c = jnp.zeros(hidden_size, jnp.float32)
+        else:
+            self.initial_h = None
+            self.initial_c = None
+        self.gate_fn = get_activation(gate_fn)
+        self.activation_fn = get_activation(activation_fn)
+        self.in_size = in_size
+        self.hidden_size = hidden_size
+
+    def initial_state(self) -> LSTMState:
+        """`(h0, c0)`: the learned parameters, or zeros."""
+        if self.initial_h is None or self.initial_c is None:
+            zeros = jnp.zeros(self.hidden_size, jnp.float32)
+            return (zeros, zeros)
+        return (self.initial_h, self.initial_c)
+
+    def __call__(
+        self,
+        state: LSTMState,
+        x: Float[Array, " in_size"],
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """One step for one env; returns `(h', c')` as carry and `h'` as output."""
+        del extras, key
+        check_vector("LSTM", x, self.in_size)
+        if not (isinstance(state, tuple) and len(state) == 2):
+            raise ValueError(
+                f"LSTM carry must be the tuple (h, c); got {type(state).__name__}. "
+                "Use `initial_state()`."
+            )
+        h, c = state
+        _check_hidden("LSTM", "h", h, self.hidden_size)
+        _check_hidden("LSTM", "c", c, self.hidden_size)
+        z = x @ self.kernel + h @ self.recurrent_kernel + self.bias
+        i, f, g, o = jnp.split(z, 4)
+        c = self.gate_fn(f) * c + self.gate_fn(i) * self.activation_fn(g)
+        h = self.gate_fn(o) * self.activation_fn(c)
+        return StatefulModuleOutput((h, c), h, zero_loss(), {}, None)
+
+
+class GRU(AbstractStatefulModule):
+    """A gated recurrent unit layer for one env; the carry and output are `h`.
+
+    The update follows flax's `GRUCell` (and cuDNN): gates stacked in the
+    order `r, z, n` along the last axis of `kernel`, `recurrent_kernel` and
+    `bias`; the recurrent side has a bias only for the candidate `n`:
+
+    ```
+    r = gate_fn(x W_r + b_r + h U_r)
+    z = gate_fn(x W_z + b_z + h U_z)
+    n = activation_fn(x W_n + b_n + r * (h U_n + recurrent_bias))
+    h' = (1 - z) * n + z * h
+    ```
+
+    Defaults: LeCun-normal input kernels, orthogonal recurrent kernels (one
+    per gate), zero biases. With `trainable_initial_state=True`,
+    `initial_state()` returns the learned `initial_h`.
+    """
+
+    kernel: Float[Array, "in_size gates"]
+    recurrent_kernel: Float[Array, "hidden_size gates"]
+    bias: Float[Array, " gates"]
+    recurrent_bias: Float[Array, " hidden_size"]
+    initial_h: Float[Array, " hidden_size"] | None
+    gate_fn: Callable[[Array], Array] = eqx.field(static=True)
+    activation_fn: Callable[[Array], Array] = eqx.field(static=True)
+    in_size: int = eqx.field(static=True)
+    hidden_size: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        hidden_size: int,
+        *,
+        key: PRNGKeyArray,
+        trainable_initial_state: bool = False,
+        gate_fn: Activation = jax.nn.sigmoid,
+        activation_fn: Activation = jnp.tanh,
+        kernel_init: Initializer | None = None,
+        recurrent_init: Initializer | None = None,
+        bias_init: Initializer | None = None,
+    ):
+        """**Arguments:**
+
+        - `in_size`: input features.
+        - `hidden_size`: size of `h`, and of the output.
+        - `key`: PRNG key for the initialisers.
+        - `trainable_initial_state`: learn `h0` (initialised to zeros)
+            instead of starting every episode from zeros.
+        - `gate_fn`: squashing of the `r` and `z` gates (callable or name).
+        - `activation_fn`: activation of the candidate `n` (callable or name).
+        - `kernel_init`: initialiser of each gate's `[in_size, hidden_size]`
+            input kernel; default LeCun normal.
+        - `recurrent_init`: initialiser of each gate's
+            `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
+        - `bias_init`: initialiser of every bias; default zeros.
+        """
+        check_size("GRU(in_size=...)", in_size)
+        check_size("GRU(hidden_size=...)", hidden_size)
+        kernel_key, recurrent_key, bias_key, recurrent_bias_key = jax.random.split(
+            key, 4
+        )
+        kernel_init, recurrent_init, bias_init = _defaults(
+            kernel_init, recurrent_init, bias_init
+        )
+        self.kernel = _init_gates(
+            "GRU(kernel_init=...)", kernel_init, kernel_key, (in_size, hidden_size), 3
+        )
+        self.recurrent_kernel = _init_gates(
+            "GRU(recurrent_init=...)",
+            recurrent_init,
+            recurrent_key,
+            (hidden_size, hidden_size),
+            3,
+        )
+        self.bias = _init_gates(
+            "GRU(bias_init=...)", bias_init, bias_key, (hidden_size,), 3
+        )
+        self.recurrent_bias = init_param(
+            "GRU(bias_init=...)", bias_init, recurrent_bias_key, (hidden_size,)
+        )
+        self.initial_h = (
+            jnp.zeros(hidden_size, jnp.float32) if trainable_initial_state else None
+        )
+        self.gate_fn = get_activation(gate_fn)
+        self.activation_fn = get_activation(activation_fn)
+        self.in_size = in_size
+        self.hidden_size = hidden_size
+
+    def initial_state(self) -> Float[Array, " hidden_size"]:
+        """`h0`: the learned parameter, or zeros."""
+        if self.initial_h is None:
+            return jnp.zeros(self.hidden_size, jnp.float32)
+        return self.initial_h
+
+    def __call__(
+        self,
+        state: Float[Array, " hidden_size"],
+        x: Float[Array, " in_size"],
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """One step for one env; returns `h'` as both carry and output."""
+        del extras, key
+        check_vector("GRU", x, self.in_size)
+        _check_hidden("GRU", "h", state, self.hidden_size)
+        h = state
+        x_r, x_z, x_n = jnp.split(x @ self.kernel + self.bias, 3)
+        h_r, h_z, h_n = jnp.split(h @ self.recurrent_kernel, 3)
+        r = self.gate_fn(x_r + h_r)
+        z = self.gate_fn(x_z + h_z)
+        n = self.activation_fn(x_n + r * (h_n + self.recurrent_bias))
+        h = (1.0 - z) * n + z * h
+        return StatefulModuleOutput(h, h, zero_loss(), {}, None)
