@@ -16,3 +16,23 @@ from ._normalizer import Normalizer as Normalizer
 from ._normalizer import NormalizerStatistics as NormalizerStatistics
 from ._recurrent import GRU as GRU
 from ._recurrent import LSTM as LSTM
+from ._containers import (
+    Concat as Concat,
+    Map as Map,
+    Merge as Merge,
+    Parallel as Parallel,
+    Sequential as Sequential,
+)
+from ._utils import (
+    Filter as Filter,
+    FilterSpec as FilterSpec,
+    Flattener as Flattener,
+    Scale as Scale,
+    Splitter as Splitter,
+)
+from ._adapter import PPOAdapter as PPOAdapter
+from ..samplers import (
+    CategoricalSampler as CategoricalSampler,
+    NormalSampler as NormalSampler,
+    NormalTanhSampler as NormalTanhSampler,
+)

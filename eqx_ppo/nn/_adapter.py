@@ -1,8 +1,13 @@
 """PPOAdapter: the two-port module that turns a network into a PPO policy."""
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
-from jaxtyping import Array, Float, PyTree
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+
+from ._module import AbstractStatefulModule, State, StatefulModuleOutput, split_key
 
 
 class PPONetworkOutput(NamedTuple):
@@ -18,3 +23,116 @@ class PPONetworkOutput(NamedTuple):
     actions: PyTree[Array]
     loglikelihoods: PyTree[Float[Array, ""]]
     value_estimates: PyTree[Float[Array, ""]]
+
+
+_SAMPLER_KEYS = frozenset({"action", "log_likelihood"})
+
+
+def _is_sampler_dict(node: Any) -> bool:
+    return isinstance(node, Mapping) and _SAMPLER_KEYS <= node.keys()
+
+
+def _squeeze_value(value: Array) -> Float[Array, ""]:
+    if jnp.shape(value) not in ((), (1,)):
+        raise ValueError(
+            "`PPOAdapter`: the value port must output one estimate per reward key, "
+            f"shaped `(1,)` or `()`, got shape {jnp.shape(value)}; end the value "
+            "port with a layer of output size 1."
+        )
+    return jnp.reshape(value, ())
+
+
+class PPOAdapter(AbstractStatefulModule):
+    """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
+
+    The `action` port must output a *sampler dict* `{"action", "log_likelihood"}`
+    (what every sampler returns) or a pytree of them (e.g. a `Map` of samplers
+    for dict actions); the adapter lifts the `"action"` fields into `actions`
+    and the `"log_likelihood"` fields into `loglikelihoods`, keeping the pytree
+    structure. The `value` port outputs an array of shape `(1,)`, squeezed to a
+    scalar, or a dict of them (one value head per reward key).
+
+    State, extras and metrics are dicts `{"action": ..., "value": ...}`; the
+    key is split between the ports, action first.
+
+    **Arguments:**
+
+    - `action`: the actor, ending in a sampler (or a `Map` of samplers).
+    - `value`: the critic, ending in a layer of output size 1 (or a dict of them).
+
+    ```python
+    actor = Sequential([Dense(4, 6, key=k1), NormalTanhSampler(entropy_weight=0.01)])
+    net = PPOAdapter(action=actor, value=Dense(4, 1, key=k2))
+    ```
+    """
+
+    action: AbstractStatefulModule
+    value: AbstractStatefulModule
+
+    def __check_init__(self):
+        for name in ("action", "value"):
+            port = getattr(self, name)
+            if not isinstance(port, AbstractStatefulModule):
+                raise TypeError(
+                    f"`PPOAdapter({name}=...)` must be an AbstractStatefulModule, "
+                    f"got {type(port).__name__}."
+                )
+
+    def __call__(
+        self,
+        state: dict[str, State],
+        x: Any,
+        extras: dict[str, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        if extras is None:
+            extras = {"action": None, "value": None}
+        action_key, value_key = split_key(key, 2)
+        action_out = self.action(state["action"], x, extras["action"], key=action_key)
+        value_out = self.value(state["value"], x, extras["value"], key=value_key)
+        samples = action_out.output
+        nodes = jax.tree.leaves(samples, is_leaf=_is_sampler_dict)
+        if not nodes or not all(_is_sampler_dict(node) for node in nodes):
+            raise TypeError(
+                "`PPOAdapter`: the action port must output a sampler dict "
+                "`{'action', 'log_likelihood'}` or a pytree of them, got "
+                f"{jax.tree.structure(samples)}; end the action port with a sampler."
+            )
+        output = PPONetworkOutput(
+            actions=jax.tree.map(
+                lambda d: d["action"], samples, is_leaf=_is_sampler_dict
+            ),
+            loglikelihoods=jax.tree.map(
+                lambda d: d["log_likelihood"], samples, is_leaf=_is_sampler_dict
+            ),
+            value_estimates=jax.tree.map(_squeeze_value, value_out.output),
+        )
+        return StatefulModuleOutput(
+            next_state={"action": action_out.next_state, "value": value_out.next_state},
+            output=output,
+            regularization_loss=action_out.regularization_loss
+            + value_out.regularization_loss,
+            metrics={"action": action_out.metrics, "value": value_out.metrics},
+            extras={"action": action_out.extras, "value": value_out.extras},
+        )
+
+    def initial_state(self) -> dict[str, State]:
+        return {
+            "action": self.action.initial_state(),
+            "value": self.value.initial_state(),
+        }
+
+    def reset_state(self, prev_state: dict[str, State]) -> dict[str, State]:
+        return {
+            "action": self.action.reset_state(prev_state["action"]),
+            "value": self.value.reset_state(prev_state["value"]),
+        }
+
+    def update_statistics(self, extras: dict[str, Any] | None) -> "PPOAdapter":
+        if extras is None:
+            extras = {"action": None, "value": None}
+        return PPOAdapter(
+            action=self.action.update_statistics(extras["action"]),
+            value=self.value.update_statistics(extras["value"]),
+        )

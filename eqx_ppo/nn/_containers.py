@@ -1,0 +1,354 @@
+"""Containers: compose stateful modules into one.
+
+Every container routes the five per-call channels the same way:
+
+- `state`, `extras` and `metrics` are dicts keyed like the children: integer
+  positions for [`eqx_ppo.nn.Sequential`][], the child names for the named
+  containers. `extras=None` hands `None` to every child.
+- The regularisation losses of the children are summed.
+- `key` is split once with `split_key` into one key per child, in the order
+  the children are stored (positions for `Sequential`, sorted names for the
+  named containers), so each child sees the same noise whether it is called
+  eagerly, under `jit`, or in loss replay.
+
+**Key order.** Named containers store their children sorted by name. JAX
+flattens dicts in sorted-key order, so this is the only order that survives a
+round trip through `jax.tree_util` unchanged (under `jit`, `vmap` or
+`tree_map`); using it everywhere means that `Concat`'s output layout and the
+key each child receives do not depend on how the container was built or
+transformed.
+"""
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._module import (
+    AbstractStatefulModule,
+    State,
+    StatefulModuleOutput,
+    split_key,
+    zero_loss,
+)
+
+
+def _child_extras(extras: Any, names: Iterable[Any]) -> dict:
+    if extras is None:
+        return {name: None for name in names}
+    return extras
+
+
+def _named_children(
+    container: str,
+    modules: Mapping[str, AbstractStatefulModule] | None,
+    kwargs: dict[str, AbstractStatefulModule],
+) -> dict[str, AbstractStatefulModule]:
+    """Validate the two ways to name children and return them sorted by name."""
+    if modules is not None and kwargs:
+        raise ValueError(
+            f"`{container}(...)` got both a positional dict and keyword arguments; "
+            f"pass the children one way, e.g. `{container}(a=module_a, b=module_b)` "
+            f'or `{container}({{"a": module_a, "b": module_b}})`.'
+        )
+    children = dict(kwargs if modules is None else modules)
+    if not children:
+        raise ValueError(
+            f"`{container}()` needs at least one child module, got none; pass e.g. "
+            f"`{container}(a=module_a, b=module_b)`."
+        )
+    for name, child in children.items():
+        if not isinstance(name, str):
+            raise TypeError(
+                f"`{container}`: child names must be strings, got {name!r} "
+                f"({type(name).__name__}); use string keys."
+            )
+        if not isinstance(child, AbstractStatefulModule):
+            raise TypeError(
+                f"`{container}`: child {name!r} must be an AbstractStatefulModule, "
+                f"got {type(child).__name__}; wrap plain functions in a layer."
+            )
+    return {name: children[name] for name in sorted(children)}
+
+
+def _run_children(
+    children: dict[str, AbstractStatefulModule],
+    state: dict,
+    inputs: dict,
+    extras: Any,
+    key: PRNGKeyArray | None,
+) -> tuple[dict, dict, Float[Array, ""], dict, dict]:
+    """Call every child on its own input; collect each channel into a dict."""
+    extras = _child_extras(extras, children)
+    keys = split_key(key, len(children))
+    next_state, outputs, metrics, new_extras = {}, {}, {}, {}
+    loss = zero_loss()
+    for (name, child), child_key in zip(children.items(), keys, strict=True):
+        out = child(state[name], inputs[name], extras[name], key=child_key)
+        next_state[name] = out.next_state
+        outputs[name] = out.output
+        loss = loss + out.regularization_loss
+        metrics[name] = out.metrics
+        new_extras[name] = out.extras
+    return next_state, outputs, loss, metrics, new_extras
+
+
+def _check_has_keys(container: str, x: Any, names: Iterable[str]) -> None:
+    if not isinstance(x, Mapping):
+        raise TypeError(
+            f"`{container}` dispatches a dict input by key, got "
+            f"{type(x).__name__}; feed it a dict with keys {sorted(names)}."
+        )
+    missing = [name for name in names if name not in x]
+    if missing:
+        raise ValueError(
+            f"`{container}`: the input dict has no entry for children {missing}; "
+            f"it has keys {sorted(x)}. Rename the children or the input keys so "
+            "they match."
+        )
+
+
+class Sequential(AbstractStatefulModule):
+    """Chains layers: the output of layer `i` is the input of layer `i + 1`.
+
+    State, extras and metrics are dicts keyed by the integer position of each
+    layer: `{0: ..., 1: ...}`.
+
+    **Arguments:**
+
+    - `layers`: a non-empty sequence of stateful modules.
+
+    ```python
+    net = Sequential([Dense(4, 8, key=k1, activation="relu"), Dense(8, 2, key=k2)])
+    out = net(net.initial_state(), x, key=key)
+    ```
+    """
+
+    layers: tuple[AbstractStatefulModule, ...]
+
+    def __init__(self, layers: Iterable[AbstractStatefulModule]):
+        layers = tuple(layers)
+        if not layers:
+            raise ValueError(
+                "`Sequential([])` needs at least one layer, got an empty sequence; "
+                "pass e.g. `Sequential([layer_a, layer_b])`."
+            )
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, AbstractStatefulModule):
+                raise TypeError(
+                    f"`Sequential`: layer {i} must be an AbstractStatefulModule, got "
+                    f"{type(layer).__name__}."
+                )
+        self.layers = layers
+
+    def __getitem__(self, index: int) -> AbstractStatefulModule:
+        return self.layers[index]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __call__(
+        self,
+        state: dict[int, State],
+        x: Any,
+        extras: dict[int, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        extras = _child_extras(extras, range(len(self.layers)))
+        keys = split_key(key, len(self.layers))
+        next_state, metrics, new_extras = {}, {}, {}
+        loss = zero_loss()
+        for i, (layer, layer_key) in enumerate(zip(self.layers, keys, strict=True)):
+            out = layer(state[i], x, extras[i], key=layer_key)
+            x = out.output
+            next_state[i] = out.next_state
+            loss = loss + out.regularization_loss
+            metrics[i] = out.metrics
+            new_extras[i] = out.extras
+        return StatefulModuleOutput(next_state, x, loss, metrics, new_extras)
+
+    def initial_state(self) -> dict[int, State]:
+        return {i: layer.initial_state() for i, layer in enumerate(self.layers)}
+
+    def reset_state(self, prev_state: dict[int, State]) -> dict[int, State]:
+        return {
+            i: layer.reset_state(prev_state[i]) for i, layer in enumerate(self.layers)
+        }
+
+    def update_statistics(self, extras: dict[int, Any] | None) -> "Sequential":
+        extras = _child_extras(extras, range(len(self.layers)))
+        return type(self)(
+            layer.update_statistics(extras[i]) for i, layer in enumerate(self.layers)
+        )
+
+
+class _AbstractNamedContainer(AbstractStatefulModule):
+    """Children stored in a dict sorted by name; subclasses choose the routing."""
+
+    modules: dict[str, AbstractStatefulModule]
+
+    def __init__(
+        self,
+        modules: Mapping[str, AbstractStatefulModule] | None = None,
+        /,
+        **kwargs: AbstractStatefulModule,
+    ):
+        self.modules = _named_children(type(self).__name__, modules, kwargs)
+
+    def __getitem__(self, name: str) -> AbstractStatefulModule:
+        return self.modules[name]
+
+    def initial_state(self) -> dict[str, State]:
+        return {name: child.initial_state() for name, child in self.modules.items()}
+
+    def reset_state(self, prev_state: dict[str, State]) -> dict[str, State]:
+        return {
+            name: child.reset_state(prev_state[name])
+            for name, child in self.modules.items()
+        }
+
+    def update_statistics(
+        self, extras: dict[str, Any] | None
+    ) -> "_AbstractNamedContainer":
+        extras = _child_extras(extras, self.modules)
+        return type(self)(
+            {
+                name: child.update_statistics(extras[name])
+                for name, child in self.modules.items()
+            }
+        )
+
+
+class Parallel(_AbstractNamedContainer):
+    """Runs every child on the same input; the output is a dict keyed by name.
+
+    **Arguments:**
+
+    - `modules` (positional-only) or `**kwargs`: the named children. Use the
+      dict form when a name is not a Python identifier.
+
+    ```python
+    heads = Parallel(policy=Dense(8, 4, key=k1), value=Dense(8, 1, key=k2))
+    out = heads(heads.initial_state(), features)  # out.output["policy"], ["value"]
+    ```
+    """
+
+    def __call__(
+        self,
+        state: dict[str, State],
+        x: Any,
+        extras: dict[str, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        inputs = {name: x for name in self.modules}
+        return StatefulModuleOutput(
+            *_run_children(self.modules, state, inputs, extras, key)
+        )
+
+
+class Map(_AbstractNamedContainer):
+    """Per-key dispatch: child `k` maps `x[k]` to `output[k]`.
+
+    The input must be a dict holding at least every child's name; entries no
+    child is named after are dropped. Typical use: one action sampler per
+    action key, `Map(arm=NormalTanhSampler(...), gripper=CategoricalSampler(...))`.
+
+    **Arguments:**
+
+    - `modules` (positional-only) or `**kwargs`: the named children.
+    """
+
+    def __call__(
+        self,
+        state: dict[str, State],
+        x: Any,
+        extras: dict[str, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        _check_has_keys("Map", x, self.modules)
+        return StatefulModuleOutput(
+            *_run_children(self.modules, state, dict(x), extras, key)
+        )
+
+
+class Concat(_AbstractNamedContainer):
+    """Per-key dispatch, then concatenation along the last axis.
+
+    Child `k` sees `x[k]`; the outputs are concatenated in **sorted key order**
+    (e.g. `Concat(vision=..., proprio=...)` puts `proprio` first), the same
+    eagerly and under `jit`. Entries of `x` no child is named after are dropped.
+
+    **Arguments:**
+
+    - `modules` (positional-only) or `**kwargs`: the named children; each must
+      output an array with at least one axis.
+    """
+
+    def __call__(
+        self,
+        state: dict[str, State],
+        x: Any,
+        extras: dict[str, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        _check_has_keys("Concat", x, self.modules)
+        next_state, outputs, loss, metrics, new_extras = _run_children(
+            self.modules, state, dict(x), extras, key
+        )
+        for name, value in outputs.items():
+            if jnp.ndim(value) == 0:
+                raise ValueError(
+                    f"`Concat`: child {name!r} returned a scalar; concatenation "
+                    "along the last axis needs outputs with at least one axis. "
+                    "Reshape it to `(1,)` first."
+                )
+        output = jnp.concatenate([outputs[name] for name in self.modules], axis=-1)
+        return StatefulModuleOutput(next_state, output, loss, metrics, new_extras)
+
+
+class Merge(_AbstractNamedContainer):
+    """Runs every child on the same input and merges their dict outputs.
+
+    Each child must return a dict; the result is one flat dict. Two children
+    producing the same key is an error. State, extras and metrics stay keyed by
+    child name.
+
+    **Arguments:**
+
+    - `modules` (positional-only) or `**kwargs`: the named children.
+    """
+
+    def __call__(
+        self,
+        state: dict[str, State],
+        x: Any,
+        extras: dict[str, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        inputs = {name: x for name in self.modules}
+        next_state, outputs, loss, metrics, new_extras = _run_children(
+            self.modules, state, inputs, extras, key
+        )
+        merged: dict[Any, Any] = {}
+        producer: dict[Any, str] = {}
+        for name, out in outputs.items():
+            if not isinstance(out, Mapping):
+                raise TypeError(
+                    f"`Merge`: child {name!r} must return a dict, got "
+                    f"{type(out).__name__}; put a `Splitter` or `Parallel` at its end."
+                )
+            for out_key, value in out.items():
+                if out_key in merged:
+                    raise ValueError(
+                        f"`Merge`: children {producer[out_key]!r} and {name!r} both "
+                        f"produce the key {out_key!r}; rename one of the outputs."
+                    )
+                merged[out_key] = value
+                producer[out_key] = name
+        return StatefulModuleOutput(next_state, merged, loss, metrics, new_extras)

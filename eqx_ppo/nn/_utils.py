@@ -1,0 +1,220 @@
+"""Small stateless layers that reshape, select and scale pytrees."""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+
+from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+
+FilterSpec = str | int | tuple[str | int, ...] | Callable[[Any], Any]
+"""One entry of a [`eqx_ppo.nn.Filter`][] spec: a key, a path of keys, or a function."""
+
+
+def _stateless(output: Any) -> StatefulModuleOutput:
+    return StatefulModuleOutput((), output, zero_loss(), {}, None)
+
+
+class Splitter(AbstractStatefulModule):
+    """Splits the last axis into named slices, in argument order.
+
+    `Splitter(mean=3, value=1)` maps `x` of shape `(4,)` to
+    `{"mean": x[0:3], "value": x[3:4]}`. The sizes must add up to the input's
+    last axis exactly; this is checked when the layer is traced.
+
+    **Arguments:**
+
+    - `**sizes`: name to positive slice size, in the order the slices are taken.
+    """
+
+    sizes: tuple[tuple[str, int], ...] = eqx.field(static=True)
+
+    def __init__(self, **sizes: int):
+        if not sizes:
+            raise ValueError(
+                "`Splitter()` needs at least one named slice, got none; pass e.g. "
+                "`Splitter(mean=3, value=1)`."
+            )
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(
+                    f"`Splitter({name}={size!r})`: slice sizes must be positive "
+                    "integers; give every slice at least one feature."
+                )
+        self.sizes = tuple(sizes.items())
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Float[Array, "*batch features"],
+        extras: None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state, extras, key
+        total = sum(size for _, size in self.sizes)
+        if x.shape[-1] != total:
+            described = ", ".join(f"{name}={size}" for name, size in self.sizes)
+            raise ValueError(
+                f"`Splitter({described})`: the sizes add up to {total} but the "
+                f"input's last axis has {x.shape[-1]} features (input shape "
+                f"{x.shape}); make the sizes sum to {x.shape[-1]}."
+            )
+        output, start = {}, 0
+        for name, size in self.sizes:
+            output[name] = x[..., start : start + size]
+            start += size
+        return _stateless(output)
+
+
+def _flatten(x: Any, preserve_levels: int) -> Any:
+    if preserve_levels == 0:
+        leaves = jax.tree.leaves(x)
+        if not leaves:
+            raise ValueError(
+                "`Flattener`: found a subtree with no arrays to flatten; remove "
+                "empty containers from the input."
+            )
+        return jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
+    if isinstance(x, dict):
+        return {k: _flatten(v, preserve_levels - 1) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_flatten(v, preserve_levels - 1) for v in x)
+    raise TypeError(
+        f"`Flattener`: expected a dict, list or tuple with {preserve_levels} more "
+        f"level(s) to preserve, got {type(x).__name__}; lower `preserve_levels`."
+    )
+
+
+class Flattener(AbstractStatefulModule):
+    """Flattens a pytree of arrays into one feature vector.
+
+    With `preserve_levels=0` every leaf is raveled and the results are
+    concatenated in pytree order (dict entries in sorted key order), so
+    `{"b": (2,), "a": (3, 1)}` becomes `concat([ravel(a), ravel(b)])` of shape
+    `(5,)`. With `preserve_levels=N` the top `N` levels of dict/list/tuple
+    structure are kept and everything below them is flattened:
+    `Flattener(1)` maps `{"a": {"p": (4,), "t": (8,)}, "b": (6,)}` to
+    `{"a": (12,), "b": (6,)}`.
+
+    **Arguments:**
+
+    - `preserve_levels`: how many container levels to keep, `>= 0`.
+    """
+
+    preserve_levels: int = eqx.field(static=True, default=0)
+
+    def __check_init__(self):
+        if self.preserve_levels < 0:
+            raise ValueError(
+                f"`Flattener(preserve_levels={self.preserve_levels})`: "
+                "preserve_levels must be >= 0."
+            )
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: PyTree[Array],
+        extras: None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state, extras, key
+        return _stateless(_flatten(x, self.preserve_levels))
+
+
+def _select(x: Any, out_key: str, spec: FilterSpec) -> Any:
+    if callable(spec):
+        return spec(x)
+    path = spec if isinstance(spec, tuple) else (spec,)
+    value = x
+    for i, part in enumerate(path):
+        try:
+            value = value[part]
+        except (KeyError, IndexError, TypeError) as err:
+            raise ValueError(
+                f"`Filter`: output {out_key!r} asks for the path {path!r}, but "
+                f"there is no entry {part!r} at {path[:i]!r}; check the spec "
+                "against the input's structure."
+            ) from err
+    return value
+
+
+class Filter(AbstractStatefulModule):
+    """Selects parts of a pytree into a new dict.
+
+    `spec` maps each output key to
+
+    - a key `k`: the value `x[k]`;
+    - a tuple path `(k1, k2, ...)`: the value `x[k1][k2]...`;
+    - a callable `fn`: the value `fn(x)`.
+
+    Everything not selected is dropped.
+
+    **Arguments:**
+
+    - `spec`: a dict from output key to one of the above.
+
+    ```python
+    Filter({"policy_obs": "state", "goal": ("task", "target"), "n": len})
+    ```
+    """
+
+    spec: tuple[tuple[str, FilterSpec], ...] = eqx.field(static=True)
+
+    def __init__(self, spec: Mapping[str, FilterSpec]):
+        if not isinstance(spec, Mapping):
+            raise TypeError(
+                f"`Filter(spec)`: spec must be a dict from output key to a key, "
+                f"path tuple or callable, got {type(spec).__name__}."
+            )
+        if not spec:
+            raise ValueError("`Filter({})`: the spec selects nothing; name one entry.")
+        for out_key, entry in spec.items():
+            if not isinstance(entry, str | int | tuple) and not callable(entry):
+                raise TypeError(
+                    f"`Filter`: spec entry {out_key!r} must be a key, a path tuple "
+                    f"or a callable, got {entry!r} ({type(entry).__name__})."
+                )
+        self.spec = tuple(spec.items())
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Any,
+        extras: None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state, extras, key
+        return _stateless({k: _select(x, k, entry) for k, entry in self.spec})
+
+
+class Scale(AbstractStatefulModule):
+    """Multiplies every leaf of the input by a fixed factor.
+
+    The factor is static configuration, never trained.
+
+    **Arguments:**
+
+    - `factor`: the multiplier.
+    """
+
+    factor: float = eqx.field(static=True)
+
+    def __init__(self, factor: float):
+        self.factor = float(factor)
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: PyTree[Array],
+        extras: None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state, extras, key
+        return _stateless(jax.tree.map(lambda leaf: leaf * self.factor, x))

@@ -1,0 +1,300 @@
+"""Action samplers: distribution parameters in, an action and its log-likelihood out.
+
+A sampler is the last layer of a [`eqx_ppo.nn.PPOAdapter`][]'s action port. Its
+output is a *sampler dict* `{"action": ..., "log_likelihood": ...}`, which the
+adapter lifts into [`eqx_ppo.nn.PPONetworkOutput`][]. Each sampler follows the
+replay contract:
+
+- `extras=None` (rollout, evaluation): sample afresh and emit what was
+  sampled as `extras` (for the Gaussian samplers the *pre-squashing* action).
+- `extras` given (loss replay, distillation): score the stored action under
+  the current parameters. The stored action is treated as data: no gradient
+  flows into it.
+
+The regularisation loss is `-entropy_weight * entropy`, an entropy bonus.
+
+In inference mode (`eqx.nn.inference_mode(net)`) the samplers act
+deterministically: the mean (squashed for `NormalTanhSampler`) or the most
+likely category. Inference mode needs no `key`.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .nn._module import AbstractStatefulModule, StatefulModuleOutput, split_key
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_LOG_2 = math.log(2.0)
+
+
+def _require_key(sampler: str, key: PRNGKeyArray | None, inference: bool) -> None:
+    if key is None and not inference:
+        raise ValueError(
+            f"`{sampler}` samples an action and needs `key=`, got `key=None`; pass a "
+            "PRNG key, or use `eqx.nn.inference_mode(net)` for deterministic actions."
+        )
+
+
+def _check_std_params(sampler: str, min_std: float, std_scale: float) -> None:
+    if min_std < 0:
+        raise ValueError(f"`{sampler}(min_std={min_std})`: min_std must be >= 0.")
+    if std_scale <= 0:
+        raise ValueError(f"`{sampler}(std_scale={std_scale})`: std_scale must be > 0.")
+
+
+def _mean_and_std(
+    sampler: str, x: Float[Array, " params"], min_std: float, std_scale: float
+) -> tuple[Float[Array, " action"], Float[Array, " action"]]:
+    """Split `[mean, pre_std]` and map `pre_std` to a std bounded below."""
+    if x.ndim != 1 or x.shape[0] % 2 != 0:
+        raise ValueError(
+            f"`{sampler}` expects one env's concatenated `[mean, pre_std]`, a vector "
+            f"of even size 2 * action_size, got shape {x.shape}; make the layer "
+            "before it output 2 * action_size features."
+        )
+    mean, pre_std = jnp.split(x, 2)
+    std = (jax.nn.softplus(pre_std) + min_std) * std_scale
+    return mean, std
+
+
+def _normal_logpdf(
+    z: Float[Array, " action"],
+    mean: Float[Array, " action"],
+    std: Float[Array, " action"],
+) -> Float[Array, " action"]:
+    log_unnormalized = -0.5 * jnp.square((z - mean) / std)
+    log_normalization = 0.5 * _LOG_2PI + jnp.log(std)
+    return log_unnormalized - log_normalization
+
+
+def _normal_entropy(std: Float[Array, " action"]) -> Float[Array, " action"]:
+    return 0.5 + 0.5 * _LOG_2PI + jnp.log(std)
+
+
+def _tanh_log_det(z: Float[Array, " action"]) -> Float[Array, " action"]:
+    """`log(1 - tanh(z)^2)`, written so it neither overflows nor hits `log(0)`."""
+    return 2.0 * (_LOG_2 - z - jax.nn.softplus(-2.0 * z))
+
+
+def _sampler_output(
+    action: Array,
+    log_likelihood: Float[Array, ""],
+    entropy: Float[Array, ""],
+    entropy_weight: float,
+    metrics: dict[str, Array],
+    extras: Array,
+) -> StatefulModuleOutput:
+    return StatefulModuleOutput(
+        next_state=(),
+        output={"action": action, "log_likelihood": log_likelihood},
+        regularization_loss=-entropy_weight * entropy,
+        metrics=metrics,
+        extras=extras,
+    )
+
+
+class NormalTanhSampler(AbstractStatefulModule):
+    """A Gaussian squashed by `tanh`: actions in `(-1, 1)`.
+
+    The input is one env's `[mean, pre_std]` (size `2 * action_size`):
+
+    - `std = (softplus(pre_std) + min_std) * std_scale`;
+    - `raw = mean + std * eps`, `eps ~ N(0, I)`, and `action = tanh(raw)`;
+    - `log_likelihood = sum(log N(raw; mean, std) - log|d tanh(raw)/d raw|)`;
+    - the entropy of the squashed distribution has no closed form, so it is
+      estimated from one fresh sample, `z = mean + std * stop_gradient(eps2)`:
+      `entropy = sum(H[N(mean, std)] + log|d tanh(z)/dz|)`, reparameterised so
+      its gradient reaches `mean` and `std`.
+
+    The key is split once into an action key and an entropy key. `extras` is
+    `raw` (pre-`tanh`); in replay the stored `raw` is scored instead of a new
+    sample. Metrics: `mu` (the mean) and `sigma` (the std). In inference mode
+    `raw = mean`, and without a key the entropy estimate uses `z = mean`.
+
+    **Arguments:**
+
+    - `entropy_weight`: weight of the entropy bonus.
+    - `min_std`: floor added to the softplus std, `>= 0`.
+    - `std_scale`: multiplier applied after the floor, `> 0`.
+    - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
+    """
+
+    entropy_weight: float = eqx.field(static=True)
+    min_std: float = eqx.field(static=True, default=1e-3)
+    std_scale: float = eqx.field(static=True, default=1.0)
+    inference: bool = False
+
+    def __check_init__(self):
+        _check_std_params("NormalTanhSampler", self.min_std, self.std_scale)
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Float[Array, " params"],
+        extras: Float[Array, " action"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state
+        _require_key("NormalTanhSampler", key, self.inference)
+        action_key, entropy_key = split_key(key, 2)
+        mean, std = _mean_and_std("NormalTanhSampler", x, self.min_std, self.std_scale)
+        if self.inference:
+            sampled = mean
+        else:
+            sampled = mean + std * jax.random.normal(action_key, mean.shape)
+        raw = jax.lax.stop_gradient(sampled if extras is None else extras)
+        log_likelihood = jnp.sum(_normal_logpdf(raw, mean, std) - _tanh_log_det(raw))
+
+        if entropy_key is None:
+            entropy_noise = jnp.zeros_like(mean)
+        else:
+            entropy_noise = jax.random.normal(entropy_key, mean.shape)
+        z = mean + std * jax.lax.stop_gradient(entropy_noise)
+        entropy = jnp.sum(_normal_entropy(std) + _tanh_log_det(z))
+        return _sampler_output(
+            jnp.tanh(raw),
+            log_likelihood,
+            entropy,
+            self.entropy_weight,
+            {"mu": mean, "sigma": std},
+            raw,
+        )
+
+
+class NormalSampler(AbstractStatefulModule):
+    """An unsquashed Gaussian: `action = mean + std * eps`, unbounded.
+
+    Same input and std parameterisation as [`eqx_ppo.nn.NormalTanhSampler`][]
+    (`std = (softplus(pre_std) + min_std) * std_scale`), with the exact
+    Gaussian log-likelihood and the exact entropy
+    `sum(0.5 + 0.5 * log(2 pi) + log(std))`. `extras` is the action. Metrics:
+    `mu`, `sigma`. In inference mode the action is the mean.
+
+    **Arguments:**
+
+    - `entropy_weight`: weight of the entropy bonus.
+    - `min_std`: floor added to the softplus std, `>= 0`.
+    - `std_scale`: multiplier applied after the floor, `> 0`.
+    - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
+    """
+
+    entropy_weight: float = eqx.field(static=True)
+    min_std: float = eqx.field(static=True, default=1e-3)
+    std_scale: float = eqx.field(static=True, default=1.0)
+    inference: bool = False
+
+    def __check_init__(self):
+        _check_std_params("NormalSampler", self.min_std, self.std_scale)
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Float[Array, " params"],
+        extras: Float[Array, " action"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state
+        _require_key("NormalSampler", key, self.inference)
+        mean, std = _mean_and_std("NormalSampler", x, self.min_std, self.std_scale)
+        if self.inference:
+            sampled = mean
+        else:
+            sampled = mean + std * jax.random.normal(key, mean.shape)
+        action = jax.lax.stop_gradient(sampled if extras is None else extras)
+        return _sampler_output(
+            action,
+            jnp.sum(_normal_logpdf(action, mean, std)),
+            jnp.sum(_normal_entropy(std)),
+            self.entropy_weight,
+            {"mu": mean, "sigma": std},
+            action,
+        )
+
+
+class CategoricalSampler(AbstractStatefulModule):
+    """Discrete actions from logits; multi-discrete with a tuple of sizes.
+
+    With `n_actions=n` the input is `n` logits and the action an integer
+    scalar in `[0, n)`. With `n_actions=(n1, n2, ...)` the input is
+    `n1 + n2 + ...` logits, one group per sub-action in that order, and the
+    action an integer vector with one entry per group. The log-likelihood and
+    the (exact) entropy are summed over sub-actions. `extras` is the integer
+    action. Metrics: `entropy`. In inference mode each sub-action is the
+    arg-max of its logits.
+
+    **Arguments:**
+
+    - `entropy_weight`: weight of the entropy bonus.
+    - `n_actions`: the number of categories, or a tuple of them (multi-discrete).
+    - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
+    """
+
+    entropy_weight: float = eqx.field(static=True)
+    n_actions: int | tuple[int, ...] = eqx.field(static=True)
+    inference: bool = False
+
+    def __check_init__(self):
+        sizes = self._group_sizes()
+        if not sizes or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes
+        ):
+            raise ValueError(
+                f"`CategoricalSampler(n_actions={self.n_actions!r})`: n_actions must "
+                "be a positive int or a non-empty tuple of positive ints."
+            )
+
+    def _group_sizes(self) -> tuple[int, ...]:
+        if isinstance(self.n_actions, tuple):
+            return self.n_actions
+        return (self.n_actions,)
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Float[Array, " logits"],
+        extras: Int[Array, "*subactions"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state
+        _require_key("CategoricalSampler", key, self.inference)
+        sizes = self._group_sizes()
+        if x.shape != (sum(sizes),):
+            raise ValueError(
+                f"`CategoricalSampler(n_actions={self.n_actions!r})` expects "
+                f"{sum(sizes)} logits, got shape {x.shape}; make the layer before it "
+                f"output {sum(sizes)} features."
+            )
+        split_at = [sum(sizes[:i]) for i in range(1, len(sizes))]
+        log_probs = [jax.nn.log_softmax(group) for group in jnp.split(x, split_at)]
+        keys = split_key(key, len(sizes))
+        if self.inference:
+            sampled = [jnp.argmax(lp) for lp in log_probs]
+        else:
+            sampled = [
+                jax.random.categorical(k, lp)
+                for k, lp in zip(keys, log_probs, strict=True)
+            ]
+        sampled_action = (
+            sampled[0] if isinstance(self.n_actions, int) else jnp.stack(sampled)
+        )
+        action = sampled_action if extras is None else extras
+        sub_actions = jnp.atleast_1d(action)
+        log_likelihood = sum(
+            lp[a] for lp, a in zip(log_probs, sub_actions, strict=True)
+        )
+        entropy = sum(-jnp.sum(jnp.exp(lp) * lp) for lp in log_probs)
+        return _sampler_output(
+            action,
+            log_likelihood,
+            entropy,
+            self.entropy_weight,
+            {"entropy": entropy},
+            action,
+        )

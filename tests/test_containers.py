@@ -1,0 +1,413 @@
+"""Containers route state, extras, metrics, keys and losses to their children."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float
+
+from eqx_ppo.nn import (
+    AbstractStatefulModule,
+    AbstractStatistics,
+    Concat,
+    Map,
+    Merge,
+    Parallel,
+    Sequential,
+    StatefulModuleOutput,
+    reset_where,
+)
+from eqx_ppo.nn._module import split_key, zero_loss
+
+
+class Affine(AbstractStatefulModule):
+    """`x * scale + shift`, with a trainable scale; metrics report the input sum."""
+
+    scale: Float[Array, ""]
+    shift: float = eqx.field(static=True, default=0.0)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        del extras, key
+        return StatefulModuleOutput(
+            state, x * self.scale + self.shift, zero_loss(), {"in": jnp.sum(x)}, None
+        )
+
+
+def affine(scale: float, shift: float = 0.0) -> Affine:
+    return Affine(jnp.asarray(scale, jnp.float32), shift)
+
+
+class Counter(AbstractStatefulModule):
+    """Adds the number of calls since the last reset to its input."""
+
+    def initial_state(self):
+        return jnp.zeros((), jnp.float32)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        del extras, key
+        return StatefulModuleOutput(state + 1.0, x + state, zero_loss(), {}, None)
+
+
+class Noise(AbstractStatefulModule):
+    """Adds standard normal noise drawn from `key`."""
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        del extras
+        noise = jax.random.normal(key, jnp.shape(x))
+        return StatefulModuleOutput(state, x + noise, zero_loss(), {}, None)
+
+
+class Stash(AbstractStatefulModule):
+    """Adds noise it stores as extras; in replay adds the stored noise instead."""
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        noise = jax.random.normal(key, jnp.shape(x)) if extras is None else extras
+        return StatefulModuleOutput(state, x + noise, zero_loss(), {}, noise)
+
+
+class Penalty(AbstractStatefulModule):
+    """Identity with a fixed regularisation loss."""
+
+    loss: float = eqx.field(static=True)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        del extras, key
+        loss = jnp.asarray(self.loss, jnp.float32)
+        return StatefulModuleOutput(state, x, loss, {"loss": loss}, None)
+
+
+class Seen(AbstractStatistics):
+    total: Float[Array, ""]
+
+
+class Tally(AbstractStatefulModule):
+    """Emits its input as extras; `update_statistics` sums what it was given."""
+
+    seen: Seen
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        del extras, key
+        return StatefulModuleOutput(state, x, zero_loss(), {}, x)
+
+    def update_statistics(self, extras: Any):
+        return Tally(Seen(self.seen.total + jnp.sum(extras)))
+
+
+def tally() -> Tally:
+    return Tally(Seen(jnp.zeros((), jnp.float32)))
+
+
+class Pair(AbstractStatefulModule):
+    """Returns the dict `{name + "_x": x, name + "_2x": 2x}`."""
+
+    name: str = eqx.field(static=True)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        del extras, key
+        out = {f"{self.name}_x": x, f"{self.name}_2x": 2.0 * x}
+        return StatefulModuleOutput(state, out, zero_loss(), {}, None)
+
+
+def test_sequential_chains_layers_and_keys_everything_by_position():
+    net = Sequential([affine(2.0, 1.0), Counter(), affine(-1.0)])
+    state = net.initial_state()
+    assert list(state) == [0, 1, 2]
+    out = net(state, jnp.array([3.0]))
+    # (3 * 2 + 1) + 0 (first call) = 7, negated.
+    np.testing.assert_array_equal(out.output, [-7.0])
+    assert out.next_state == {0: (), 1: 1.0, 2: ()}
+    # Layer 0 saw 3, layer 2 saw 7.
+    assert out.metrics == {0: {"in": 3.0}, 1: {}, 2: {"in": 7.0}}
+    assert out.extras == {0: None, 1: None, 2: None}
+    second = net(out.next_state, jnp.array([3.0]))
+    np.testing.assert_array_equal(second.output, [-8.0])
+    assert len(net) == 3 and net[1] is net.layers[1]
+
+
+def test_parallel_feeds_every_child_the_same_input():
+    net = Parallel(double=affine(2.0), count=Counter())
+    out = net(net.initial_state(), jnp.array([1.0, 2.0]))
+    np.testing.assert_array_equal(out.output["double"], [2.0, 4.0])
+    np.testing.assert_array_equal(out.output["count"], [1.0, 2.0])
+    assert out.next_state == {"count": 1.0, "double": ()}
+    assert out.metrics == {"count": {}, "double": {"in": 3.0}}
+    assert net["double"] is net.modules["double"]
+
+
+def test_regularisation_is_summed_and_metrics_nest_by_child():
+    net = Sequential([Penalty(0.5), Parallel(a=Penalty(1.0), b=Penalty(2.25))])
+    out = net(net.initial_state(), jnp.ones(2))
+    # 0.5 + (1.0 + 2.25)
+    assert out.regularization_loss == 3.75
+    assert out.regularization_loss.dtype == jnp.float32
+    assert out.metrics == {
+        0: {"loss": 0.5},
+        1: {"a": {"loss": 1.0}, "b": {"loss": 2.25}},
+    }
+
+
+def test_sequential_splits_the_key_by_position(getkey):
+    key = getkey()
+    net = Sequential([Noise(), Noise()])
+    out = net(net.initial_state(), jnp.zeros(3), key=key)
+    k0, k1 = split_key(key, 2)
+    expected = jax.random.normal(k0, (3,)) + jax.random.normal(k1, (3,))
+    np.testing.assert_array_equal(out.output, expected)
+
+
+def test_named_containers_split_the_key_in_sorted_name_order(getkey):
+    key = getkey()
+    net = Parallel(zeta=Noise(), alpha=Noise())
+    out = net(net.initial_state(), jnp.zeros(2), key=key)
+    k_alpha, k_zeta = split_key(key, 2)
+    np.testing.assert_array_equal(out.output["alpha"], jax.random.normal(k_alpha, (2,)))
+    np.testing.assert_array_equal(out.output["zeta"], jax.random.normal(k_zeta, (2,)))
+
+
+def test_extras_are_routed_and_replay_reproduces_the_rollout(getkey):
+    net = Sequential([affine(1.0), Parallel(a=Stash(), b=affine(3.0)), Map(a=Stash())])
+    x = jnp.array([1.0, -1.0])
+    rollout = net(net.initial_state(), x, key=getkey())
+    assert rollout.extras[0] is None
+    assert rollout.extras[1]["b"] is None
+    assert rollout.extras[1]["a"].shape == (2,)
+    assert rollout.extras[2]["a"].shape == (2,)
+    # Replay with a different key: the stored noise, not the key, decides.
+    replay = net(net.initial_state(), x, rollout.extras, key=getkey())
+    np.testing.assert_array_equal(replay.output["a"], rollout.output["a"])
+    # Changing one stored value changes exactly that contribution.
+    edited = jax.tree.map(lambda e: e, rollout.extras)
+    edited[2]["a"] = rollout.extras[2]["a"] + 1.0
+    moved = net(net.initial_state(), x, edited, key=getkey())
+    np.testing.assert_allclose(moved.output["a"], rollout.output["a"] + 1.0)
+
+
+def test_concat_uses_sorted_key_order_eagerly_and_under_jit():
+    # Children inserted in non-sorted order: z, a, m.
+    net = Concat({"z": affine(1.0), "a": affine(10.0), "m": affine(100.0)})
+    assert list(net.modules) == ["a", "m", "z"]
+    x = {"z": jnp.array([1.0]), "m": jnp.array([1.0, 2.0]), "a": jnp.array([1.0])}
+    expected = [10.0, 100.0, 200.0, 1.0]  # a, then m, then z
+    eager = net(net.initial_state(), x).output
+    jitted = eqx.filter_jit(lambda n, s, x: n(s, x).output)(net, net.initial_state(), x)
+    rebuilt = jax.tree.map(lambda leaf: leaf, net)
+    np.testing.assert_array_equal(eager, expected)
+    np.testing.assert_array_equal(jitted, expected)
+    np.testing.assert_array_equal(rebuilt(rebuilt.initial_state(), x).output, expected)
+
+
+def test_keyword_and_dict_construction_agree():
+    by_kwargs = Concat(b=affine(2.0), a=affine(1.0))
+    by_dict = Concat({"a": affine(1.0), "b": affine(2.0)})
+    assert jax.tree.structure(by_kwargs) == jax.tree.structure(by_dict)
+
+
+def test_concat_dispatches_by_key_and_ignores_unused_entries():
+    net = Concat(a=Counter(), b=affine(2.0))
+    x = {"a": jnp.array([1.0]), "b": jnp.array([1.0, 2.0]), "unused": jnp.zeros(7)}
+    out = net(net.initial_state(), x)
+    np.testing.assert_array_equal(out.output, [1.0, 2.0, 4.0])
+    assert out.next_state == {"a": 1.0, "b": ()}
+
+
+def test_concat_rejects_scalar_outputs():
+    net = Concat(a=affine(1.0))
+    with pytest.raises(ValueError, match="scalar"):
+        net(net.initial_state(), {"a": jnp.array(1.0)})
+
+
+def test_map_dispatches_per_key():
+    net = Map({"x-pos": affine(2.0), "vel": Counter()})
+    x = {"x-pos": jnp.array([1.0]), "vel": jnp.array([5.0]), "extra": jnp.zeros(1)}
+    out = net(net.initial_state(), x)
+    assert set(out.output) == {"x-pos", "vel"}
+    np.testing.assert_array_equal(out.output["x-pos"], [2.0])
+    np.testing.assert_array_equal(out.output["vel"], [5.0])
+
+
+@pytest.mark.parametrize("cls", [Map, Concat])
+def test_dispatching_containers_name_missing_keys(cls):
+    net = cls(a=affine(1.0), b=affine(1.0))
+    with pytest.raises(ValueError, match=r"\['b'\].*keys \['a', 'c'\]"):
+        net(net.initial_state(), {"a": jnp.ones(1), "c": jnp.ones(1)})
+    with pytest.raises(TypeError, match="dict input"):
+        net(net.initial_state(), jnp.ones(1))
+
+
+def test_merge_flattens_dict_outputs():
+    net = Merge(p=Pair("left"), q=Pair("right"))
+    out = net(net.initial_state(), jnp.array([1.5]))
+    assert set(out.output) == {"left_x", "left_2x", "right_x", "right_2x"}
+    np.testing.assert_array_equal(out.output["right_2x"], [3.0])
+    assert set(out.next_state) == {"p", "q"}
+
+
+def test_merge_rejects_duplicate_keys_and_non_dicts():
+    net = Merge(p=Pair("same"), q=Pair("same"))
+    with pytest.raises(ValueError, match="'p' and 'q' both produce the key"):
+        net(net.initial_state(), jnp.ones(1))
+    net = Merge(p=Pair("a"), q=affine(1.0))
+    with pytest.raises(TypeError, match="'q' must return a dict"):
+        net(net.initial_state(), jnp.ones(1))
+
+
+@pytest.mark.parametrize("cls", [Parallel, Concat, Map, Merge])
+def test_named_containers_validate_their_children(cls):
+    with pytest.raises(ValueError, match="at least one child"):
+        cls()
+    with pytest.raises(ValueError, match="at least one child"):
+        cls({})
+    with pytest.raises(ValueError, match="both a positional dict and keyword"):
+        cls({"a": affine(1.0)}, b=affine(1.0))
+    # Runtime type checking may answer first; both raise TypeError.
+    with pytest.raises(TypeError, match="AbstractStatefulModule"):
+        cls(a=jnp.tanh)
+    with pytest.raises(TypeError):
+        cls({1: affine(1.0)})
+
+
+def test_sequential_validates_its_layers():
+    with pytest.raises(ValueError, match="at least one layer"):
+        Sequential([])
+    with pytest.raises(TypeError, match="AbstractStatefulModule"):
+        Sequential([affine(1.0), jnp.tanh])
+
+
+def test_reset_state_recurses_and_update_statistics_returns_new_containers():
+    net = Sequential(
+        [Counter(), Parallel(a=Counter(), b=tally()), Concat(a=Counter(), b=tally())]
+    )
+    state = net.initial_state()
+    out = net(state, jnp.ones(1))
+    assert out.next_state == {0: 1.0, 1: {"a": 1.0, "b": ()}, 2: {"a": 1.0, "b": ()}}
+    reset = net.reset_state(out.next_state)
+    assert reset == {0: 0.0, 1: {"a": 0.0, "b": ()}, 2: {"a": 0.0, "b": ()}}
+
+    extras = {
+        0: None,
+        1: {"a": None, "b": jnp.ones((2, 3))},
+        2: {"a": None, "b": jnp.full((2, 3), 2.0)},
+    }
+    updated = net.update_statistics(extras)
+    assert isinstance(updated, Sequential)
+    assert isinstance(updated[1], Parallel) and isinstance(updated[2], Concat)
+    assert updated[1]["b"].seen.total == 6.0  # 2 * 3 ones
+    assert updated[2]["b"].seen.total == 12.0  # 2 * 3 twos
+    assert net[1]["b"].seen.total == 0.0  # the original is untouched
+
+
+def test_update_statistics_with_no_extras_passes_none_to_children():
+    class Strict(AbstractStatefulModule):
+        def __call__(self, state, x, extras=None, *, key=None):
+            return StatefulModuleOutput(state, x, zero_loss(), {}, None)
+
+        def update_statistics(self, extras):
+            assert extras is None
+            return self
+
+    net = Sequential([Strict(), Map(a=Strict())])
+    assert jax.tree.structure(net.update_statistics(None)) == jax.tree.structure(net)
+
+
+def test_carries_reset_per_env_under_vmap():
+    net = Sequential([Parallel(count=Counter(), lin=affine(1.0)), Map(count=Counter())])
+    n_envs = 3
+    state = net.initialize_state(n_envs)
+    x = jnp.zeros((n_envs, 1))
+    step = jax.vmap(lambda s, xi: net(s, xi))
+    for _ in range(2):
+        state = step(state, x).next_state
+    done = jnp.array([True, False, True])
+    state = jax.vmap(lambda d, s: reset_where(net, d, s))(done, state)
+    np.testing.assert_array_equal(state[0]["count"], [0.0, 2.0, 0.0])
+    np.testing.assert_array_equal(state[1]["count"], [0.0, 2.0, 0.0])
+    out = step(state, x)
+    # Counter 0 adds its count c, Map's counter adds its count c again: 2c.
+    np.testing.assert_array_equal(out.output["count"][:, 0], [0.0, 4.0, 0.0])
+
+
+def test_scan_jit_and_filter_grad_through_containers(getkey):
+    net = Sequential(
+        [
+            affine(2.0),
+            Parallel(a=Counter(), b=affine(3.0)),
+            Map(a=Stash(), b=affine(1.0)),
+        ]
+    )
+
+    @eqx.filter_jit
+    def rollout(net, key):
+        def step(state, k):
+            out = net(state, jnp.ones(1), key=k)
+            return out.next_state, out.output["a"][0]
+
+        return jax.lax.scan(step, net.initial_state(), jax.random.split(key, 4))
+
+    key = getkey()
+    final_state, outputs = rollout(net, key)
+    # Sequential gives layer 2 the third key; Map gives "a" the first of its split.
+    noises = np.array(
+        [
+            jax.random.normal(split_key(split_key(k, 3)[2], 2)[0], ())
+            for k in jax.random.split(key, 4)
+        ]
+    )
+    # 1 * 2 + count (0, 1, 2, 3) + the noise of each step.
+    np.testing.assert_allclose(outputs, 2.0 + np.arange(4) + noises, rtol=1e-6)
+    assert final_state[1]["a"] == 4.0
+
+    @eqx.filter_grad
+    def loss(net):
+        out = net(net.initial_state(), jnp.array([1.0, 2.0]), key=key)
+        return jnp.sum(out.output["b"])
+
+    grads = loss(net)
+    # sum(1 * 3 * s0 * x) over x = (1, 2) with s0 = 2:
+    # d/ds0 = 3 * 3 = 9, d/ds_parallel_b = 2 * 3 = 6, d/ds_map_b = 3 * 2 * 3 = 18.
+    assert grads[0].scale == 9.0
+    assert grads[1]["b"].scale == 6.0
+    assert grads[2]["b"].scale == 18.0
+
+
+def test_compiles_once_for_new_values(getkey):
+    net = Sequential(
+        [Parallel(a=affine(2.0), b=affine(1.0)), Concat(a=Stash(), b=Counter())]
+    )
+
+    @eqx.filter_jit
+    @eqx.debug.assert_max_traces(max_traces=1)
+    def call(net, state, x, key):
+        return net(state, x, key=key)
+
+    state = net.initial_state()
+    for _ in range(3):
+        x = jax.random.normal(getkey(), (2,))
+        state = call(net, state, x, getkey()).next_state
+
+
+def test_children_are_pytree_nodes_so_tree_maps_can_wrap_leaf_layers():
+    class Wrapped(AbstractStatefulModule):
+        inner: AbstractStatefulModule
+
+        def __call__(self, state, x, extras=None, *, key=None):
+            out = self.inner(state, x, extras, key=key)
+            return out._replace(metrics={**out.metrics, "wrapped": out.output})
+
+        def initial_state(self):
+            return self.inner.initial_state()
+
+    leaf_types = (Affine, Counter)
+    net = Sequential([affine(2.0), Parallel(a=Counter(), b=affine(3.0))])
+    wrapped = jax.tree.map(
+        lambda node: Wrapped(node) if isinstance(node, leaf_types) else node,
+        net,
+        is_leaf=lambda node: isinstance(node, leaf_types),
+    )
+    x = jnp.array([1.0])
+    plain, recorded = net(net.initial_state(), x), wrapped(wrapped.initial_state(), x)
+    assert jax.tree.all(jax.tree.map(jnp.array_equal, plain.output, recorded.output))
+    np.testing.assert_array_equal(recorded.metrics[1]["b"]["wrapped"], [6.0])
+    assert recorded.metrics[0]["in"] == 1.0
