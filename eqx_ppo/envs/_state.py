@@ -1,7 +1,7 @@
 """The environment state the library expects (Brax / MuJoCo Playground protocol)."""
 
 import dataclasses
-from typing import Any, Self
+from typing import Any
 
 import equinox as eqx
 from jaxtyping import Array, Float, PyTree
@@ -31,6 +31,6 @@ class State(eqx.Module):
     metrics: dict[str, Any] = eqx.field(default_factory=dict)
     info: dict[str, Any] = eqx.field(default_factory=dict)
 
-    def replace(self, **changes: Any) -> Self:
+    def replace(self, **changes: Any) -> "State":
         """A copy with `changes` applied (the Brax `State.replace` API)."""
         return dataclasses.replace(self, **changes)

@@ -31,7 +31,7 @@ nnx-ppo recording workflow keeps its length.
 """
 
 import abc
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -99,7 +99,7 @@ class AbstractStatefulModule(eqx.Module):
         del prev_state
         return self.initial_state()
 
-    def update_statistics(self, extras: Any) -> Self:
+    def update_statistics(self, extras: Any) -> "AbstractStatefulModule":
         """Fold a rollout's `extras` (leaves `[T, B, ...]`) into running statistics.
 
         Returns a new module; the default has no statistics and returns `self`.
