@@ -36,3 +36,4 @@ from ..samplers import (
     NormalSampler as NormalSampler,
     NormalTanhSampler as NormalTanhSampler,
 )
+from ._delay import Delay as Delay
