@@ -1,0 +1,170 @@
+"""Activation recording: make every leaf layer report its output, for analysis.
+
+[`eqx_ppo.with_recording`][] is a pure tree transform, like
+`eqx.nn.inference_mode`: it returns a new network in which every leaf layer
+(a stateful module with no stateful module inside it) is wrapped in a
+[`eqx_ppo.Recorder`][], and every [`eqx_ppo.graph.PopulationGraph`][] is
+replaced by a copy with `record=True`. The arrays are shared with the
+original (immutability makes that free and safe) and the original is left
+untouched. A `Recorder` returns exactly what its layer returns, plus the
+layer's forward output in its metrics under the reserved `ACTIVATION_KEY`;
+the containers already carry every child's metrics up to the top-level call,
+keyed by position (`Sequential`) or name (dict containers), so
+[`eqx_ppo.extract_activations`][] can read them back as a tree mirroring the
+network.
+
+```python
+rec = eqx.nn.inference_mode(with_recording(net))  # deterministic actions
+state = rec.initialize_state(batch_size)
+out = eqx_ppo.nn.apply_batched(rec, state, obs, key=key)
+acts = extract_activations(out.metrics)  # e.g. acts[1]["action"][0]: [B, H]
+```
+
+Recording is meant for analysis after training; a recording network computes
+the same outputs, carries, losses and extras, but its metrics grow by one
+array per layer.
+"""
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+from jaxtyping import PRNGKeyArray, PyTree
+
+from ._activation_key import ACTIVATION_KEY as ACTIVATION_KEY
+from .graph import PopulationGraph
+from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput
+
+
+class Recorder(AbstractStatefulModule):
+    """Runs `layer` unchanged and adds its forward output to the metrics.
+
+    The output, carry, regularisation loss and extras are `layer`'s own; the
+    metrics are `layer`'s plus `{ACTIVATION_KEY: output}`. `initial_state`,
+    `reset_state` and `update_statistics` are forwarded (the last returns a
+    `Recorder` around the updated layer), and `eqx.nn.inference_mode` reaches
+    the layer through it.
+
+    **Arguments:**
+
+    - `layer`: the layer to record, usually a leaf layer;
+        [`eqx_ppo.with_recording`][] wraps every leaf of a network for you.
+    """
+
+    layer: AbstractStatefulModule
+
+    def __call__(
+        self,
+        state: State,
+        x: Any,
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        out = self.layer(state, x, extras, key=key)
+        return out._replace(metrics={**out.metrics, ACTIVATION_KEY: out.output})
+
+    def initial_state(self) -> State:
+        return self.layer.initial_state()
+
+    def reset_state(self, prev_state: State) -> State:
+        return self.layer.reset_state(prev_state)
+
+    def update_statistics(self, extras: Any) -> "Recorder":
+        return Recorder(self.layer.update_statistics(extras))
+
+
+def _is_stateful(node: Any) -> bool:
+    return isinstance(node, AbstractStatefulModule)
+
+
+def is_leaf_layer(node: Any) -> bool:
+    """Whether `node` is a stateful module with no stateful module inside it.
+
+    "Inside" means anywhere in its pytree children (fields holding dicts,
+    lists, tuples or other modules), so user-defined containers are seen
+    through like the built-in ones; static fields are not children.
+    """
+    if not _is_stateful(node):
+        return False
+    children = jax.tree.leaves(
+        node, is_leaf=lambda n: n is not node and _is_stateful(n)
+    )
+    return not any(_is_stateful(child) for child in children)
+
+
+def _is_recording_node(node: Any) -> bool:
+    return isinstance(node, Recorder | PopulationGraph)
+
+
+def is_recording(net: PyTree) -> bool:
+    """Whether `net` already records: it holds a `Recorder` or a recording graph."""
+    nodes = jax.tree.leaves(net, is_leaf=_is_recording_node)
+    return any(
+        isinstance(node, Recorder)
+        or (isinstance(node, PopulationGraph) and node.record)
+        for node in nodes
+    )
+
+
+def with_recording(net: PyTree) -> PyTree:
+    """A copy of `net` that records every layer's activations in its metrics.
+
+    Every leaf layer (see [`eqx_ppo.recording.is_leaf_layer`][]) is wrapped in
+    a [`eqx_ppo.Recorder`][]; every [`eqx_ppo.graph.PopulationGraph`][] gets
+    `record=True` instead (its connection transforms are not wrapped: the
+    graph records all its populations itself). Parameters are shared, `net`
+    is untouched, and outputs, carries, regularisation and extras are
+    bit-identical to `net`'s. Read the activations with
+    [`eqx_ppo.extract_activations`][].
+
+    Calling it on a network that already records warns (`UserWarning`) and
+    returns the network unchanged rather than wrapping recorders in recorders.
+    """
+    if is_recording(net):
+        warnings.warn(
+            "with_recording(net): `net` already records activations (it contains "
+            "a Recorder or a PopulationGraph with record=True); returning it "
+            "unchanged.",
+            UserWarning,
+            stacklevel=2,
+        )
+        return net
+
+    def is_target(node: Any) -> bool:
+        # Graphs come first: one with no connections would also pass as a leaf.
+        return isinstance(node, PopulationGraph) or is_leaf_layer(node)
+
+    def record(node: Any) -> Any:
+        if isinstance(node, PopulationGraph):
+            return dataclasses.replace(node, record=True)
+        if is_leaf_layer(node):
+            return Recorder(node)
+        return node
+
+    return jax.tree.map(record, net, is_leaf=is_target)
+
+
+def extract_activations(metrics: Any) -> PyTree | None:
+    """The recorded activations in a recording network's `metrics`.
+
+    Returns a nested dict mirroring the network: `Sequential` positions as int
+    keys, dict containers' (and `PPOAdapter`'s) names as string keys, and at
+    each recorded layer its output (a sampler's is its
+    `{"action", "log_likelihood"}` dict, a graph's is `{population: activity}`).
+    Ordinary metrics and branches with no activations are dropped; `None` when
+    there are no activations at all. Works on metrics of any leading shape:
+    one env, `[B]` from `apply_batched`, `[T, N]` from a stacked rollout.
+    """
+    if not isinstance(metrics, Mapping):
+        return None
+    if ACTIVATION_KEY in metrics:
+        return metrics[ACTIVATION_KEY]
+    found = {}
+    for name, sub in metrics.items():
+        activations = extract_activations(sub)
+        if activations is not None:
+            found[name] = activations
+    return found or None
