@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo._activation_key import ACTIVATION_KEY
 from eqx_ppo.graph import PopulationGraph, PopulationGraphBuilder
 from eqx_ppo.nn import AbstractStatistics, Dense, apply_batched, reset_where
 from eqx_ppo.nn._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+from eqx_ppo.recording import ACTIVATION_KEY
 
 
 class _Scale(AbstractStatefulModule):

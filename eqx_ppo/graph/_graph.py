@@ -87,6 +87,19 @@ class PopulationGraph(AbstractStatefulModule):
     **Extras** are `{connection: extras}`, or `None` when no transform has any.
 
     Do not construct it directly: call `PopulationGraphBuilder.finalize`.
+
+    Differences from nnx-ppo's `PopulationGraph`, on purpose:
+
+    1. Building and running are split: a mutable `PopulationGraphBuilder`
+       takes the `add_*`/`connect` calls, and `finalize(key=...)` returns this
+       immutable module.
+    2. The regularisation loss is per env; nnx-ppo sums it over the batch, so
+       its scale grew with the number of envs.
+    3. Connections have names, and their transforms' metrics are kept under
+       them (nnx-ppo drops them).
+    4. `add_input(input_from=None)` reads a whole array observation.
+    5. `finalize` rejects graphs without outputs and transforms whose output
+       size does not match their destination.
     """
 
     transforms: dict[str, AbstractStatefulModule]
