@@ -1,0 +1,305 @@
+"""Action samplers: the maths, the replay contract, gradients and inference mode."""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eqx_ppo.nn import (
+    CategoricalSampler,
+    NormalSampler,
+    NormalTanhSampler,
+    apply_batched,
+)
+from eqx_ppo.nn._module import split_key
+
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)  # 0.9189385
+# softplus(PRE_STD_ONE) = log(1 + (e - 1)) = 1: with min_std=0 the std is exactly 1.
+PRE_STD_ONE = math.log(math.e - 1.0)
+
+
+def np_softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def np_tanh_log_det(z):
+    return np.log1p(-(np.tanh(z) ** 2))
+
+
+def np_normal_tanh(x, eps, eps2, extras, entropy_weight, min_std, std_scale):
+    """A float64 numpy transcription of the reference sampler, one env."""
+    mean, pre = np.split(np.asarray(x, np.float64), 2)
+    std = (np_softplus(pre) + min_std) * std_scale
+    raw = mean + std * eps if extras is None else np.asarray(extras, np.float64)
+    log_pdf = -0.5 * ((raw - mean) / std) ** 2 - HALF_LOG_2PI - np.log(std)
+    log_likelihood = np.sum(log_pdf - np_tanh_log_det(raw))
+    z = mean + std * eps2
+    entropy = np.sum(0.5 + HALF_LOG_2PI + np.log(std) + np_tanh_log_det(z))
+    return np.tanh(raw), log_likelihood, -entropy_weight * entropy, raw, std
+
+
+def test_normal_tanh_hand_worked_log_likelihood():
+    sampler = NormalTanhSampler(entropy_weight=0.1, min_std=0.0)
+    x = jnp.array([0.0, 0.0, PRE_STD_ONE, PRE_STD_ONE], jnp.float32)  # mean 0, std 1
+    out = sampler((), x, jnp.array([0.0, 1.0]), key=jax.random.key(0))
+    # raw = 0: log N(0; 0, 1) = -0.9189385, log|tanh'(0)| = 0 -> -0.9189385.
+    # raw = 1: log N(1; 0, 1) = -1.4189385, log|tanh'(1)| = -2 log cosh 1 = -0.8675616
+    #          -> -1.4189385 + 0.8675616 = -0.5513769.
+    np.testing.assert_allclose(
+        out.output["log_likelihood"], -0.9189385 - 0.5513769, rtol=1e-6
+    )
+    np.testing.assert_allclose(out.output["action"], [0.0, math.tanh(1.0)], rtol=1e-6)
+    np.testing.assert_allclose(out.metrics["sigma"], [1.0, 1.0], rtol=1e-6)
+    np.testing.assert_array_equal(out.metrics["mu"], [0.0, 0.0])
+
+
+def test_normal_tanh_entropy_at_the_mean_in_inference_mode():
+    sampler = eqx.nn.inference_mode(NormalTanhSampler(entropy_weight=0.1, min_std=0.0))
+    x = jnp.array([0.0, PRE_STD_ONE], jnp.float32)
+    out = sampler((), x)  # no key needed in inference mode
+    # Without a key the estimate uses z = mean = 0, where log|tanh'| = 0:
+    # entropy = 0.5 + 0.9189385 + log 1 = 1.4189385; loss = -0.1 * entropy.
+    np.testing.assert_allclose(out.regularization_loss, -0.14189385, rtol=1e-6)
+    np.testing.assert_array_equal(out.output["action"], [0.0])
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_normal_tanh_matches_a_numpy_reference(getkey, replay):
+    key = getkey()
+    weight, min_std, scale = 0.05, 0.1, 0.7
+    sampler = NormalTanhSampler(weight, min_std=min_std, std_scale=scale)
+    x = jax.random.normal(getkey(), (6,)) * 2.0
+    extras = jax.random.normal(getkey(), (3,)) * 3.0 if replay else None
+    out = sampler((), x, extras, key=key)
+    # One key per call, split once into the action noise and the entropy noise.
+    action_key, entropy_key = split_key(key, 2)
+    eps = np.asarray(jax.random.normal(action_key, (3,)), np.float64)
+    eps2 = np.asarray(jax.random.normal(entropy_key, (3,)), np.float64)
+    action, log_likelihood, reg, raw, std = np_normal_tanh(
+        x, eps, eps2, extras, weight, min_std, scale
+    )
+    np.testing.assert_allclose(out.output["action"], action, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.output["log_likelihood"], log_likelihood, rtol=1e-5)
+    np.testing.assert_allclose(out.regularization_loss, reg, rtol=1e-5)
+    np.testing.assert_allclose(out.extras, raw, rtol=1e-5)
+    np.testing.assert_allclose(out.metrics["sigma"], std, rtol=1e-6)
+    assert out.regularization_loss.dtype == jnp.float32
+
+
+def test_normal_tanh_log_det_is_stable_for_large_actions():
+    sampler = NormalTanhSampler(entropy_weight=0.1)
+    x = jnp.array([0.0, 0.0, 0.0, 0.0])
+    raw = jnp.array([30.0, -30.0])
+    out = sampler((), x, raw, key=jax.random.key(0))
+    grads = jax.grad(
+        lambda x: sampler((), x, raw, key=jax.random.key(0)).output["log_likelihood"]
+    )(x)
+    # log|tanh'(30)| = 2 (log 2 - 30 - softplus(-60)) = -58.6137, finite where
+    # log(1 - tanh(30)^2) = log(0) = -inf.
+    assert np.isfinite(out.output["log_likelihood"])
+    assert np.all(np.isfinite(grads))
+
+
+def test_normal_tanh_replay_is_exact_and_scores_the_stored_action(getkey):
+    sampler = NormalTanhSampler(entropy_weight=0.01)
+    x = jax.random.normal(getkey(), (4,))
+    key = getkey()
+    rollout = sampler((), x, key=key)
+    replay = sampler((), x, rollout.extras, key=key)
+    assert jnp.array_equal(
+        replay.output["log_likelihood"], rollout.output["log_likelihood"]
+    )
+    assert jnp.array_equal(replay.output["action"], rollout.output["action"])
+    assert jnp.array_equal(replay.regularization_loss, rollout.regularization_loss)
+    # Under another key the stored action, not fresh noise, is scored.
+    other_key = sampler((), x, rollout.extras, key=getkey())
+    assert jnp.array_equal(
+        other_key.output["log_likelihood"], rollout.output["log_likelihood"]
+    )
+    moved = sampler((), x, rollout.extras + 0.5, key=key)
+    assert moved.output["log_likelihood"] != rollout.output["log_likelihood"]
+
+
+def test_normal_tanh_gradients_reach_mean_and_std_but_not_the_stored_action(getkey):
+    sampler = NormalTanhSampler(entropy_weight=0.3, min_std=0.0)
+    key = getkey()
+    x = jnp.array([0.2, -0.4, 0.1, 0.3])
+    raw = sampler((), x, key=key).extras
+
+    def log_likelihood(x, raw):
+        return sampler((), x, raw, key=key).output["log_likelihood"]
+
+    dx, draw = jax.grad(log_likelihood, argnums=(0, 1))(x, raw)
+    np.testing.assert_array_equal(draw, 0.0)
+    # The score of a Gaussian: d log N(raw; mean, std) / d mean = (raw - mean) / std^2.
+    std = np_softplus(np.asarray(x[2:]))
+    np.testing.assert_allclose(dx[:2], (raw - x[:2]) / std**2, rtol=1e-5)
+    assert np.all(dx[2:] != 0.0)
+    # The rollout path samples with stop_gradient, so it gives the same score.
+    dx_rollout = jax.grad(lambda x: sampler((), x, key=key).output["log_likelihood"])(x)
+    np.testing.assert_allclose(dx_rollout, dx, rtol=1e-6)
+    # The entropy bonus is reparameterised: its gradient reaches mean and std.
+    dreg = jax.grad(lambda x: sampler((), x, key=key).regularization_loss)(x)
+    assert np.all(dreg != 0.0)
+
+
+def test_normal_tanh_inference_mode_returns_the_squashed_mean(getkey):
+    sampler = eqx.nn.inference_mode(NormalTanhSampler(entropy_weight=0.01))
+    assert sampler.inference
+    x = jnp.array([0.3, -2.0, 0.0, 1.0])
+    first = sampler((), x, key=getkey())
+    second = sampler((), x, key=getkey())
+    np.testing.assert_allclose(first.output["action"], np.tanh([0.3, -2.0]), rtol=1e-6)
+    assert jnp.array_equal(first.output["action"], second.output["action"])
+    np.testing.assert_array_equal(first.extras, x[:2])
+    back = eqx.nn.inference_mode(sampler, value=False)
+    sampled = back((), x, key=getkey())
+    assert not jnp.array_equal(sampled.output["action"], first.output["action"])
+
+
+def test_normal_tanh_batched_jit_and_compiles_once(getkey):
+    sampler = NormalTanhSampler(entropy_weight=0.01)
+
+    @eqx.filter_jit
+    @eqx.debug.assert_max_traces(max_traces=1)
+    def act(sampler, x, key):
+        return apply_batched(sampler, sampler.initialize_state(x.shape[0]), x, key=key)
+
+    key = getkey()
+    x = jax.random.normal(getkey(), (5, 4))
+    out = act(sampler, x, key)
+    act(sampler, x + 1.0, getkey())
+    assert out.output["action"].shape == (5, 2)
+    assert out.output["log_likelihood"].shape == (5,)
+    # Env 3 alone, with its own key, gives env 3's values: vmap equals a loop.
+    env_key = jax.random.split(key, 5)[3]
+    single = sampler((), x[3], key=env_key)
+    np.testing.assert_allclose(
+        out.output["action"][3], single.output["action"], rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("cls", [NormalTanhSampler, NormalSampler])
+def test_gaussian_samplers_validate(cls):
+    sampler = cls(entropy_weight=0.0)
+    with pytest.raises(ValueError, match="needs `key=`"):
+        sampler((), jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"even size.*got shape \(3,\)"):
+        sampler((), jnp.zeros(3), key=jax.random.key(0))
+    with pytest.raises(ValueError, match="min_std must be >= 0"):
+        cls(entropy_weight=0.0, min_std=-1.0)
+    with pytest.raises(ValueError, match="std_scale must be > 0"):
+        cls(entropy_weight=0.0, std_scale=0.0)
+
+
+def test_normal_sampler_hand_worked_values(getkey):
+    sampler = NormalSampler(entropy_weight=0.5, min_std=0.0)
+    x = jnp.array([2.0, PRE_STD_ONE], jnp.float32)  # mean 2, std 1
+    key = getkey()
+    out = sampler((), x, key=key)
+    eps = jax.random.normal(key, (1,))
+    np.testing.assert_allclose(out.output["action"], 2.0 + eps, rtol=1e-6)
+    np.testing.assert_array_equal(out.extras, out.output["action"])
+    # Exact entropy: 0.5 + 0.9189385 + log 1 = 1.4189385; loss = -0.5 * entropy.
+    np.testing.assert_allclose(out.regularization_loss, -0.70946925, rtol=1e-6)
+    # Replaying action 3: log N(3; 2, 1) = -0.5 - 0.9189385.
+    replay = sampler((), x, jnp.array([3.0]), key=key)
+    np.testing.assert_allclose(replay.output["log_likelihood"], -1.4189385, rtol=1e-6)
+    np.testing.assert_array_equal(replay.output["action"], [3.0])
+    inference = eqx.nn.inference_mode(sampler)((), x)
+    np.testing.assert_array_equal(inference.output["action"], [2.0])
+
+
+def test_normal_sampler_replay_is_exact(getkey):
+    sampler = NormalSampler(entropy_weight=0.01)
+    x = jax.random.normal(getkey(), (6,))
+    key = getkey()
+    rollout = sampler((), x, key=key)
+    replay = sampler((), x, rollout.extras, key=key)
+    assert jnp.array_equal(
+        replay.output["log_likelihood"], rollout.output["log_likelihood"]
+    )
+    draw = jax.grad(lambda a: sampler((), x, a, key=key).output["log_likelihood"])(
+        rollout.extras
+    )
+    np.testing.assert_array_equal(draw, 0.0)
+
+
+# Logits 0, log 2, log 5: probabilities 1/8, 2/8, 5/8.
+LOGITS_125 = [0.0, math.log(2.0), math.log(5.0)]
+# -(1/8 log 1/8 + 2/8 log 2/8 + 5/8 log 5/8) = 0.2599302 + 0.3465736 + 0.2937523
+ENTROPY_125 = 0.9002561
+
+
+def test_categorical_hand_worked_values():
+    sampler = CategoricalSampler(entropy_weight=0.1, n_actions=3)
+    x = jnp.array(LOGITS_125)
+    out = sampler((), x, jnp.array(2, jnp.int32), key=jax.random.key(0))
+    np.testing.assert_allclose(out.output["log_likelihood"], math.log(5 / 8), rtol=1e-6)
+    np.testing.assert_allclose(out.regularization_loss, -0.1 * ENTROPY_125, rtol=1e-6)
+    np.testing.assert_allclose(out.metrics["entropy"], ENTROPY_125, rtol=1e-6)
+    assert out.output["action"].shape == () and out.extras == 2
+    other = sampler((), x, jnp.array(0, jnp.int32), key=jax.random.key(0))
+    np.testing.assert_allclose(
+        other.output["log_likelihood"], math.log(1 / 8), rtol=1e-6
+    )
+
+
+def test_categorical_multi_discrete_sums_over_sub_actions():
+    sampler = CategoricalSampler(entropy_weight=1.0, n_actions=(2, 3))
+    x = jnp.array([0.0, 0.0, *LOGITS_125])
+    out = sampler((), x, jnp.array([1, 2], jnp.int32), key=jax.random.key(0))
+    # log(1/2) + log(5/8); entropy log 2 + 0.9002561.
+    expected = math.log(0.5) + math.log(5 / 8)
+    np.testing.assert_allclose(out.output["log_likelihood"], expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        out.regularization_loss, -(math.log(2) + ENTROPY_125), rtol=1e-6
+    )
+    sampled = sampler((), x, key=jax.random.key(1))
+    assert sampled.output["action"].shape == (2,)
+    assert sampled.output["action"].dtype == jnp.int32
+    argmax = eqx.nn.inference_mode(sampler)((), x)
+    # Ties go to the first index: argmax([0, 0]) = 0.
+    np.testing.assert_array_equal(argmax.output["action"], [0, 2])
+
+
+def test_categorical_samples_with_the_right_frequencies(getkey):
+    sampler = CategoricalSampler(entropy_weight=0.0, n_actions=3)
+    keys = jax.random.split(getkey(), 4000)
+    x = jnp.array(LOGITS_125)
+    actions = jax.vmap(lambda k: sampler((), x, key=k).output["action"])(keys)
+    frequencies = np.bincount(np.asarray(actions), minlength=3) / 4000
+    np.testing.assert_allclose(frequencies, [1 / 8, 2 / 8, 5 / 8], atol=0.025)
+
+
+def test_categorical_replay_and_gradient(getkey):
+    sampler = CategoricalSampler(entropy_weight=0.0, n_actions=3)
+    x = jnp.array(LOGITS_125)
+    key = getkey()
+    rollout = sampler((), x, key=key)
+    replay = sampler((), x, rollout.extras, key=getkey())
+    assert jnp.array_equal(
+        replay.output["log_likelihood"], rollout.output["log_likelihood"]
+    )
+    assert jnp.array_equal(replay.output["action"], rollout.output["action"])
+    grad = jax.grad(
+        lambda x: sampler((), x, rollout.extras, key=key).output["log_likelihood"]
+    )(x)
+    # d log softmax(x)[a] / dx = onehot(a) - p.
+    expected = np.eye(3)[int(rollout.extras)] - np.array([1 / 8, 2 / 8, 5 / 8])
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_categorical_validates():
+    with pytest.raises(ValueError, match="positive int"):
+        CategoricalSampler(entropy_weight=0.0, n_actions=0)
+    with pytest.raises(ValueError, match="positive int"):
+        CategoricalSampler(entropy_weight=0.0, n_actions=())
+    sampler = CategoricalSampler(entropy_weight=0.0, n_actions=(2, 3))
+    with pytest.raises(ValueError, match=r"expects 5 logits, got shape \(4,\)"):
+        sampler((), jnp.zeros(4), key=jax.random.key(0))
+    with pytest.raises(ValueError, match="needs `key=`"):
+        sampler((), jnp.zeros(5))
