@@ -37,3 +37,5 @@ from ..samplers import (
     NormalTanhSampler as NormalTanhSampler,
 )
 from ._delay import Delay as Delay
+from ._variational import AR1VariationalBottleneck as AR1VariationalBottleneck
+from ._variational import VariationalBottleneck as VariationalBottleneck

@@ -1,0 +1,205 @@
+"""Variational bottlenecks: a reparameterised Gaussian latent with a KL prior
+penalty, and a variant that also penalises jumps between consecutive samples."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from ._dense import Dense, check_size, check_vector
+from ._module import AbstractStatefulModule, State, StatefulModuleOutput
+
+AR1State = dict[str, Any]
+"""An AR(1) bottleneck carry: `{"prev": <last sample [latent_size]>,
+"valid": <bool scalar: False at an episode start, when there is no last sample>}`."""
+
+
+def _check_weight(name: str, value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"{name}={value} must be >= 0.")
+
+
+class VariationalBottleneck(AbstractStatefulModule):
+    """A Gaussian latent `z ~ N(mu, std)` sampled with the reparameterisation trick.
+
+    A [`eqx_ppo.nn.Dense`][] maps the input to `(mu, pre_std)` (first half,
+    second half); `std = softplus(pre_std) + min_std` and
+    `z = mu + std * eps`, `eps ~ N(0, I)` drawn from `key`. The same key
+    therefore gives the same `eps`, so the loss replay reproduces the
+    rollout's noise exactly and differentiates through the sample; nothing
+    is stored in `extras`. The regularisation loss is
+    `kl_weight * KL(N(mu, std^2) || N(0, I))`, summed over latent dimensions:
+
+    ```
+    KL = 0.5 * sum(mu^2 + std^2 - 2 log(std) - 1)
+    ```
+
+    Metrics: `mu`, `sigma` (the std) and `kl`. In inference mode
+    (`eqx.nn.inference_mode`) the output is `mu` and no key is needed.
+
+    Unlike nnx-ppo's layer, which takes the concatenated `(mu, pre_std)` as
+    its input, this one owns the projection to them.
+    """
+
+    dense: Dense
+    kl_weight: float = eqx.field(static=True)
+    min_std: float = eqx.field(static=True)
+    latent_size: int = eqx.field(static=True)
+    inference: bool = False
+
+    def __init__(
+        self,
+        in_size: int,
+        latent_size: int,
+        *,
+        key: PRNGKeyArray,
+        kl_weight: float = 1.0,
+        min_std: float = 1e-6,
+        inference: bool = False,
+    ):
+        """**Arguments:**
+
+        - `in_size`: input features.
+        - `latent_size`: size of the sample `z`.
+        - `key`: PRNG key for the projection's initialisation.
+        - `kl_weight`: weight of the KL penalty in the regularisation loss.
+        - `min_std`: added to the softplus, keeping `std > 0` and `log(std)`
+            finite.
+        - `inference`: output `mu` instead of a sample.
+        """
+        check_size("VariationalBottleneck(in_size=...)", in_size)
+        check_size("VariationalBottleneck(latent_size=...)", latent_size)
+        _check_weight("VariationalBottleneck(kl_weight)", kl_weight)
+        if not min_std > 0:
+            raise ValueError(
+                f"VariationalBottleneck(min_std={min_std}) must be > 0 so that "
+                "log(std) stays finite."
+            )
+        self.dense = Dense(in_size, 2 * latent_size, key=key)
+        self.kl_weight = float(kl_weight)
+        self.min_std = float(min_std)
+        self.latent_size = latent_size
+        self.inference = inference
+
+    def __call__(
+        self,
+        state: State,
+        x: Float[Array, " in_size"],
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """Sample one env's latent; returns carry `()`."""
+        del state, extras
+        check_vector("VariationalBottleneck", x, self.dense.in_size)
+        if key is None and not self.inference:
+            raise ValueError(
+                "VariationalBottleneck needs `key=` to sample; pass the step's PRNG "
+                "key, or use `eqx.nn.inference_mode(net)` to output the mean."
+            )
+        mu, pre_std = jnp.split(self.dense((), x).output, 2)
+        std = jax.nn.softplus(pre_std) + self.min_std
+        if self.inference:
+            z = mu
+        else:
+            z = mu + std * jax.random.normal(key, mu.shape, mu.dtype)
+        kl = 0.5 * jnp.sum(jnp.square(mu) + jnp.square(std) - 2 * jnp.log(std) - 1)
+        metrics = {"mu": mu, "sigma": std, "kl": kl}
+        return StatefulModuleOutput((), z, self.kl_weight * kl, metrics, None)
+
+
+class AR1VariationalBottleneck(AbstractStatefulModule):
+    """A [`eqx_ppo.nn.VariationalBottleneck`][] that also penalises latent jumps.
+
+    On top of the KL penalty it adds, as in nnx-ppo, the first-order
+    autoregressive (random-walk prior) smoothness penalty
+
+    ```
+    ar1_weight * mean((z_t - z_{t-1})^2)      (mean over latent dimensions)
+    ```
+
+    reported as the metric `l2_diff` (the unweighted mean). The carry holds
+    the previous sample and a `valid` flag; at an episode start (initial or
+    reset carry) there is no previous sample and the penalty is exactly 0.
+    The stale sample is masked with a double `where`, so even a NaN or
+    garbage previous carry never reaches the loss or its gradients (nnx-ppo
+    instead stores a NaN sentinel).
+
+    With `backprop_through_time=False` (the default here; nnx-ppo's default is
+    `True`) the previous sample is a constant: the penalty only pulls `z_t`
+    towards `z_{t-1}`, never the earlier step's encoder towards the later one.
+    """
+
+    bottleneck: VariationalBottleneck
+    ar1_weight: float = eqx.field(static=True)
+    backprop_through_time: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        latent_size: int,
+        *,
+        key: PRNGKeyArray,
+        kl_weight: float = 1.0,
+        min_std: float = 1e-6,
+        ar1_weight: float = 1.0,
+        backprop_through_time: bool = False,
+    ):
+        """**Arguments:**
+
+        - `in_size`, `latent_size`, `key`, `kl_weight`, `min_std`: as in
+            [`eqx_ppo.nn.VariationalBottleneck`][].
+        - `ar1_weight`: weight of the smoothness penalty.
+        - `backprop_through_time`: let the penalty's gradient flow into the
+            previous step's sample as well.
+        """
+        _check_weight("AR1VariationalBottleneck(ar1_weight)", ar1_weight)
+        self.bottleneck = VariationalBottleneck(
+            in_size, latent_size, key=key, kl_weight=kl_weight, min_std=min_std
+        )
+        self.ar1_weight = float(ar1_weight)
+        self.backprop_through_time = backprop_through_time
+
+    def initial_state(self) -> AR1State:
+        """No previous sample yet: zeros, marked invalid."""
+        return {
+            "prev": jnp.zeros(self.bottleneck.latent_size, jnp.float32),
+            "valid": jnp.zeros((), bool),
+        }
+
+    def __call__(
+        self,
+        state: AR1State,
+        x: Float[Array, " in_size"],
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """Sample one env's latent and add the penalty against the last sample."""
+        out = self.bottleneck((), x, extras, key=key)
+        z = out.output
+        prev: Float[Array, " latent"] = state["prev"]
+        valid: Bool[Array, ""] = state["valid"]
+        if jnp.shape(prev) != z.shape or jnp.shape(valid) != ():
+            raise ValueError(
+                "AR1VariationalBottleneck carry must be {'prev': "
+                f"[{self.bottleneck.latent_size}], 'valid': scalar bool}}; got "
+                f"prev {jnp.shape(prev)}, valid {jnp.shape(valid)}. Use "
+                "`initial_state()`."
+            )
+        if not self.backprop_through_time:
+            prev = jax.lax.stop_gradient(prev)
+        # Inner where: an invalid (possibly NaN) prev never enters the
+        # arithmetic, so its gradient is exactly 0. Outer where: no penalty.
+        safe_prev = jnp.where(valid, prev, jax.lax.stop_gradient(z))
+        l2_diff = jnp.where(valid, jnp.mean(jnp.square(z - safe_prev)), 0.0)
+        next_state = {"prev": z, "valid": jnp.ones((), bool)}
+        return StatefulModuleOutput(
+            next_state,
+            z,
+            out.regularization_loss + self.ar1_weight * l2_diff,
+            {**out.metrics, "l2_diff": l2_diff},
+            None,
+        )
