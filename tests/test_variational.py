@@ -11,6 +11,8 @@ from eqx_ppo.nn import (
     reset_where,
 )
 
+KEY = jax.random.key(0)
+
 
 def _inverse_softplus(y):
     return float(np.log(np.expm1(y)))
@@ -18,13 +20,19 @@ def _inverse_softplus(y):
 
 def _fixed(layer, mu, std_pre):
     """Make the projection ignore its input: `(mu, pre_std)` come from the bias."""
-    dense = layer.dense
-    dense = eqx.tree_at(
-        lambda d: (d.kernel, d.bias),
-        dense,
-        (jnp.zeros_like(dense.kernel), jnp.array([*mu, *std_pre], jnp.float32)),
+    return eqx.tree_at(
+        lambda m: (m.head.kernel, m.head.bias),
+        layer,
+        (jnp.zeros_like(layer.head.kernel), jnp.array([*mu, *std_pre], jnp.float32)),
     )
-    return eqx.tree_at(lambda m: m.dense, layer, dense)
+
+
+def _plain(ar1):
+    """The VariationalBottleneck with the same projection and KL weight."""
+    plain = VariationalBottleneck(
+        ar1.head.in_size, ar1.head.latent_size, kl_weight=ar1.kl_weight, key=KEY
+    )
+    return eqx.tree_at(lambda m: m.head, plain, ar1.head)
 
 
 def test_kl_exact_on_hand_values(getkey):
@@ -97,8 +105,7 @@ def _fixed_ar1(getkey, mu, ar1_weight, backprop_through_time=False):
         key=getkey(),
     )
     # pre_std = -30: softplus ~ 1e-13, so z = mu + 1e-6 * eps ~= mu.
-    bottleneck = _fixed(layer.bottleneck, mu, [-30.0] * len(mu))
-    return eqx.tree_at(lambda m: m.bottleneck, layer, bottleneck)
+    return _fixed(layer, mu, [-30.0] * len(mu))
 
 
 def test_ar1_penalty_exact_on_hand_values(getkey):
@@ -119,7 +126,7 @@ def test_ar1_total_loss_adds_kl(getkey):
     key = getkey()
     x = jnp.array([1.0, 2.0, -1.0])
     out = layer(state, x, key=key)
-    plain = layer.bottleneck((), x, key=key)
+    plain = _plain(layer)((), x, key=key)
     np.testing.assert_array_equal(out.output, plain.output)
     expected = 0.3 * plain.metrics["kl"] + 0.7 * jnp.mean(
         jnp.square(plain.output - state["prev"])
@@ -211,7 +218,7 @@ def test_ar1_scan_matches_loop_with_per_env_reset(getkey):
             )
             state = reset_where(layer, dones[t, env], out.next_state)
     # Env 0 reset after step 1, so step 2 has no AR1 term: only the KL.
-    kl_only = layer.bottleneck((), xs[2, 0], key=keys[2, 0]).regularization_loss
+    kl_only = _plain(layer)((), xs[2, 0], key=keys[2, 0]).regularization_loss
     np.testing.assert_allclose(losses[2, 0], kl_only, rtol=1e-6)
 
 
@@ -224,7 +231,7 @@ def test_gradients_reach_the_projection(getkey):
             + m((), jnp.ones(2), key=key).regularization_loss
         )
     )(layer)
-    assert np.all(np.abs(np.asarray(grads.dense.kernel)) > 0)
+    assert np.all(np.abs(np.asarray(grads.head.kernel)) > 0)
 
 
 def test_bad_arguments_and_inputs(getkey):
@@ -241,8 +248,28 @@ def test_bad_arguments_and_inputs(getkey):
         layer((), jnp.ones(2))
     with pytest.raises(ValueError, match=r"shape \(2,\), got shape \(3,\)"):
         layer((), jnp.ones(3), key=getkey())
+    with pytest.raises(ValueError, match="AR1VariationalBottleneck.min_std"):
+        AR1VariationalBottleneck(2, 2, min_std=-1.0, key=getkey())
     ar1 = AR1VariationalBottleneck(2, 2, key=getkey())
+    with pytest.raises(ValueError, match="AR1VariationalBottleneck needs `key=`"):
+        ar1(ar1.initial_state(), jnp.ones(2))
     with pytest.raises(ValueError, match="initial_state"):
         ar1(
             {"prev": jnp.zeros(3), "valid": jnp.array(False)}, jnp.ones(2), key=getkey()
         )
+
+
+def test_bottlenecks_are_leaf_layers_for_recording(getkey):
+    # No stateful module nested inside, so `with_recording` wraps each whole.
+    from eqx_ppo.recording import is_leaf_layer, with_recording
+
+    for layer in (
+        VariationalBottleneck(2, 2, key=getkey()),
+        AR1VariationalBottleneck(2, 2, key=getkey()),
+    ):
+        assert is_leaf_layer(layer)
+        key = getkey()
+        state = layer.initial_state()
+        out = layer(state, jnp.ones(2), key=key)
+        recorded = with_recording(layer)(state, jnp.ones(2), key=key)
+        np.testing.assert_array_equal(recorded.output, out.output)

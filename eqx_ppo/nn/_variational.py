@@ -21,16 +21,73 @@ def _check_weight(name: str, value: float) -> None:
         raise ValueError(f"{name}={value} must be >= 0.")
 
 
+class GaussianHead(eqx.Module):
+    """The projection `x -> (mu, std)` and the sample, shared by both bottlenecks.
+
+    A plain Equinox module, not a stateful layer, so the bottlenecks stay leaf
+    layers (recording wraps them whole). The projection is initialised like a
+    [`eqx_ppo.nn.Dense`][]: LeCun-normal `[in_size, 2 * latent_size]` kernel,
+    zero bias; columns `[:latent_size]` give `mu`, the rest `pre_std`.
+    """
+
+    kernel: Float[Array, "in_size two_latent"]
+    bias: Float[Array, " two_latent"]
+    min_std: float = eqx.field(static=True)
+    in_size: int = eqx.field(static=True)
+    latent_size: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        layer: str,
+        in_size: int,
+        latent_size: int,
+        min_std: float,
+        key: PRNGKeyArray,
+    ):
+        check_size(f"{layer}(in_size=...)", in_size)
+        check_size(f"{layer}(latent_size=...)", latent_size)
+        if not min_std > 0:
+            raise ValueError(
+                f"{layer}(min_std={min_std}) must be > 0 so that log(std) stays finite."
+            )
+        dense = Dense(in_size, 2 * latent_size, key=key)
+        self.kernel = dense.kernel
+        self.bias = dense.bias
+        self.min_std = float(min_std)
+        self.in_size = in_size
+        self.latent_size = latent_size
+
+    def __call__(
+        self, layer: str, x: Any, key: PRNGKeyArray | None, inference: bool
+    ) -> tuple[Float[Array, " latent"], dict[str, Float[Array, "..."]]]:
+        """The sample (or `mu` in inference) and the metrics `mu`, `sigma`, `kl`."""
+        check_vector(layer, x, self.in_size)
+        if key is None and not inference:
+            raise ValueError(
+                f"{layer} needs `key=` to sample; pass the step's PRNG key, or use "
+                "`eqx.nn.inference_mode(net)` to output the mean."
+            )
+        mu, pre_std = jnp.split(x @ self.kernel + self.bias, 2)
+        std = jax.nn.softplus(pre_std) + self.min_std
+        if inference:
+            z = mu
+        else:
+            z = mu + std * jax.random.normal(key, mu.shape, mu.dtype)
+        kl = 0.5 * jnp.sum(jnp.square(mu) + jnp.square(std) - 2 * jnp.log(std) - 1)
+        return z, {"mu": mu, "sigma": std, "kl": kl}
+
+
 class VariationalBottleneck(AbstractStatefulModule):
     """A Gaussian latent `z ~ N(mu, std)` sampled with the reparameterisation trick.
 
-    A [`eqx_ppo.nn.Dense`][] maps the input to `(mu, pre_std)` (first half,
-    second half); `std = softplus(pre_std) + min_std` and
-    `z = mu + std * eps`, `eps ~ N(0, I)` drawn from `key`. The same key
-    therefore gives the same `eps`, so the loss replay reproduces the
-    rollout's noise exactly and differentiates through the sample; nothing
-    is stored in `extras`. The regularisation loss is
-    `kl_weight * KL(N(mu, std^2) || N(0, I))`, summed over latent dimensions:
+    A linear projection (`head`, initialised like [`eqx_ppo.nn.Dense`][]) maps
+    the input to `(mu, pre_std)` (first half, second half);
+    `std = softplus(pre_std) + min_std` and `z = mu + std * eps`,
+    `eps ~ N(0, I)` drawn from `key`. The same key therefore gives the same
+    `eps`, so the loss replay reproduces the rollout's noise exactly and
+    differentiates through the sample; nothing is stored in `extras`. The
+    regularisation loss is `kl_weight * KL(N(mu, std^2) || N(0, I))`, summed
+    over latent dimensions:
 
     ```
     KL = 0.5 * sum(mu^2 + std^2 - 2 log(std) - 1)
@@ -43,10 +100,8 @@ class VariationalBottleneck(AbstractStatefulModule):
     its input, this one owns the projection to them.
     """
 
-    dense: Dense
+    head: GaussianHead
     kl_weight: float = eqx.field(static=True)
-    min_std: float = eqx.field(static=True)
-    latent_size: int = eqx.field(static=True)
     inference: bool = False
 
     def __init__(
@@ -69,18 +124,11 @@ class VariationalBottleneck(AbstractStatefulModule):
             finite.
         - `inference`: output `mu` instead of a sample.
         """
-        check_size("VariationalBottleneck(in_size=...)", in_size)
-        check_size("VariationalBottleneck(latent_size=...)", latent_size)
         _check_weight("VariationalBottleneck(kl_weight)", kl_weight)
-        if not min_std > 0:
-            raise ValueError(
-                f"VariationalBottleneck(min_std={min_std}) must be > 0 so that "
-                "log(std) stays finite."
-            )
-        self.dense = Dense(in_size, 2 * latent_size, key=key)
+        self.head = GaussianHead(
+            "VariationalBottleneck", in_size, latent_size, min_std, key
+        )
         self.kl_weight = float(kl_weight)
-        self.min_std = float(min_std)
-        self.latent_size = latent_size
         self.inference = inference
 
     def __call__(
@@ -93,28 +141,17 @@ class VariationalBottleneck(AbstractStatefulModule):
     ) -> StatefulModuleOutput:
         """Sample one env's latent; returns carry `()`."""
         del state, extras
-        check_vector("VariationalBottleneck", x, self.dense.in_size)
-        if key is None and not self.inference:
-            raise ValueError(
-                "VariationalBottleneck needs `key=` to sample; pass the step's PRNG "
-                "key, or use `eqx.nn.inference_mode(net)` to output the mean."
-            )
-        mu, pre_std = jnp.split(self.dense((), x).output, 2)
-        std = jax.nn.softplus(pre_std) + self.min_std
-        if self.inference:
-            z = mu
-        else:
-            z = mu + std * jax.random.normal(key, mu.shape, mu.dtype)
-        kl = 0.5 * jnp.sum(jnp.square(mu) + jnp.square(std) - 2 * jnp.log(std) - 1)
-        metrics = {"mu": mu, "sigma": std, "kl": kl}
-        return StatefulModuleOutput((), z, self.kl_weight * kl, metrics, None)
+        z, metrics = self.head("VariationalBottleneck", x, key, self.inference)
+        loss = self.kl_weight * metrics["kl"]
+        return StatefulModuleOutput((), z, loss, metrics, None)
 
 
 class AR1VariationalBottleneck(AbstractStatefulModule):
     """A [`eqx_ppo.nn.VariationalBottleneck`][] that also penalises latent jumps.
 
-    On top of the KL penalty it adds, as in nnx-ppo, the first-order
-    autoregressive (random-walk prior) smoothness penalty
+    Sampling, KL penalty, metrics and inference mode are those of
+    `VariationalBottleneck`. On top of the KL penalty it adds, as in nnx-ppo,
+    the first-order autoregressive (random-walk prior) smoothness penalty
 
     ```
     ar1_weight * mean((z_t - z_{t-1})^2)      (mean over latent dimensions)
@@ -132,9 +169,11 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
     towards `z_{t-1}`, never the earlier step's encoder towards the later one.
     """
 
-    bottleneck: VariationalBottleneck
+    head: GaussianHead
+    kl_weight: float = eqx.field(static=True)
     ar1_weight: float = eqx.field(static=True)
     backprop_through_time: bool = eqx.field(static=True)
+    inference: bool = False
 
     def __init__(
         self,
@@ -146,26 +185,30 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         min_std: float = 1e-6,
         ar1_weight: float = 1.0,
         backprop_through_time: bool = False,
+        inference: bool = False,
     ):
         """**Arguments:**
 
-        - `in_size`, `latent_size`, `key`, `kl_weight`, `min_std`: as in
-            [`eqx_ppo.nn.VariationalBottleneck`][].
+        - `in_size`, `latent_size`, `key`, `kl_weight`, `min_std`,
+            `inference`: as in [`eqx_ppo.nn.VariationalBottleneck`][].
         - `ar1_weight`: weight of the smoothness penalty.
         - `backprop_through_time`: let the penalty's gradient flow into the
             previous step's sample as well.
         """
+        _check_weight("AR1VariationalBottleneck(kl_weight)", kl_weight)
         _check_weight("AR1VariationalBottleneck(ar1_weight)", ar1_weight)
-        self.bottleneck = VariationalBottleneck(
-            in_size, latent_size, key=key, kl_weight=kl_weight, min_std=min_std
+        self.head = GaussianHead(
+            "AR1VariationalBottleneck", in_size, latent_size, min_std, key
         )
+        self.kl_weight = float(kl_weight)
         self.ar1_weight = float(ar1_weight)
         self.backprop_through_time = backprop_through_time
+        self.inference = inference
 
     def initial_state(self) -> AR1State:
         """No previous sample yet: zeros, marked invalid."""
         return {
-            "prev": jnp.zeros(self.bottleneck.latent_size, jnp.float32),
+            "prev": jnp.zeros(self.head.latent_size, jnp.float32),
             "valid": jnp.zeros((), bool),
         }
 
@@ -178,14 +221,14 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         key: PRNGKeyArray | None = None,
     ) -> StatefulModuleOutput:
         """Sample one env's latent and add the penalty against the last sample."""
-        out = self.bottleneck((), x, extras, key=key)
-        z = out.output
+        del extras
+        z, metrics = self.head("AR1VariationalBottleneck", x, key, self.inference)
         prev: Float[Array, " latent"] = state["prev"]
         valid: Bool[Array, ""] = state["valid"]
         if jnp.shape(prev) != z.shape or jnp.shape(valid) != ():
             raise ValueError(
                 "AR1VariationalBottleneck carry must be {'prev': "
-                f"[{self.bottleneck.latent_size}], 'valid': scalar bool}}; got "
+                f"[{self.head.latent_size}], 'valid': scalar bool}}; got "
                 f"prev {jnp.shape(prev)}, valid {jnp.shape(valid)}. Use "
                 "`initial_state()`."
             )
@@ -196,10 +239,6 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         safe_prev = jnp.where(valid, prev, jax.lax.stop_gradient(z))
         l2_diff = jnp.where(valid, jnp.mean(jnp.square(z - safe_prev)), 0.0)
         next_state = {"prev": z, "valid": jnp.ones((), bool)}
-        return StatefulModuleOutput(
-            next_state,
-            z,
-            out.regularization_loss + self.ar1_weight * l2_diff,
-            {**out.metrics, "l2_diff": l2_diff},
-            None,
-        )
+        loss = self.kl_weight * metrics["kl"] + self.ar1_weight * l2_diff
+        metrics = {**metrics, "l2_diff": l2_diff}
+        return StatefulModuleOutput(next_state, z, loss, metrics, None)
