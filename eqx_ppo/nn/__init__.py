@@ -39,3 +39,8 @@ from ..samplers import (
 from ._delay import Delay as Delay
 from ._variational import AR1VariationalBottleneck as AR1VariationalBottleneck
 from ._variational import VariationalBottleneck as VariationalBottleneck
+from ._factories import (
+    make_lstm_actor_critic as make_lstm_actor_critic,
+    make_mlp as make_mlp,
+    make_mlp_actor_critic as make_mlp_actor_critic,
+)
