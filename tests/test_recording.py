@@ -260,8 +260,9 @@ def test_inference_mode_reaches_inside_recorders(getkey):
     assert rec.action.layers[4].layer.inference
     obs = jax.random.normal(getkey(), (B, OBS))
     state = rec.initialize_state(B)
-    a = apply_batched(rec, state, obs, key=getkey())
-    b = apply_batched(rec, state, obs, key=getkey())
+    call = eqx.filter_jit(apply_batched)
+    a = call(rec, state, obs, key=getkey())
+    b = call(rec, state, obs, key=getkey())
     np.testing.assert_array_equal(a.output.actions, b.output.actions)
 
 
