@@ -1,0 +1,72 @@
+"""Counter: reward for outputting the step number; exposes carry misalignment."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._env import AbstractEnv, check_action
+from ._state import State
+
+
+class Counter(AbstractEnv):
+    """Say which step of the episode this is; episodes have random lengths.
+
+    A probe for the library's reset logic rather than a learning task: the
+    observation is constant, so only a policy whose carry counts steps *and*
+    is reset exactly when the env is reset can score. A counting network that
+    is reset one step early or late loses reward on every episode.
+
+    - **Observation**: `[0.0]` always, `Float[Array, "1"]`.
+    - **Action**: `Float[Array, "1"]`, the guessed step number.
+    - **Reward**: `1` when the action is within `0.5` of the number of the step
+      being taken (`1` on an episode's first step, `2` on its second, ...),
+      else `0`.
+    - **Episode end**: termination after `L` steps, `L` drawn uniformly from
+      `{min_length, ..., max_length}` at reset (`{3, ..., 9}` by default).
+    - **Optimal return**: `L` (one per step); `(min_length + max_length) / 2`
+      on average. A policy that outputs `1, 2, 3, ...` from a carry reset with
+      the env achieves it.
+
+    **Arguments:**
+
+    - `min_length`, `max_length`: the range of episode lengths, inclusive.
+    """
+
+    min_length: int = eqx.field(static=True, default=3)
+    max_length: int = eqx.field(static=True, default=9)
+
+    def __check_init__(self):
+        if not 1 <= self.min_length <= self.max_length:
+            raise ValueError(
+                f"`Counter(min_length={self.min_length}, max_length="
+                f"{self.max_length})`: need 1 <= min_length <= max_length."
+            )
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        length = jax.random.randint(key, (), self.min_length, self.max_length + 1)
+        return State(
+            pipeline_state={"step": jnp.zeros((), jnp.int32), "length": length},
+            obs=jnp.zeros(1, jnp.float32),
+            reward=jnp.zeros((), jnp.float32),
+            done=jnp.zeros((), jnp.float32),
+        )
+
+    def step(self, state: State, action: Float[Array, " action"]) -> State:
+        action = check_action("Counter", action, (1,))
+        step = state.pipeline_state["step"] + 1
+        hit = jnp.abs(action[0] - step.astype(action.dtype)) < 0.5
+        return State(
+            pipeline_state={**state.pipeline_state, "step": step},
+            obs=jnp.zeros(1, jnp.float32),
+            reward=hit.astype(jnp.float32),
+            done=(step >= state.pipeline_state["length"]).astype(jnp.float32),
+        )
+
+    @property
+    def observation_size(self) -> int:
+        return 1
+
+    @property
+    def action_size(self) -> int:
+        return 1

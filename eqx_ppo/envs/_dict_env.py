@@ -1,0 +1,65 @@
+"""DictObsAct: MoveToCenter with dict observations and dict actions."""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._env import AbstractEnv, check_action_tree
+from ._move_to_center import check_positive, distance, push, start_on_circle
+from ._state import State
+
+
+class DictObsAct(AbstractEnv):
+    """A probe for pytree plumbing: dict observations and a dict action.
+
+    The task is [`eqx_ppo.envs.MoveToCenter`][]'s, so results are comparable.
+
+    - **Observation**: `{"pos": Float[Array, "2"], "vel": Float[Array, "2"]}`,
+      the position and the last displacement (zero at reset).
+    - **Action**: `{"force": Float[Array, "2"]}` in `[-1, 1]`; the point moves
+      by `speed * force`, with the force's norm capped at 1.
+    - **Reward**: minus the distance to the origin after the move.
+    - **Episode end**: never by itself; `make("dict_obs_act")` truncates at 20
+      steps.
+    - **Optimal return**: `-sum_{t>=1} max(start_radius - t * speed, 0)`,
+      `-2.0` with the defaults (radius 1, speed 0.2).
+
+    **Arguments:**
+
+    - `start_radius`: distance of the start position from the origin.
+    - `speed`: the largest distance covered in one step.
+    """
+
+    start_radius: float = eqx.field(static=True, default=1.0)
+    speed: float = eqx.field(static=True, default=0.2)
+
+    def __check_init__(self):
+        check_positive("DictObsAct", start_radius=self.start_radius, speed=self.speed)
+
+    def _state(
+        self, pos: Float[Array, "2"], vel: Float[Array, "2"], reward: Float[Array, ""]
+    ) -> State:
+        obs = {"pos": pos, "vel": vel}
+        return State(
+            pipeline_state=obs,
+            obs=obs,
+            reward=reward,
+            done=jnp.zeros((), jnp.float32),
+        )
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        pos = start_on_circle(key, self.start_radius)
+        return self._state(pos, jnp.zeros(2, jnp.float32), jnp.zeros((), jnp.float32))
+
+    def step(self, state: State, action: dict[str, Float[Array, "2"]]) -> State:
+        action = check_action_tree("DictObsAct", action, {"force": (2,)})
+        pos, vel = push(state.pipeline_state["pos"], action["force"], self.speed)
+        return self._state(pos, vel, -distance(pos))
+
+    @property
+    def observation_size(self) -> dict[str, int]:
+        return {"pos": 2, "vel": 2}
+
+    @property
+    def action_size(self) -> dict[str, int]:
+        return {"force": 2}

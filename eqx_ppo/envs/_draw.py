@@ -1,0 +1,37 @@
+"""A tiny numpy rasteriser for the `render` methods of the built-in envs."""
+
+import numpy as np
+
+
+class Canvas:
+    """A white RGB image whose pixels know their world coordinates.
+
+    The world square `[-extent, extent]^2` fits the shorter image side, with
+    `y` pointing up.
+    """
+
+    def __init__(self, height: int, width: int, extent: float):
+        if height < 1 or width < 1:
+            raise ValueError(
+                f"render: height and width must be positive, got {height}x{width}."
+            )
+        scale = 2 * extent / min(height, width)
+        cols = (np.arange(width) - width / 2 + 0.5) * scale
+        rows = (height / 2 - np.arange(height) - 0.5) * scale
+        self.x, self.y = np.meshgrid(cols, rows)
+        self.image = np.full((height, width, 3), 255, np.uint8)
+
+    def disk(self, center: np.ndarray, radius: float, color: tuple) -> None:
+        inside = (self.x - center[0]) ** 2 + (self.y - center[1]) ** 2 <= radius**2
+        self.image[inside] = color
+
+    def segment(
+        self, start: np.ndarray, end: np.ndarray, width: float, color: tuple
+    ) -> None:
+        direction = end - start
+        length_sq = max(float(direction @ direction), 1e-12)
+        t = (self.x - start[0]) * direction[0] + (self.y - start[1]) * direction[1]
+        t = np.clip(t / length_sq, 0.0, 1.0)
+        dx = self.x - (start[0] + t * direction[0])
+        dy = self.y - (start[1] + t * direction[1])
+        self.image[dx**2 + dy**2 <= (width / 2) ** 2] = color

@@ -1,0 +1,101 @@
+"""The environment protocol: what the library needs from an env."""
+
+import abc
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, PRNGKeyArray, PyTree
+
+from ._state import State
+
+Size = int | tuple[int, ...] | dict[str, Any]
+"""An observation or action size: an int (flat vector), a shape, or a dict of them."""
+
+
+class AbstractEnv(eqx.Module):
+    """Base class of the built-in envs, wrappers and adapters.
+
+    The protocol is Brax's / MuJoCo Playground's, so their envs work unchanged
+    wherever an `AbstractEnv` is accepted; subclassing is only a convenience.
+
+    - `reset(key) -> State` and `step(state, action) -> State` handle **one** env
+      (no batch axis); the library `vmap`s them. `step` never resets: the
+      library resets envs whose `done` is set, together with the network's
+      carry. Both must return states of identical structure and dtypes.
+    - `observation_size`: an int for a flat observation vector, or a dict with
+      the observation's keys holding the sizes of its leaves.
+    - `action_size`: for continuous actions, the length of the action vector
+      (or a dict of lengths for dict actions), each entry in `[-1, 1]`.
+    - `n_actions`: `None` for continuous actions. For discrete actions, the
+      number of choices (an int, or a tuple for multi-discrete); the action
+      passed to `step` is then an `int32` scalar (or vector) and `action_size`
+      is the number of logits a policy outputs, the sum of `n_actions`. It is
+      exactly the `n_actions` argument of `CategoricalSampler`. Envs without
+      the attribute (Brax, Playground) are continuous.
+    - `dt`: seconds per step, used for video frame rates.
+    - `render(trajectory, height=..., width=...)`: optional; envs that can draw
+      themselves define it, so `hasattr(env, "render")` tells.
+    """
+
+    @abc.abstractmethod
+    def reset(self, key: PRNGKeyArray) -> State:
+        """The state at the start of an episode."""
+
+    @abc.abstractmethod
+    def step(self, state: State, action: PyTree[Array]) -> State:
+        """The state after taking `action` in `state`."""
+
+    @property
+    @abc.abstractmethod
+    def observation_size(self) -> Size:
+        """The observation's size (an int, or a dict mirroring the observation)."""
+
+    @property
+    @abc.abstractmethod
+    def action_size(self) -> Size:
+        """The action's size (an int, or a dict mirroring the action)."""
+
+    @property
+    def n_actions(self) -> int | tuple[int, ...] | None:
+        """`None` for continuous actions, else the number of discrete choices."""
+        return None
+
+    @property
+    def dt(self) -> float:
+        """Seconds per step."""
+        return 1.0
+
+    @property
+    def unwrapped(self) -> "AbstractEnv":
+        """The innermost env, with every wrapper removed."""
+        return self
+
+
+def check_action(env_name: str, action: Any, shape: tuple[int, ...]) -> Array:
+    """`action` as a float array of `shape`, or a `ValueError` naming the env."""
+    action = jnp.asarray(action)
+    if action.shape != shape or not jnp.issubdtype(action.dtype, jnp.floating):
+        raise ValueError(
+            f"`{env_name}.step`: expected a float action of shape {shape}, got "
+            f"dtype {action.dtype} and shape {action.shape}. Build the policy with "
+            f"action_size={shape[0] if len(shape) == 1 else shape} (the env's "
+            "`action_size`)."
+        )
+    return action
+
+
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, tuple)
+
+
+def check_action_tree(env_name: str, action: Any, shapes: dict[str, Any]) -> Any:
+    """Check a dict action against `shapes` (same keys; leaves are shape tuples)."""
+    if jax.tree.structure(action) != jax.tree.structure(shapes, is_leaf=_is_shape):
+        got = jax.tree.map(jnp.shape, action)
+        raise ValueError(
+            f"`{env_name}.step`: expected a dict action with shapes {shapes}, got "
+            f"{got}. Build the policy's action port with these keys."
+        )
+    return jax.tree.map(lambda a, s: check_action(env_name, a, s), action, shapes)

@@ -1,0 +1,156 @@
+"""GymnaxAdapter: gymnax environments under the Brax-style protocol."""
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from ._env import AbstractEnv
+from ._state import State
+
+
+def _is_discrete(space: Any) -> bool:
+    from gymnax.environments import spaces
+
+    return isinstance(space, spaces.Discrete)
+
+
+def _strong(tree: Any) -> Any:
+    """Arrays with concrete (not weak) dtypes, so reset and step states match."""
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.asarray(x).dtype), tree)
+
+
+class GymnaxAdapter(AbstractEnv):
+    """Runs a [gymnax](https://github.com/RobertTLange/gymnax) env as an eqx_ppo env.
+
+    Differences from calling gymnax directly:
+
+    1. It uses gymnax's non-resetting `reset_env` / `step_env`; the library owns
+       resets. gymnax's `step` needs a key, so the state keeps one in
+       `pipeline_state["key"]` and splits it every step: episodes are
+       reproducible from the reset key alone.
+    2. `done` is termination or the env's time limit; `info["truncation"]` is 1
+       when the time limit (`is_truncated`) ended an episode that did not also
+       terminate.
+    3. A `Discrete(n)` action space becomes `n_actions = n` (the action is an
+       `int32` scalar, `action_size = n` logits). A `Box` space becomes
+       `action_size = prod(shape)` with actions in `[-1, 1]`, mapped linearly
+       onto `[low, high]` unless `rescale_actions=False`.
+    4. Observations are cast to `float32` and flattened to a vector if they
+       are not one already (`observation_size` is then their total size).
+    5. gymnax code runs under JAX's standard dtype promotion, whatever the
+       caller's setting, because some envs mix ints and floats.
+
+    **Arguments:**
+
+    - `env`: a gymnax environment, e.g. `gymnax.make("CartPole-v1")[0]`.
+    - `env_params`: its parameters; `env.default_params` if `None`.
+    - `rescale_actions`: map continuous actions from `[-1, 1]` to the Box bounds.
+    """
+
+    env: Any
+    env_params: Any
+    rescale_actions: bool = eqx.field(static=True)
+
+    def __init__(
+        self, env: Any, env_params: Any = None, *, rescale_actions: bool = True
+    ):
+        self.env = env
+        self.env_params = env.default_params if env_params is None else env_params
+        self.rescale_actions = rescale_actions
+        from gymnax.environments import spaces
+
+        space = self._action_space()
+        if not isinstance(space, spaces.Discrete | spaces.Box):
+            raise ValueError(
+                f"`GymnaxAdapter({env.name})`: action space {space!r} is not "
+                "supported; only `Discrete` and `Box` spaces are."
+            )
+
+    def _action_space(self) -> Any:
+        return self.env.action_space(self.env_params)
+
+    def _obs(self, obs: Any) -> Float[Array, " obs"]:
+        return jnp.ravel(jnp.asarray(obs, jnp.float32))
+
+    def _action(self, action: Any) -> Array:
+        space = self._action_space()
+        action = jnp.asarray(action)
+        if _is_discrete(space):
+            if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
+                raise ValueError(
+                    f"`GymnaxAdapter({self.env.name}).step`: expected an integer "
+                    f"scalar action in [0, {space.n}), got dtype {action.dtype} and "
+                    f"shape {action.shape}. Use `CategoricalSampler(n_actions="
+                    f"{space.n})`."
+                )
+            return action.astype(space.dtype)
+        size = math.prod(space.shape)
+        if action.shape != (size,) or not jnp.issubdtype(action.dtype, jnp.floating):
+            raise ValueError(
+                f"`GymnaxAdapter({self.env.name}).step`: expected a float action of "
+                f"shape ({size},), got dtype {action.dtype} and shape "
+                f"{action.shape}. Build the policy with action_size={size}."
+            )
+        if self.rescale_actions:
+            low = jnp.broadcast_to(jnp.asarray(space.low, jnp.float32), space.shape)
+            high = jnp.broadcast_to(jnp.asarray(space.high, jnp.float32), space.shape)
+            unit = jnp.clip(action.reshape(space.shape), -1.0, 1.0)
+            return low + (unit + 1.0) * 0.5 * (high - low)
+        return action.reshape(space.shape)
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        reset_key, next_key = jax.random.split(key)
+        with jax.numpy_dtype_promotion("standard"):
+            obs, env_state = self.env.reset_env(reset_key, self.env_params)
+        zero = jnp.zeros((), jnp.float32)
+        return State(
+            pipeline_state={"env_state": _strong(env_state), "key": next_key},
+            obs=self._obs(obs),
+            reward=zero,
+            done=zero,
+            info={"truncation": zero},
+        )
+
+    def step(
+        self, state: State, action: Float[Array, " action"] | Int[Array, ""]
+    ) -> State:
+        step_key, next_key = jax.random.split(state.pipeline_state["key"])
+        action = self._action(action)
+        with jax.numpy_dtype_promotion("standard"):
+            obs, env_state, reward, terminated, _ = self.env.step_env(
+                step_key, state.pipeline_state["env_state"], action, self.env_params
+            )
+            truncated = self.env.is_truncated(env_state, self.env_params)
+        terminated = jnp.asarray(terminated, bool)
+        truncated = jnp.asarray(truncated, bool)
+        return State(
+            pipeline_state={"env_state": _strong(env_state), "key": next_key},
+            obs=self._obs(obs),
+            reward=jnp.asarray(reward, jnp.float32).reshape(()),
+            done=(terminated | truncated).astype(jnp.float32),
+            info={"truncation": (truncated & ~terminated).astype(jnp.float32)},
+        )
+
+    @property
+    def observation_size(self) -> int:
+        return math.prod(self.env.observation_space(self.env_params).shape)
+
+    @property
+    def action_size(self) -> int:
+        space = self._action_space()
+        if _is_discrete(space):
+            return space.n
+        return math.prod(space.shape)
+
+    @property
+    def n_actions(self) -> int | None:
+        space = self._action_space()
+        return space.n if _is_discrete(space) else None
+
+    @property
+    def dt(self) -> float:
+        return float(getattr(self.env_params, "dt", 1.0))

@@ -1,0 +1,121 @@
+"""Pendulum: the classic swing-up (gym's Pendulum-v1), optionally without velocity."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._draw import Canvas
+from ._env import AbstractEnv, check_action
+from ._state import State
+
+
+def _angle_normalize(theta: Float[Array, ""]) -> Float[Array, ""]:
+    return (theta + jnp.pi) % (2 * jnp.pi) - jnp.pi
+
+
+class Pendulum(AbstractEnv):
+    """Swing a pendulum up and balance it, with gym's Pendulum-v1 dynamics.
+
+    The angle `theta` is 0 upright. Per step of `dt = 0.05` s, with torque
+    `u = max_torque * clip(action, -1, 1)`:
+    `theta_dot += (3 g / (2 l) sin(theta) + 3 u / (m l^2)) dt`, clipped to
+    `[-max_speed, max_speed]`, then `theta += theta_dot dt`
+    (`g = 10, m = l = 1, max_torque = 2, max_speed = 8`). The torque alone
+    cannot lift the pendulum, so it must swing.
+
+    - **Observation**: `[cos(theta), sin(theta), theta_dot]`, or only
+      `[cos(theta), sin(theta)]` with `hide_velocity=True`.
+    - **Action**: `Float[Array, "1"]` in `[-1, 1]`, scaled to the torque.
+    - **Reward**: `-(angle^2 + 0.1 theta_dot^2 + 0.001 u^2)` of the state
+      *before* the step (`angle` wrapped to `[-pi, pi)`), exactly as in gym.
+    - **Episode end**: never by itself; `make("pendulum")` and
+      `make("pendulum_no_velocity")` truncate at 200 steps (gym's limit).
+    - **Start**: `theta ~ U(-pi, pi)`, `theta_dot ~ U(-1, 1)`.
+    - **Optimal return**: at most 0, reached only from an upright start at
+      rest. From random starts the best known policies average about -140 per
+      200-step episode; the energy-pumping controller with a linear balancer
+      in the tests averages about -145; zero torque scores about -1200.
+    - **Without velocity** (a memory task): a single observation does not tell
+      which way the pendulum swings, so a feed-forward policy cannot pump
+      energy reliably; a recurrent policy can recover `theta_dot` from two
+      consecutive angles.
+
+    **Arguments:**
+
+    - `hide_velocity`: drop `theta_dot` from the observation.
+    - `max_torque`: the torque of action `1`.
+    """
+
+    hide_velocity: bool = eqx.field(static=True, default=False)
+    max_torque: float = eqx.field(static=True, default=2.0)
+    max_speed: float = eqx.field(static=True, default=8.0)
+    gravity: float = eqx.field(static=True, default=10.0)
+    mass: float = eqx.field(static=True, default=1.0)
+    length: float = eqx.field(static=True, default=1.0)
+    step_dt: float = eqx.field(static=True, default=0.05)
+
+    def _state(
+        self, theta: Float[Array, ""], theta_dot: Float[Array, ""], reward
+    ) -> State:
+        parts = [jnp.cos(theta), jnp.sin(theta)]
+        if not self.hide_velocity:
+            parts.append(theta_dot)
+        return State(
+            pipeline_state={"theta": theta, "theta_dot": theta_dot},
+            obs=jnp.stack(parts),
+            reward=reward,
+            done=jnp.zeros((), jnp.float32),
+        )
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        high = jnp.array([jnp.pi, 1.0], jnp.float32)
+        theta, theta_dot = jax.random.uniform(key, (2,), jnp.float32, -high, high)
+        return self._state(theta, theta_dot, jnp.zeros((), jnp.float32))
+
+    def step(self, state: State, action: Float[Array, " action"]) -> State:
+        action = check_action("Pendulum", action, (1,))
+        theta = state.pipeline_state["theta"]
+        theta_dot = state.pipeline_state["theta_dot"]
+        u = self.max_torque * jnp.clip(action[0], -1.0, 1.0)
+        cost = _angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2
+        accel = (
+            3 * self.gravity / (2 * self.length) * jnp.sin(theta)
+            + 3.0 / (self.mass * self.length**2) * u
+        )
+        theta_dot = jnp.clip(
+            theta_dot + accel * self.step_dt, -self.max_speed, self.max_speed
+        )
+        theta = theta + theta_dot * self.step_dt
+        return self._state(theta, theta_dot, -cost)
+
+    @property
+    def observation_size(self) -> int:
+        return 2 if self.hide_velocity else 3
+
+    @property
+    def action_size(self) -> int:
+        return 1
+
+    @property
+    def dt(self) -> float:
+        return self.step_dt
+
+    def render(
+        self, trajectory: Sequence[Any], height: int = 128, width: int = 128
+    ) -> list[np.ndarray]:
+        """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
+        frames = []
+        for item in trajectory:
+            physics = item.pipeline_state if isinstance(item, State) else item
+            theta = float(physics["theta"])
+            tip = self.length * np.array([np.sin(theta), np.cos(theta)])
+            canvas = Canvas(height, width, extent=1.3 * self.length)
+            canvas.segment(np.zeros(2), tip, 0.12 * self.length, (200, 80, 40))
+            canvas.disk(np.zeros(2), 0.06 * self.length, (40, 40, 40))
+            frames.append(canvas.image)
+        return frames

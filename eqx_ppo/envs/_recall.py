@@ -1,0 +1,79 @@
+"""Recall: a memory task no feed-forward policy can solve."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._env import AbstractEnv, check_action
+from ._state import State
+
+
+class Recall(AbstractEnv):
+    """Remember a cue shown once and act on it for the rest of the episode.
+
+    At reset a cue `c` in `{-1, +1}` is drawn. Only the first observation shows
+    it; every later observation is identical whatever the cue, so a policy must
+    carry the cue in its recurrent state.
+
+    - **Observation**: `[c if t == 0 else 0, t / length]` at step `t`
+      (`Float[Array, "2"]`); the second entry is a clock that lets a critic
+      predict the remaining return.
+    - **Action**: `Float[Array, "1"]`, clipped to `[-1, 1]`.
+    - **Reward**: `action * c` every step.
+    - **Episode end**: termination after `length` steps (5 by default).
+    - **Optimal return**: `length` (act with the cue every step).
+    - **Best feed-forward return**: `1` in expectation: the first step sees the
+      cue and earns 1; later observations carry no information about `c`, so
+      any memoryless action earns 0 on average.
+
+    **Arguments:**
+
+    - `length`: the episode length in steps, at least 2.
+    """
+
+    length: int = eqx.field(static=True, default=5)
+
+    def __check_init__(self):
+        if self.length < 2:
+            raise ValueError(
+                f"`Recall(length={self.length})`: length must be >= 2 (with one "
+                "step there is nothing to remember)."
+            )
+
+    def _state(
+        self,
+        cue: Float[Array, ""],
+        t: Array,
+        reward: Float[Array, ""],
+        done: Float[Array, ""],
+    ) -> State:
+        shown = jnp.where(t == 0, cue, jnp.zeros_like(cue))
+        clock = t.astype(jnp.float32) / self.length
+        return State(
+            pipeline_state={"cue": cue, "t": t},
+            obs=jnp.stack([shown, clock]),
+            reward=reward,
+            done=done,
+        )
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        cue = jnp.where(jax.random.bernoulli(key), 1.0, -1.0).astype(jnp.float32)
+        zero = jnp.zeros((), jnp.float32)
+        return self._state(cue, jnp.zeros((), jnp.int32), zero, zero)
+
+    def step(self, state: State, action: Float[Array, " action"]) -> State:
+        action = check_action("Recall", action, (1,))
+        cue = state.pipeline_state["cue"]
+        reward = jnp.clip(action[0], -1.0, 1.0) * cue
+        t = state.pipeline_state["t"] + 1
+        done = (t >= self.length).astype(jnp.float32)
+        return self._state(cue, t, reward, done)
+
+    @property
+    def observation_size(self) -> int:
+        return 2
+
+    @property
+    def action_size(self) -> int:
+        return 1

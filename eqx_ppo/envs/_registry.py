@@ -1,0 +1,136 @@
+"""`make`: ready-to-train envs by name, built-in or from Brax, Playground, gymnax."""
+
+import functools
+from collections.abc import Callable
+from typing import Any, Literal
+
+from ._counter import Counter
+from ._dict_env import DictObsAct
+from ._gymnax import GymnaxAdapter
+from ._move_to_center import MoveToCenter
+from ._parrot import Parrot
+from ._pendulum import Pendulum
+from ._recall import Recall
+from ._two_arm import TwoArm
+from ._wrappers import EpisodeWrapper
+
+# name -> (constructor, default episode limit; None for envs that end by themselves)
+_BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
+    "counter": (Counter, None),
+    "dict_obs_act": (DictObsAct, 20),
+    "move_to_center": (MoveToCenter, 20),
+    "parrot": (Parrot, 10),
+    "pendulum": (Pendulum, 200),
+    "pendulum_no_velocity": (functools.partial(Pendulum, hide_velocity=True), 200),
+    "recall": (Recall, None),
+    "two_arm": (TwoArm, 20),
+}
+
+_PREFIXES = ("brax:", "playground:", "gymnax:")
+
+
+def registered_names() -> tuple[str, ...]:
+    """The names of the built-in envs `make` knows, sorted.
+
+    `make` also accepts `"brax:<name>"`, `"playground:<name>"` and
+    `"gymnax:<name>"`, which are not listed.
+    """
+    return tuple(sorted(_BUILTIN))
+
+
+def _missing(package: str, extra: str) -> ImportError:
+    return ImportError(
+        f"This env needs `{package}`, which is not installed. Install it with "
+        f"`pip install 'eqx_ppo[{extra}]'`."
+    )
+
+
+def _brax(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
+    try:
+        from brax import envs as brax_envs
+    except ImportError as e:
+        raise _missing("brax", "brax") from e
+    try:
+        return brax_envs.get_environment(name, **kwargs), 1000
+    except KeyError as e:
+        raise ValueError(f"make('brax:{name}'): brax has no env {name!r}.") from e
+
+
+def _playground(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
+    try:
+        from mujoco_playground import registry
+    except ImportError as e:
+        raise _missing("mujoco_playground", "playground") from e
+    if name not in registry.ALL_ENVS:
+        raise ValueError(
+            f"make('playground:{name}'): MuJoCo Playground has no env {name!r}."
+        )
+    env = registry.load(name, config_overrides=kwargs or None)
+    return env, int(registry.get_default_config(name).episode_length)
+
+
+def _gymnax(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
+    try:
+        import gymnax
+    except ImportError as e:
+        raise _missing("gymnax", "gymnax") from e
+    if name not in gymnax.registered_envs:
+        raise ValueError(f"make('gymnax:{name}'): gymnax has no env {name!r}.")
+    env, params = gymnax.make(name, **kwargs)
+    return GymnaxAdapter(env, params), None
+
+
+def make(
+    name: str,
+    *,
+    episode_length: int | Literal["default"] | None = "default",
+    **kwargs: Any,
+) -> Any:
+    """A ready-to-train env by name.
+
+    Built-in names are listed by [`eqx_ppo.envs.registered_names`][]; `kwargs`
+    go to the env's constructor. Envs with no natural end get an
+    [`eqx_ppo.envs.EpisodeWrapper`][]: 10 steps for `parrot`, 20 for
+    `move_to_center`, `dict_obs_act` and `two_arm`, 200 for the pendulums;
+    `counter` and `recall` end by themselves.
+
+    Other simulators are imported only when asked for:
+
+    - `"brax:<name>"`: `brax.envs.get_environment(name, **kwargs)` (e.g.
+      `backend="spring"`), limited to 1000 steps. Brax envs already follow the
+      protocol; nothing is converted.
+    - `"playground:<name>"`: `mujoco_playground.registry.load(name,
+      config_overrides=kwargs)`, limited to the env config's `episode_length`.
+    - `"gymnax:<name>"`: `gymnax.make(name, **kwargs)` in a
+      [`eqx_ppo.envs.GymnaxAdapter`][]; gymnax envs keep their own time limit.
+
+    **Arguments:**
+
+    - `name`: a built-in name or a `prefix:<name>`.
+    - `episode_length`: `"default"` for the limits above, an int to set the
+      limit (also on envs that end by themselves), or `None` for no wrapper.
+    - `kwargs`: passed to the env's constructor.
+    """
+    prefix, _, inner = name.partition(":")
+    if inner:
+        makers = {"brax": _brax, "playground": _playground, "gymnax": _gymnax}
+        if prefix not in makers:
+            raise ValueError(
+                f"make({name!r}): unknown prefix {prefix!r}; use one of "
+                f"{', '.join(_PREFIXES)} or a built-in name."
+            )
+        env, default_length = makers[prefix](inner, kwargs)
+    elif name in _BUILTIN:
+        constructor, default_length = _BUILTIN[name]
+        env = constructor(**kwargs)
+    else:
+        raise ValueError(
+            f"make({name!r}): unknown env. Built-in envs: "
+            f"{', '.join(registered_names())}; or use a prefix: "
+            f"{', '.join(p + '<name>' for p in _PREFIXES)}."
+        )
+    if episode_length == "default":
+        episode_length = default_length
+    if episode_length is None:
+        return env
+    return EpisodeWrapper(env, episode_length)

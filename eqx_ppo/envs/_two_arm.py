@@ -1,0 +1,85 @@
+"""TwoArm: two independent MoveToCenter tasks with one reward key each."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._env import AbstractEnv, check_action_tree
+from ._move_to_center import check_positive, distance, push, start_on_circle
+from ._state import State
+
+_ARMS = ("arm1", "arm2")
+
+
+class TwoArm(AbstractEnv):
+    """Two arms, each pushed to the origin, each with its own reward key.
+
+    A probe for multi-head values: the reward is a dict, so a network needs one
+    value head per key, and the two keys have different optimal returns, so a
+    swapped head shows.
+
+    - **Observation**: `{"arm1": {"pos": (2,), "vel": (2,)}, "arm2": {...}}`,
+      each arm's position and last displacement.
+    - **Action**: `{"arm1": Float[Array, "2"], "arm2": Float[Array, "2"]}` in
+      `[-1, 1]`; each arm moves by `speed * action` (norm capped at 1).
+    - **Reward**: `{"arm1": -|pos1|, "arm2": -|pos2|}` after the move.
+    - **Episode end**: never by itself; `make("two_arm")` truncates at 20 steps.
+    - **Optimal return**: per arm `-sum_{t>=1} max(radius - t * speed, 0)`;
+      with the defaults (radii 1 and 0.5, speed 0.2) `{"arm1": -2.0,
+      "arm2": -0.4}` (`-(0.8 + 0.6 + 0.4 + 0.2)` and `-(0.3 + 0.1)`).
+
+    **Arguments:**
+
+    - `arm1_radius`, `arm2_radius`: each arm's start distance from the origin.
+    - `speed`: the largest distance an arm covers in one step.
+    """
+
+    arm1_radius: float = eqx.field(static=True, default=1.0)
+    arm2_radius: float = eqx.field(static=True, default=0.5)
+    speed: float = eqx.field(static=True, default=0.2)
+
+    def __check_init__(self):
+        check_positive(
+            "TwoArm",
+            arm1_radius=self.arm1_radius,
+            arm2_radius=self.arm2_radius,
+            speed=self.speed,
+        )
+
+    def _state(self, obs: dict, reward: dict[str, Float[Array, ""]]) -> State:
+        return State(
+            pipeline_state=obs,
+            obs=obs,
+            reward=reward,
+            done=jnp.zeros((), jnp.float32),
+        )
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        keys = dict(zip(_ARMS, jax.random.split(key), strict=True))
+        radii = {"arm1": self.arm1_radius, "arm2": self.arm2_radius}
+        obs = {
+            arm: {
+                "pos": start_on_circle(keys[arm], radii[arm]),
+                "vel": jnp.zeros(2, jnp.float32),
+            }
+            for arm in _ARMS
+        }
+        return self._state(obs, {arm: jnp.zeros((), jnp.float32) for arm in _ARMS})
+
+    def step(self, state: State, action: dict[str, Float[Array, "2"]]) -> State:
+        action = check_action_tree("TwoArm", action, {arm: (2,) for arm in _ARMS})
+        obs, reward = {}, {}
+        for arm in _ARMS:
+            pos, vel = push(state.pipeline_state[arm]["pos"], action[arm], self.speed)
+            obs[arm] = {"pos": pos, "vel": vel}
+            reward[arm] = -distance(pos)
+        return self._state(obs, reward)
+
+    @property
+    def observation_size(self) -> dict[str, dict[str, int]]:
+        return {arm: {"pos": 2, "vel": 2} for arm in _ARMS}
+
+    @property
+    def action_size(self) -> dict[str, int]:
+        return {arm: 2 for arm in _ARMS}

@@ -1,0 +1,176 @@
+"""Env wrappers: episode time limits and reward scaling."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+
+from ._env import AbstractEnv, Size
+
+
+class AbstractWrapper(AbstractEnv):
+    """An env that delegates to `env` and changes part of its behaviour.
+
+    `env` may be any env following the protocol (an `AbstractEnv`, a Brax or a
+    Playground env). Sizes, `n_actions`, `dt` and every attribute the wrapper
+    does not define itself (`render`, `sys`, ...) are read from `env`. States
+    are the wrapped env's own state class, so wrapper methods accept and return
+    any Brax-compatible state.
+    """
+
+    env: Any
+
+    def reset(self, key: PRNGKeyArray) -> Any:
+        return self.env.reset(key)
+
+    def step(self, state: Any, action: PyTree[Array]) -> Any:
+        return self.env.step(state, action)
+
+    @property
+    def observation_size(self) -> Size:
+        return self.env.observation_size
+
+    @property
+    def action_size(self) -> Size:
+        return self.env.action_size
+
+    @property
+    def n_actions(self) -> int | tuple[int, ...] | None:
+        return getattr(self.env, "n_actions", None)
+
+    @property
+    def dt(self) -> float:
+        return self.env.dt
+
+    @property
+    def unwrapped(self) -> Any:
+        return getattr(self.env, "unwrapped", self.env)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the wrapper lacks. `env` itself is excluded so
+        # that a half-built wrapper raises instead of recursing forever.
+        if name == "env" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+class EpisodeWrapper(AbstractWrapper):
+    """Ends every episode after `max_len` steps, marking it as a truncation.
+
+    Counts steps in `info["steps"]` (`int32`). When the count reaches `max_len`
+    the step gets `done = 1`; `info["truncation"]` is `1` if the time limit
+    ended the episode and `0` if the env terminated by itself (also when both
+    happen on the same step, as in Brax: a real terminal state has no value to
+    bootstrap). A truncation the wrapped env reports in its own
+    `info["truncation"]` is kept. The flag has `done`'s dtype.
+
+    **Arguments:**
+
+    - `env`: the env to limit (built-in, Brax or Playground).
+    - `max_len`: the episode length limit, in steps.
+    - `random_initial_steps`: opt-in. Start each episode's counter at a random
+      value in `[0, max_len // 2)`, so episodes last between
+      `max_len - max_len // 2 + 1` and `max_len` steps. It desynchronises the
+      envs' episode ends when all start together, as nnx-ppo's wrapper always
+      did; it applies to every reset, so it shortens every episode and biases
+      returns. Off by default.
+    """
+
+    max_len: int = eqx.field(static=True)
+    random_initial_steps: bool = eqx.field(static=True)
+
+    def __init__(self, env: Any, max_len: int, *, random_initial_steps: bool = False):
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(
+                f"`EpisodeWrapper(max_len={max_len!r})`: max_len must be a positive "
+                "int (the number of steps after which an episode is truncated)."
+            )
+        self.env = env
+        self.max_len = max_len
+        self.random_initial_steps = random_initial_steps
+
+    def reset(self, key: PRNGKeyArray) -> Any:
+        if self.random_initial_steps:
+            key, steps_key = jax.random.split(key)
+            steps = jax.random.randint(steps_key, (), 0, max(self.max_len // 2, 1))
+        else:
+            steps = jnp.zeros((), jnp.int32)
+        state = self.env.reset(key)
+        info = {
+            **state.info,
+            "steps": steps.astype(jnp.int32),
+            "truncation": jnp.zeros_like(state.done),
+        }
+        return state.replace(info=info)
+
+    def step(self, state: Any, action: PyTree[Array]) -> Any:
+        next_state = self.env.step(state, action)
+        steps = state.info["steps"] + 1
+        done = next_state.done
+        at_limit = steps >= self.max_len
+        env_truncation = next_state.info.get("truncation", jnp.zeros_like(done))
+        truncation = jnp.where(
+            done > 0,
+            jnp.asarray(env_truncation).astype(done.dtype),
+            at_limit.astype(done.dtype),
+        )
+        info = {**next_state.info, "steps": steps, "truncation": truncation}
+        return next_state.replace(
+            done=jnp.where(at_limit, jnp.ones_like(done), done), info=info
+        )
+
+
+class RewardScalingWrapper(AbstractWrapper):
+    """Multiplies the env's reward by `scale`, for scalar or dict rewards.
+
+    **Arguments:**
+
+    - `env`: the env whose rewards to scale.
+    - `scale`: a float applied to every reward leaf, or a pytree with the
+      reward's structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`) giving one factor
+      per reward key.
+    """
+
+    scale: PyTree[Float[Array, ""]]
+
+    def __init__(self, env: Any, scale: PyTree[float]):
+        leaves = jax.tree.leaves(scale)
+        if not leaves or not all(_is_real_scalar(s) for s in leaves):
+            raise TypeError(
+                f"`RewardScalingWrapper(scale={scale!r})`: scale must be a float or "
+                "a dict of floats with the reward's keys."
+            )
+        self.env = env
+        self.scale = jax.tree.map(lambda s: jnp.asarray(s, jnp.float32), scale)
+
+    def _scaled(self, state: Any) -> Any:
+        if isinstance(self.scale, jax.Array):
+            reward = jax.tree.map(lambda r: r * self.scale, state.reward)
+        elif jax.tree.structure(self.scale) == jax.tree.structure(state.reward):
+            reward = jax.tree.map(lambda r, s: r * s, state.reward, self.scale)
+        else:
+            raise ValueError(
+                "`RewardScalingWrapper`: a dict scale must have the reward's "
+                f"structure; scale is {jax.tree.structure(self.scale)}, the reward "
+                f"is {jax.tree.structure(state.reward)}. Give one factor per reward "
+                "key, or a single float."
+            )
+        return state.replace(reward=reward)
+
+    def reset(self, key: PRNGKeyArray) -> Any:
+        return self._scaled(self.env.reset(key))
+
+    def step(self, state: Any, action: PyTree[Array]) -> Any:
+        return self._scaled(self.env.step(state, action))
+
+
+def _is_real_scalar(x: Any) -> bool:
+    if isinstance(x, bool):
+        return False
+    a = np.asarray(x)
+    return a.ndim == 0 and (
+        np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)
+    )
