@@ -59,7 +59,7 @@ def reduce_metric(
     out: dict[str, Array],
     name: str,
     value: PyTree[Array],
-    percentiles: Sequence[float] | None = None,
+    percentiles: Sequence[int | float] | None = None,
 ) -> None:
     """Add `value`'s summary statistics to `out` under `name` (in-graph).
 

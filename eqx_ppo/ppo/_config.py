@@ -70,7 +70,7 @@ class PPOConfig(eqx.Module):
     reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
     check_finite: bool = eqx.field(static=True, default=False)
     logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
-    logging_percentiles: tuple[float, ...] | None = eqx.field(static=True, default=None)
+    logging_percentiles: tuple[int | float, ...] | None = eqx.field(static=True, default=None)
     learning_rate: Float[Array, ""] = _coefficient()
     clip_range: Float[Array, ""] = _coefficient()
     discounting_factor: Float[Array, ""] = _coefficient()
@@ -98,7 +98,7 @@ class PPOConfig(eqx.Module):
         reset_mode: Literal["cached", "fresh"] = "cached",
         check_finite: bool = False,
         logging_level: LoggingLevel = LoggingLevel.LOSSES,
-        logging_percentiles: tuple[float, ...] | None = None,
+        logging_percentiles: tuple[int | float, ...] | None = None,
     ):
         self.n_envs = n_envs
         self.rollout_length = rollout_length
@@ -201,7 +201,7 @@ class EvalConfig:
     n_envs: int = 64
     max_episode_length: int = 1000
     logging_level: LoggingLevel = LoggingLevel.NONE
-    logging_percentiles: tuple[float, ...] | None = (0, 25, 50, 75, 100)
+    logging_percentiles: tuple[int | float, ...] | None = (0, 25, 50, 75, 100)
 
     def __post_init__(self):
         for name in ("every_steps", "n_envs", "max_episode_length"):

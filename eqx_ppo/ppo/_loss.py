@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
 
 from ..logging import LoggingLevel
 from ..nn._adapter import PPONetworkOutput
@@ -34,7 +34,9 @@ class Replay(NamedTuple):
     next_values: PyTree[Float[Array, "time env"]]
 
 
-def _subset_keys(keys: PRNGKeyArray, n_envs: int, idx: Int[Array, " m"]):
+def _subset_keys(
+    keys: Key[Array, " time"], n_envs: int, idx: Int[Array, " m"]
+) -> Key[Array, "time m"]:
     return jax.vmap(lambda k: env_keys(k, n_envs)[idx])(keys)
 
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
@@ -39,7 +39,7 @@ class Transition(NamedTuple):
     extras: Any
 
 
-def env_keys(key: PRNGKeyArray, n_envs: int) -> PRNGKeyArray:
+def env_keys(key: PRNGKeyArray, n_envs: int) -> Key[Array, " env"]:
     """The per-env keys of one step: the single place this split happens."""
     return jax.random.split(key, n_envs)
 
@@ -68,7 +68,7 @@ def apply_network(
     state: State,
     obs: Any,
     extras: Any,
-    keys: PRNGKeyArray | None,
+    keys: Key[Array, " env"] | None,
 ):
     """`network` vmapped over the leading env axis, one key per env."""
     return jax.vmap(lambda s, o, e, k: network(s, o, e, key=k))(
@@ -194,7 +194,7 @@ def eval_rollout(
     n_envs: int,
     max_episode_length: int,
     logging_level: LoggingLevel = LoggingLevel.NONE,
-    logging_percentiles: tuple[float, ...] | None = None,
+    logging_percentiles: tuple[int | float, ...] | None = None,
 ) -> dict[str, Array]:
     """Evaluate `network` (put it in inference mode first) for one episode per env.
 

@@ -152,7 +152,10 @@ def ppo_step(
         grads, metrics = grad_fn(p, idx)
         if LoggingLevel.GRAD_NORM in config.logging_level:
             metrics["grad_norm"] = optax.global_norm(grads)
-        updates, opt_state = optimizer.update(grads, opt_state, p)
+        # optax mixes Python floats with int32 step counts; keep it working
+        # when a user (or our test suite) enables strict dtype promotion.
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = optimizer.update(grads, opt_state, p)
         return (optax.apply_updates(p, updates), opt_state), metrics
 
     (params, opt_state), loss_metrics = jax.lax.scan(

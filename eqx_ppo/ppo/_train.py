@@ -18,7 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, PRNGKeyArray
+from jaxtyping import Array, Key, PRNGKeyArray
 
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule
@@ -92,12 +92,12 @@ def _seed_key_data(config: TrainConfig) -> Array:
     )
 
 
-def _split_seed_key(key_data: Array) -> PRNGKeyArray:
+def _split_seed_key(key_data: Array) -> Key[Array, "3"]:
     """A seed's network-init, training and evaluation keys."""
     return jax.random.split(jax.random.wrap_key_data(key_data), 3)
 
 
-def _eval_keys(config: TrainConfig) -> PRNGKeyArray:
+def _eval_keys(config: TrainConfig) -> Key[Array, " seed"]:
     return jax.vmap(lambda k: _split_seed_key(k)[2])(_seed_key_data(config))
 
 
@@ -138,7 +138,7 @@ def _evaluate(env, network, key, eval_config):
     )
 
 
-def _host(metrics: dict[str, Array], n_seeds: int, index: int | None = None):
+def _host(metrics: dict[str, Any], n_seeds: int, index: int | None = None):
     host = jax.device_get(metrics)
     out = {}
     for k, v in host.items():

@@ -1,0 +1,303 @@
+"""The PPO engine: rollout, auto-reset, replay, pure step, config, driver."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_ppo.nn as nn
+from eqx_ppo.envs import State
+from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
+from eqx_ppo.ppo import (
+    EvalConfig,
+    PPOConfig,
+    TrainConfig,
+    ppo_init,
+    ppo_step,
+    replay,
+    rollout,
+    train_ppo,
+)
+from eqx_ppo.ppo._rollout import StepCarry
+
+
+class RandomEndEnv(eqx.Module):
+    """1-D obs; episodes end at random (p=0.25 per step), some by truncation.
+
+    reward = -|action - obs|; the obs is the step count within the episode, so
+    a carry that is reset out of step with the env shows up in the counts.
+    """
+
+    observation_size: int = 1
+    action_size: int = 1
+
+    def reset(self, key):
+        return State(
+            (key, jnp.zeros((), jnp.int32)),
+            jnp.zeros((1,)),
+            jnp.zeros(()),
+            jnp.zeros(()),
+            {"t": jnp.zeros(())},
+            {"truncation": jnp.zeros(())},
+        )
+
+    def step(self, state, action):
+        key, t = state.pipeline_state
+        key, end_key, trunc_key = jax.random.split(key, 3)
+        t = t + 1
+        done = jax.random.bernoulli(end_key, 0.25)
+        truncation = done & jax.random.bernoulli(trunc_key, 0.5)
+        obs = t.astype(jnp.float32)[None]
+        return State(
+            (key, t),
+            obs,
+            -jnp.abs(action[0] - state.obs[0]),
+            done.astype(jnp.float32),
+            {"t": t.astype(jnp.float32)},
+            {"truncation": truncation.astype(jnp.float32)},
+        )
+
+
+class NoisyCounter(nn.AbstractStatefulModule):
+    """Carry = steps since reset; output = [x, count, noise]: stochastic and stateful."""
+
+    def initial_state(self):
+        return jnp.zeros((), jnp.float32)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        noise = jax.random.normal(key, (1,))
+        out = jnp.concatenate([x, state[None], noise])
+        return StatefulModuleOutput(state + 1.0, out, zero_loss(), {"count": state})
+
+
+def make_net(key, *, stateful=True):
+    k1, k2 = jax.random.split(key)
+    trunk = [NoisyCounter()] if stateful else []
+    size = 3 if stateful else 1
+    return nn.Sequential(
+        trunk
+        + [
+            nn.PPOAdapter(
+                action=nn.Sequential(
+                    [nn.Dense(size, 2, key=k1), nn.NormalTanhSampler(entropy_weight=0.01)]
+                ),
+                value=nn.Dense(size, 1, key=k2),
+            )
+        ]
+    )
+
+
+def small_config(**kw):
+    base = dict(n_envs=8, rollout_length=12, total_steps=8 * 12 * 3, n_minibatches=2,
+                n_epochs=2, learning_rate=1e-3)
+    base.update(kw)
+    return PPOConfig(**base)
+
+
+def _rollout(net, config, key):
+    state = ppo_init(RandomEndEnv(), net, config, key=key)
+    carry, data = rollout(
+        RandomEndEnv(), net, StepCarry(state.env_state, state.net_state), key,
+        length=config.rollout_length, reset_mode=config.reset_mode,
+        keep_terminal_obs=True,
+    )
+    return state, carry, data
+
+
+@pytest.mark.parametrize("reset_mode", ["cached", "fresh"])
+def test_carry_resets_exactly_with_env(getkey, reset_mode):
+    config = small_config(reset_mode=reset_mode)
+    net = make_net(getkey())
+    _, _, data = _rollout(net, config, getkey())
+    # The env's obs is its step count; the counter layer's carry must match it
+    # at every step of every env, across many episode boundaries.
+    count = data.net_metrics[0]["count"]
+    np.testing.assert_array_equal(np.asarray(count), np.asarray(data.obs[..., 0]))
+    assert int(data.done.sum()) > 5
+    assert bool(jnp.all(data.truncated <= data.done))
+
+
+def test_terminal_obs_is_pre_reset(getkey):
+    config = small_config()
+    _, _, data = _rollout(make_net(getkey()), config, getkey())
+    # Terminal obs is the count reached (>=1) even on done steps, where the
+    # next obs the network sees is the reset 0.
+    assert bool(jnp.all(data.terminal_obs[..., 0] >= 1))
+    after_done = data.obs[1:][data.done[:-1]]
+    assert bool(jnp.all(after_done == 0))
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_replay_reproduces_rollout_exactly(getkey, stateful):
+    config = small_config()
+    net = make_net(getkey(), stateful=stateful)
+    state, carry, data = _rollout(net, config, getkey())
+    idx = jnp.arange(config.n_envs)
+    rep = replay(net, state.net_state, data, carry.env_state.obs, idx,
+                 n_envs=config.n_envs, bootstrap_truncation=False)
+    np.testing.assert_array_equal(rep.output.loglikelihoods, data.output.loglikelihoods)
+    np.testing.assert_array_equal(rep.output.value_estimates, data.output.value_estimates)
+    np.testing.assert_array_equal(rep.output.actions, data.output.actions)
+
+
+def test_replay_of_env_subset_equals_slice_of_full_replay(getkey):
+    config = small_config()
+    net = make_net(getkey())
+    state, carry, data = _rollout(net, config, getkey())
+    full = replay(net, state.net_state, data, carry.env_state.obs,
+                  jnp.arange(config.n_envs), n_envs=config.n_envs,
+                  bootstrap_truncation=True)
+    idx = jnp.array([5, 2, 7])
+    sliced = jax.tree.map(lambda x: x[:, idx], data._replace(key=None))._replace(key=data.key)
+    sub = replay(net, jax.tree.map(lambda x: x[idx], state.net_state), sliced,
+                 carry.env_state.obs[idx], idx, n_envs=config.n_envs,
+                 bootstrap_truncation=True)
+    # Same noise and carries; only matmul batch sizes differ (float rounding).
+    np.testing.assert_allclose(sub.output.loglikelihoods, full.output.loglikelihoods[:, idx],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sub.next_values, full.next_values[:, idx], rtol=1e-5, atol=1e-6)
+
+
+def test_bootstrap_uses_terminal_value(getkey):
+    config = small_config()
+    net = make_net(getkey())
+    state, carry, data = _rollout(net, config, getkey())
+    idx = jnp.arange(config.n_envs)
+    drop = replay(net, state.net_state, data, carry.env_state.obs, idx,
+                  n_envs=config.n_envs, bootstrap_truncation=False)
+    boot = replay(net, state.net_state, data, carry.env_state.obs, idx,
+                  n_envs=config.n_envs, bootstrap_truncation=True)
+    same = ~data.truncated
+    np.testing.assert_array_equal(drop.next_values[same], boot.next_values[same])
+    assert bool(jnp.any(drop.next_values[data.truncated] != boot.next_values[data.truncated]))
+
+
+def test_step_compiles_once_and_coefficients_do_not_retrace(getkey):
+    env = RandomEndEnv()
+    net = make_net(getkey())
+
+    @eqx.filter_jit
+    @eqx.debug.assert_max_traces(max_traces=1)
+    def step(config, state):
+        return ppo_step(env, config, state)
+
+    config = small_config()
+    state = ppo_init(env, net, config, key=getkey())
+    state, m1 = step(config, state)
+    state, m2 = step(small_config(learning_rate=3e-4, clip_range=0.1), state)
+    assert int(state.iteration) == 2
+    assert int(state.steps) == 2 * config.steps_per_iteration
+    assert np.isfinite(float(m2["losses/actor/mean"]))
+
+
+def test_vmap_over_learning_rate_equals_separate_runs(getkey):
+    env = RandomEndEnv()
+    net = make_net(getkey())
+    key = getkey()
+    lrs = jnp.array([1e-3, 1e-2])
+
+    def run(lr):
+        config = small_config(learning_rate=lr)
+        state = ppo_init(env, net, config, key=key)
+        return ppo_step(env, config, state)[0].network
+
+    batched = eqx.filter_jit(eqx.filter_vmap(run))(lrs)
+    for i, lr in enumerate(lrs):
+        single = eqx.filter_jit(run)(lr)
+        for a, b in zip(jax.tree.leaves(eqx.filter(batched, eqx.is_array)),
+                        jax.tree.leaves(eqx.filter(single, eqx.is_array))):
+            np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
+
+
+def test_statistics_are_not_trained_but_updated(getkey):
+    env = RandomEndEnv()
+    k1, k2 = jax.random.split(getkey())
+    net = nn.Sequential([nn.Normalizer(1), make_net(k1, stateful=False)])
+    config = small_config()
+    state = ppo_init(env, net, config, key=k2)
+    new, _ = eqx.filter_jit(ppo_step)(env, config, state)
+    stats_before = state.network.layers[0] if hasattr(state.network, "layers") else None
+    leaves_old = jax.tree.leaves(eqx.filter(state.network, nn.trainable(state.network), inverse=True))
+    leaves_new = jax.tree.leaves(eqx.filter(new.network, nn.trainable(new.network), inverse=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves_old, leaves_new))
+    del stats_before
+
+
+def test_train_ppo_multi_seed_equals_single_runs(getkey):
+    config = TrainConfig(
+        ppo=small_config(), eval=EvalConfig(every_steps=10**6, n_envs=4, max_episode_length=8),
+        seed=3, n_seeds=2, progress=False,
+    )
+    multi = train_ppo(RandomEndEnv(), make_net, config)
+    assert multi.total_steps == 3 * 96
+    assert len(multi.eval_history[-1]["eval/episode_reward/mean"]) == 2
+    for i in range(2):
+        single = train_ppo(
+            RandomEndEnv(), make_net,
+            TrainConfig(ppo=config.ppo, eval=config.eval, seed=3 + i, progress=False),
+        )
+        for a, b in zip(jax.tree.leaves(eqx.filter(multi.training_state.network, eqx.is_array)),
+                        jax.tree.leaves(eqx.filter(single.training_state.network, eqx.is_array))):
+            np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
+        assert multi.eval_history[-1]["eval/episode_reward/mean"][i] == pytest.approx(
+            single.eval_history[-1]["eval/episode_reward/mean"], rel=1e-5, abs=1e-5)
+
+
+def test_driver_calls_events_at_their_cadence(getkey):
+    logged, saved = [], []
+    config = TrainConfig(
+        ppo=small_config(total_steps=96 * 7),
+        eval=EvalConfig(every_steps=96 * 3, n_envs=4, max_episode_length=8),
+        checkpoint_every_steps=96 * 2, progress=False,
+    )
+    result = train_ppo(RandomEndEnv(), make_net, config,
+                       log_fn=lambda m, s: logged.append(s),
+                       checkpoint_fn=lambda st, s: saved.append(s))
+    assert logged == [0] + [96 * i for i in range(1, 8)]
+    assert saved == [0, 192, 384, 576, 672]
+    assert [e["step"] for e in result.eval_history] == [0, 288, 576, 672]
+    assert result.total_iterations == 7
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="n_envs must be divisible by n_minibatches"):
+        PPOConfig(n_envs=10, n_minibatches=4)
+    with pytest.raises(ValueError, match="discounting_factor"):
+        PPOConfig(discounting_factor=1.5)
+    # Under the test suite's runtime type checker the Literal hint fires first.
+    with pytest.raises((ValueError, TypeError), match="truncation"):
+        PPOConfig(truncation="ignore")
+    with pytest.raises(ValueError, match="n_envs"):
+        PPOConfig(n_envs=0)
+
+
+def test_value_structure_mismatch_is_reported(getkey):
+    class DictRewardEnv(RandomEndEnv):
+        def step(self, state, action):
+            s = super().step(state, action)
+            return s.replace(reward={"a": s.reward, "b": s.reward})
+
+        def reset(self, key):
+            s = super().reset(key)
+            return s.replace(reward={"a": s.reward, "b": s.reward})
+
+    with pytest.raises(ValueError, match="one value head per reward key"):
+        ppo_init(DictRewardEnv(), make_net(getkey()), small_config(), key=getkey())
+        eqx.filter_jit(ppo_step)(DictRewardEnv(), small_config(),
+                                 ppo_init(DictRewardEnv(), make_net(getkey()),
+                                          small_config(), key=getkey()))
+
+
+def test_non_finite_loss_stops_training_naming_the_iteration(getkey):
+    class NaNEnv(RandomEndEnv):
+        def step(self, state, action):
+            s = super().step(state, action)
+            return s.replace(reward=s.reward * jnp.nan)
+
+    saved = []
+    config = TrainConfig(ppo=small_config(check_finite=True),
+                         eval=EvalConfig(enabled=False), progress=False)
+    with pytest.raises(FloatingPointError, match="iteration 1"):
+        train_ppo(NaNEnv(), make_net, config, checkpoint_fn=lambda s, t: saved.append(t))
+    assert saved == [0]
