@@ -1,5 +1,54 @@
 """eqx_ppo: PPO for stateful and recurrent policies in JAX, written with Equinox."""
 
-from . import envs as envs, nn as nn
+from . import envs as envs, graph as graph, nn as nn
+from .graph import (
+    PopulationGraph as PopulationGraph,
+    PopulationGraphBuilder as PopulationGraphBuilder,
+)
+from .logging import (
+    CSVLogger as CSVLogger,
+    JSONLLogger as JSONLLogger,
+    LoggingLevel as LoggingLevel,
+    TensorBoardLogger as TensorBoardLogger,
+    WandbLogger as WandbLogger,
+    combine_loggers as combine_loggers,
+)
+from .nn import (
+    AbstractStatefulModule as AbstractStatefulModule,
+    PPOAdapter as PPOAdapter,
+    PPONetworkOutput as PPONetworkOutput,
+    StatefulModuleOutput as StatefulModuleOutput,
+    apply_batched as apply_batched,
+    make_lstm_actor_critic as make_lstm_actor_critic,
+    make_mlp as make_mlp,
+    make_mlp_actor_critic as make_mlp_actor_critic,
+    trainable as trainable,
+)
+from .ppo import (
+    EvalConfig as EvalConfig,
+    PPOConfig as PPOConfig,
+    TrainConfig as TrainConfig,
+    TrainingState as TrainingState,
+    TrainResult as TrainResult,
+    VideoConfig as VideoConfig,
+    VideoData as VideoData,
+    eval_rollout as eval_rollout,
+    gae as gae,
+    ppo_init as ppo_init,
+    ppo_step as ppo_step,
+    record_activations_rollout as record_activations_rollout,
+    train_ppo as train_ppo,
+)
+from .recording import (
+    ACTIVATION_KEY as ACTIVATION_KEY,
+    Recorder as Recorder,
+    extract_activations as extract_activations,
+    with_recording as with_recording,
+)
+from .samplers import (
+    CategoricalSampler as CategoricalSampler,
+    NormalSampler as NormalSampler,
+    NormalTanhSampler as NormalTanhSampler,
+)
 
 __version__ = "0.1.0"
