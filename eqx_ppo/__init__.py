@@ -37,6 +37,7 @@ from .ppo import (
     ppo_init as ppo_init,
     ppo_step as ppo_step,
     record_activations_rollout as record_activations_rollout,
+    select_seed as select_seed,
     train_ppo as train_ppo,
 )
 from .recording import (

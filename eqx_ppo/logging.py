@@ -18,7 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree
 
-LogFn = Callable[[dict[str, float], int], None]
+Metrics = Mapping[str, float | list[float]]
+"""Host metrics: a float per key, or a list of floats (one per seed) for
+multi-seed runs."""
+
+LogFn = Callable[[Metrics, int], None]
 """A metric sink: called with `(metrics, step)` on the host."""
 
 
@@ -84,27 +88,35 @@ def reduce_metric(
             out[f"{name}/p{level:g}"] = p
 
 
-def to_host(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Device scalars to Python floats (one transfer for the whole dict)."""
-    host = jax.device_get(dict(metrics))
-    return {k: float(np.asarray(v)) for k, v in host.items()}
-
-
-def _clean(value: float) -> float | None:
+def _clean(value: float | list[float]) -> float | None | list[float | None]:
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
     return value if math.isfinite(value) else None
+
+
+def per_seed_columns(metrics: Metrics) -> dict[str, float]:
+    """Flatten multi-seed lists into `key/seed{i}` scalars (for table sinks)."""
+    flat: dict[str, float] = {}
+    for k, v in metrics.items():
+        if isinstance(v, list):
+            flat.update({f"{k}/seed{i}": x for i, x in enumerate(v)})
+        else:
+            flat[k] = v
+    return flat
 
 
 class JSONLLogger:
     """Appends one JSON object per call to `path`: `{"step": ..., **metrics}`.
 
-    Non-finite values are written as `null`, so every line is strict JSON.
+    Non-finite values are written as `null`, so every line is strict JSON;
+    multi-seed values stay lists.
     """
 
     def __init__(self, path: str | pathlib.Path):
         self.path = pathlib.Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def __call__(self, metrics: dict[str, float], step: int) -> None:
+    def __call__(self, metrics: Metrics, step: int) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -114,7 +126,8 @@ class CSVLogger:
     """Writes metrics as CSV rows; the header is the union of keys seen so far.
 
     When a new key appears the file is rewritten with the wider header, so the
-    file always parses as one table.
+    file always parses as one table. Multi-seed values become `key/seed{i}`
+    columns.
     """
 
     def __init__(self, path: str | pathlib.Path):
@@ -123,8 +136,8 @@ class CSVLogger:
         self._rows: list[dict[str, Any]] = []
         self._fields: list[str] = ["step"]
 
-    def __call__(self, metrics: dict[str, float], step: int) -> None:
-        row = {"step": step, **metrics}
+    def __call__(self, metrics: Metrics, step: int) -> None:
+        row = {"step": step, **per_seed_columns(metrics)}
         new = [k for k in row if k not in self._fields]
         self._fields.extend(new)
         self._rows.append(row)
@@ -151,8 +164,8 @@ class TensorBoardLogger:
             ) from e
         self.writer = SummaryWriter(str(logdir))
 
-    def __call__(self, metrics: dict[str, float], step: int) -> None:
-        for k, v in metrics.items():
+    def __call__(self, metrics: Metrics, step: int) -> None:
+        for k, v in per_seed_columns(metrics).items():
             self.writer.add_scalar(k, v, step)
         self.writer.flush()
 
@@ -170,14 +183,14 @@ class WandbLogger:
             ) from e
         self.run = wandb.init(**init_kwargs)
 
-    def __call__(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
+    def __call__(self, metrics: Metrics, step: int) -> None:
+        self.run.log(per_seed_columns(metrics), step=step)
 
 
 def combine_loggers(*log_fns: LogFn) -> LogFn:
     """One sink that forwards every call to each of `log_fns`."""
 
-    def log(metrics: dict[str, float], step: int) -> None:
+    def log(metrics: Metrics, step: int) -> None:
         for fn in log_fns:
             fn(metrics, step)
 

@@ -24,5 +24,6 @@ from ._train import (
     TrainResult as TrainResult,
     VideoData as VideoData,
     init_state as init_state,
+    select_seed as select_seed,
     train_ppo as train_ppo,
 )

@@ -151,7 +151,7 @@ def ppo_step(
         p, opt_state = c
         grads, metrics = grad_fn(p, idx)
         if LoggingLevel.GRAD_NORM in config.logging_level:
-            metrics["grad_norm"] = optax.global_norm(grads)
+            metrics["grad_norm"] = optax.tree.norm(grads)
         # optax mixes Python floats with int32 step counts; keep it working
         # when a user (or our test suite) enables strict dtype promotion.
         with jax.numpy_dtype_promotion("standard"):

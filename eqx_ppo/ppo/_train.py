@@ -43,17 +43,27 @@ class VideoData:
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-    """What `train_ppo` returns.
+    """What `train_ppo` (and `train_distillation`) returns.
 
-    With `n_seeds > 1`, every array leaf of `training_state` has a leading seed
-    axis and every metric value is a list with one float per seed.
+    `training_state` is a `TrainingState` (a `DistillationState` for
+    distillation). With `n_seeds > 1`, every array leaf of `training_state` has
+    a leading seed axis and every metric value is a list with one float per
+    seed.
     """
 
-    training_state: TrainingState
+    training_state: Any
     final_metrics: dict[str, Any]
     eval_history: list[dict[str, Any]]
     total_steps: int
     total_iterations: int
+
+
+def select_seed(tree: Any, seed_index: int) -> Any:
+    """Seed `seed_index`'s slice of a multi-seed result (state, network, ...).
+
+    Every array leaf loses its leading seed axis; everything else is kept.
+    """
+    return jax.tree.map(lambda x: x[seed_index] if eqx.is_array(x) else x, tree)
 
 
 def _build_network(networks: NetworkOrFactory, key: PRNGKeyArray):
@@ -72,23 +82,31 @@ def init_state(
 ) -> TrainingState:
     """The initial training state of every seed (stacked when `n_seeds > 1`)."""
 
+    def one(init_key, train_key):
+        return ppo_init(env, _build_network(networks, init_key), config.ppo, key=train_key)
+
+    return init_seeds(one, config.seed, config.n_seeds)
+
+
+def init_seeds(
+    init_one: Callable[[PRNGKeyArray, PRNGKeyArray], Any], seed: int, n_seeds: int
+) -> Any:
+    """`init_one(network_init_key, training_key)` for seeds `seed .. seed+n_seeds-1`,
+    stacked on a leading seed axis when `n_seeds > 1`."""
+
     def one(seed_key_data):
         init_key, train_key, _ = _split_seed_key(seed_key_data)
-        network = _build_network(networks, init_key)
-        return ppo_init(env, network, config.ppo, key=train_key)
+        return init_one(init_key, train_key)
 
-    seeds = _seed_key_data(config)
-    if config.n_seeds == 1:
+    seeds = _seed_key_data(seed, n_seeds)
+    if n_seeds == 1:
         return eqx.filter_jit(one)(seeds[0])
     return eqx.filter_jit(eqx.filter_vmap(one))(seeds)
 
 
-def _seed_key_data(config: TrainConfig) -> Array:
+def _seed_key_data(seed: int, n_seeds: int) -> Array:
     return jnp.stack(
-        [
-            jax.random.key_data(jax.random.key(config.seed + i))
-            for i in range(config.n_seeds)
-        ]
+        [jax.random.key_data(jax.random.key(seed + i)) for i in range(n_seeds)]
     )
 
 
@@ -97,22 +115,22 @@ def _split_seed_key(key_data: Array) -> Key[Array, "3"]:
     return jax.random.split(jax.random.wrap_key_data(key_data), 3)
 
 
-def _eval_keys(config: TrainConfig) -> Key[Array, " seed"]:
-    return jax.vmap(lambda k: _split_seed_key(k)[2])(_seed_key_data(config))
+def _eval_keys(seed: int, n_seeds: int) -> Key[Array, " seed"]:
+    return jax.vmap(lambda k: _split_seed_key(k)[2])(_seed_key_data(seed, n_seeds))
 
 
 @eqx.filter_jit(donate="all-except-first")
-def _run_chunk(static: tuple, state: TrainingState, n_active: Array):
-    env, config, chunk, n_seeds = static
+def _run_chunk(static: tuple, state: Any, n_active: Array):
+    step, chunk, n_seeds = static
 
-    def chunk_one(s: TrainingState):
+    def chunk_one(s):
         dynamic, static_part = eqx.partition(s, eqx.is_array)
-        _, metrics_shape = eqx.filter_eval_shape(ppo_step, env, config, s)
+        _, metrics_shape = eqx.filter_eval_shape(step, s)
         zeros = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics_shape)
 
         def body(dyn, i):
             def active(d):
-                new, metrics = ppo_step(env, config, eqx.combine(d, static_part))
+                new, metrics = step(eqx.combine(d, static_part))
                 return eqx.filter(new, eqx.is_array), metrics
 
             return jax.lax.cond(i < n_active, active, lambda d: (d, zeros), dyn)
@@ -179,17 +197,53 @@ def train_ppo(
     - `checkpoint_fn`: called `(training_state, step)` every
       `checkpoint_every_steps` steps and at the end.
     - `eval_env`: the env for evaluation (default: `env`).
-    - `initial_state`: resume from this state instead of a fresh one.
+    - `initial_state`: resume from this state instead of a fresh one (e.g.
+      from [`eqx_ppo.load_checkpoint`][]). Training continues from its
+      `iteration` up to `config.ppo.total_steps`; host events keep their
+      absolute cadence, so a resumed run logs, evaluates and checkpoints at
+      the same steps as an uninterrupted one.
     """
     config = TrainConfig() if config is None else config
-    ppo = config.ppo
-    eval_env = env if eval_env is None else eval_env
-    n_seeds = config.n_seeds
     state = (
         init_state(env, networks, config) if initial_state is None else initial_state
     )
-    spi = ppo.steps_per_iteration
-    total_iterations = ppo.n_iterations
+    return run_training(
+        jax.tree_util.Partial(ppo_step, env, config.ppo),
+        state,
+        config,
+        config.ppo,
+        network_of=lambda s: s.network,
+        eval_env=env if eval_env is None else eval_env,
+        log_fn=log_fn,
+        video_fn=video_fn,
+        checkpoint_fn=checkpoint_fn,
+    )
+
+
+def run_training(
+    step_fn: Callable[[Any], tuple[Any, dict[str, Array]]],
+    state: Any,
+    config: Any,
+    algorithm: Any,
+    *,
+    network_of: Callable[[Any], AbstractStatefulModule],
+    eval_env: Any,
+    log_fn: Callable[[dict[str, Any], int], None] | None,
+    video_fn: Callable[[VideoData], None] | None,
+    checkpoint_fn: Callable[[Any, int], None] | None,
+) -> TrainResult:
+    """The driver loop shared by `train_ppo` and `train_distillation`.
+
+    `step_fn` is a pytree callable (`jax.tree_util.Partial`) `state -> (state,
+    metrics)`; `config` provides the driver settings (`eval`, `video`, `seed`,
+    `n_seeds`, `checkpoint_every_steps`, `log_every_steps`, `progress`) and
+    `algorithm` the run length and logging (`steps_per_iteration`,
+    `n_iterations`, `total_steps`, `logging_level`, `check_finite`);
+    `network_of(state)` is the network to evaluate and render.
+    """
+    n_seeds = config.n_seeds
+    spi = algorithm.steps_per_iteration
+    total_iterations = algorithm.n_iterations
 
     eval_every = _period(config.eval.every_steps, spi) if config.eval.enabled else None
     ckpt_every = (
@@ -210,20 +264,20 @@ def train_ppo(
     periods = [p for p in (eval_every, ckpt_every, video_every, log_every) if p]
     chunk = min(periods)
 
-    eval_keys = _eval_keys(config)
+    eval_keys = _eval_keys(config.seed, n_seeds)
     eval_history: list[dict[str, Any]] = []
     final_metrics: dict[str, Any] = {}
     iteration = int(np.max(jax.device_get(state.iteration)))
     start_iteration = iteration
-    progress = _progress(config, iteration * spi, ppo.total_steps)
+    progress = _progress(config.progress, iteration * spi, algorithm.total_steps)
 
     def run_eval(step: int) -> dict[str, Any]:
         if n_seeds == 1:
-            metrics = _evaluate(eval_env, state.network, eval_keys[0], config.eval)
+            metrics = _evaluate(eval_env, network_of(state), eval_keys[0], config.eval)
         else:
             metrics = eqx.filter_vmap(
                 lambda net, k: _evaluate(eval_env, net, k, config.eval)
-            )(state.network, eval_keys)
+            )(network_of(state), eval_keys)
         metrics = _host(metrics, n_seeds)
         eval_history.append({"step": step, **metrics})
         if progress is not None:
@@ -238,7 +292,7 @@ def train_ppo(
         if due(eval_every, it):
             metrics = {**metrics, **run_eval(step)}
         if due(video_every, it):
-            _record_video(eval_env, state, config, video_fn, step, n_seeds)
+            _record_video(eval_env, network_of(state), config, video_fn, step, n_seeds)
         if due(ckpt_every, it):
             checkpoint_fn(state, step)
         return metrics
@@ -248,7 +302,7 @@ def train_ppo(
         if log_fn is not None and metrics0:
             log_fn(metrics0, 0)
 
-    static = (env, ppo, chunk, n_seeds)
+    static = (step_fn, chunk, n_seeds)
     while iteration < total_iterations:
         next_stop = min(
             [total_iterations] + [(iteration // p + 1) * p for p in periods]
@@ -258,12 +312,12 @@ def train_ppo(
         state, chunk_metrics = _run_chunk(static, state, jnp.asarray(n_active))
         chunk_metrics = jax.device_get(chunk_metrics)
         elapsed = time.perf_counter() - t0
-        if ppo.check_finite:
+        if algorithm.check_finite:
             _raise_if_nonfinite(chunk_metrics, iteration, n_active)
         for i in range(n_active):
             it = iteration + i + 1
             metrics = _host(chunk_metrics, n_seeds, index=i)
-            if LoggingLevel.THROUGHPUT in ppo.logging_level:
+            if LoggingLevel.THROUGHPUT in algorithm.logging_level:
                 metrics["throughput/train_sps"] = n_active * spi * n_seeds / elapsed
             if i == n_active - 1:
                 metrics = host_events(it, metrics)
@@ -296,8 +350,8 @@ def _mean(value: float | Sequence[float]) -> str:
     return f"{float(np.mean(value)):.3g}"
 
 
-def _progress(config: TrainConfig, initial: int, total: int):
-    if not config.progress:
+def _progress(enabled: bool, initial: int, total: int):
+    if not enabled:
         return None
     from tqdm.auto import tqdm
 
@@ -319,15 +373,13 @@ def _raise_if_nonfinite(chunk_metrics: dict, iteration: int, n_active: int) -> N
             )
 
 
-def _record_video(eval_env, state, config, video_fn, step, n_seeds) -> None:
+def _record_video(eval_env, network, config, video_fn, step, n_seeds) -> None:
     render = getattr(eval_env, "render", None)
     if render is None:
         return
     from ._video import rollout_for_video
 
-    network = state.network
-    if n_seeds > 1:
-        network = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, network)
+    network = network if n_seeds == 1 else select_seed(network, 0)
     states, reward, length = rollout_for_video(
         eval_env,
         network,
