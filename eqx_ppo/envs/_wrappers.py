@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from ._env import AbstractEnv, Size
 
@@ -134,28 +134,38 @@ class RewardScalingWrapper(AbstractWrapper):
       per reward key.
     """
 
-    scale: PyTree[Float[Array, ""]]
+    # Kept as static Python floats so the wrapper stays hashable, as
+    # `jax.jit(env.step)` requires of a bound method's owner.
+    scale_leaves: tuple[float, ...] = eqx.field(static=True)
+    scale_treedef: Any = eqx.field(static=True)
 
     def __init__(self, env: Any, scale: PyTree[float]):
-        leaves = jax.tree.leaves(scale)
+        leaves, treedef = jax.tree.flatten(scale)
         if not leaves or not all(_is_real_scalar(s) for s in leaves):
             raise TypeError(
                 f"`RewardScalingWrapper(scale={scale!r})`: scale must be a float or "
                 "a dict of floats with the reward's keys."
             )
         self.env = env
-        self.scale = jax.tree.map(lambda s: jnp.asarray(s, jnp.float32), scale)
+        self.scale_leaves = tuple(float(s) for s in leaves)
+        self.scale_treedef = treedef
+
+    @property
+    def scale(self) -> PyTree[float]:
+        """The factor, or the pytree of per-key factors."""
+        return jax.tree.unflatten(self.scale_treedef, self.scale_leaves)
 
     def _scaled(self, state: Any) -> Any:
-        if isinstance(self.scale, jax.Array):
-            reward = jax.tree.map(lambda r: r * self.scale, state.reward)
-        elif jax.tree.structure(self.scale) == jax.tree.structure(state.reward):
+        if self.scale_treedef.num_nodes == 1:
+            (factor,) = self.scale_leaves
+            reward = jax.tree.map(lambda r: r * factor, state.reward)
+        elif self.scale_treedef == jax.tree.structure(state.reward):
             reward = jax.tree.map(lambda r, s: r * s, state.reward, self.scale)
         else:
             raise ValueError(
                 "`RewardScalingWrapper`: a dict scale must have the reward's "
-                f"structure; scale is {jax.tree.structure(self.scale)}, the reward "
-                f"is {jax.tree.structure(state.reward)}. Give one factor per reward "
+                f"structure; scale is {self.scale_treedef}, the reward is "
+                f"{jax.tree.structure(state.reward)}. Give one factor per reward "
                 "key, or a single float."
             )
         return state.replace(reward=reward)

@@ -1,0 +1,190 @@
+"""Brax, MuJoCo Playground and gymnax envs through `make` and the wrappers.
+
+Each test skips when its simulator is not installed.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eqx_ppo.envs import (
+    EpisodeWrapper,
+    GymnaxAdapter,
+    Pendulum,
+    RewardScalingWrapper,
+    make,
+)
+
+# Warnings the simulators raise on import, outside our control.
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:JAXopt is no longer maintained:DeprecationWarning"
+    ),
+    pytest.mark.filterwarnings("ignore:Brax System:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Accessing .* from `Data` is deprecated"),
+]
+
+
+def rollout(env, keys, action, n_steps):
+    """`n_steps` of `len(keys)` envs under `jit`, `vmap` and `scan`."""
+
+    @jax.jit
+    def run(keys):
+        def body(state, _):
+            state = jax.vmap(env.step)(state, action)
+            return state, state
+
+        return jax.lax.scan(body, jax.vmap(env.reset)(keys), None, length=n_steps)
+
+    return run(keys)
+
+
+# Brax.
+
+
+@pytest.fixture
+def brax_envs():
+    brax_envs = pytest.importorskip("brax.envs")
+    # Brax itself mixes bools and floats, which the suite's strict promotion
+    # forbids.
+    with jax.numpy_dtype_promotion("standard"):
+        yield brax_envs
+
+
+def test_brax_inverted_pendulum(brax_envs, getkey):
+    env = make("brax:inverted_pendulum", backend="spring")
+    assert isinstance(env, EpisodeWrapper) and env.max_len == 1000
+    assert isinstance(env.env, brax_envs.Env)
+    # (`observation_size` is skipped: Brax computes it with an eager reset.)
+    assert (env.action_size, env.n_actions) == (1, None)
+    assert env.dt == pytest.approx(0.02)
+    assert hasattr(env, "render") and hasattr(env, "sys")
+
+    short = make("brax:inverted_pendulum", backend="spring", episode_length=3)
+    scaled = RewardScalingWrapper(short, 0.5)
+    first, states = rollout(scaled, jax.random.split(getkey(), 2), jnp.zeros((2, 1)), 4)
+    assert isinstance(first, brax_envs.State)
+    assert first.obs.shape == (2, 4)
+    # Upright and unpushed, the pole survives 3 steps: a time-limit end.
+    np.testing.assert_array_equal(states.done[:, 0], [0.0, 0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(states.info["truncation"][:, 0], [0, 0, 1, 1])
+    np.testing.assert_array_equal(states.info["steps"][:, 0], [1, 2, 3, 4])
+    # Brax pays 1 per step alive; scaled by 0.5.
+    np.testing.assert_array_equal(states.reward, 0.5)
+
+
+def test_brax_unknown_name(brax_envs):
+    with pytest.raises(ValueError, match="brax has no env 'nope'"):
+        make("brax:nope")
+
+
+# MuJoCo Playground.
+
+
+def test_playground_point_mass(playground, getkey):
+    registry = playground.registry
+    env = make("playground:PointMass", impl="jax")
+    assert isinstance(env, EpisodeWrapper)
+    assert env.max_len == registry.get_default_config("PointMass").episode_length
+    assert (env.action_size, env.dt) == (2, 0.02)
+    assert hasattr(env, "render")
+
+    short = RewardScalingWrapper(
+        make("playground:PointMass", impl="jax", episode_length=2), 2.0
+    )
+    first, states = rollout(short, jax.random.split(getkey(), 2), jnp.zeros((2, 2)), 2)
+    assert first.obs.shape == (2, 4)
+    np.testing.assert_array_equal(states.done, [[0.0, 0.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(states.info["truncation"], [[0, 0], [1, 1]])
+    assert jnp.all(states.reward >= 0.0) and jnp.all(states.reward <= 2.0)
+    with pytest.raises(ValueError, match="no env 'Nope'"):
+        make("playground:Nope")
+
+
+@pytest.fixture
+def playground():
+    playground = pytest.importorskip("mujoco_playground")
+    with jax.numpy_dtype_promotion("standard"):
+        yield playground
+
+
+# gymnax.
+
+
+@pytest.fixture
+def gymnax():
+    return pytest.importorskip("gymnax")
+
+
+def test_gymnax_cartpole_discrete(gymnax, getkey):
+    env = make("gymnax:CartPole-v1")
+    assert isinstance(env, GymnaxAdapter)
+    assert (env.observation_size, env.action_size, env.n_actions) == (4, 2, 2)
+    assert EpisodeWrapper(env, 10).n_actions == 2
+    # Always pushing right topples the pole: a termination, not a truncation.
+    _, states = rollout(env, jax.random.split(getkey(), 3), jnp.ones(3, jnp.int32), 40)
+    first_done = jnp.argmax(states.done, axis=0)
+    assert jnp.all(states.done.max(0) == 1.0)
+    assert jnp.all((first_done > 3) & (first_done < 30))
+    np.testing.assert_array_equal(states.info["truncation"], 0.0)
+    np.testing.assert_array_equal(states.reward[0], 1.0)
+    with pytest.raises(ValueError, match=r"integer scalar action in \[0, 2\)"):
+        env.step(env.reset(getkey()), jnp.ones(1))
+
+
+def test_gymnax_time_limit_is_truncation(gymnax, getkey):
+    env = make("gymnax:Pendulum-v1")
+    assert (env.n_actions, env.action_size, env.observation_size) == (None, 1, 3)
+    assert env.dt == pytest.approx(0.05)
+    _, states = rollout(env, jax.random.split(getkey(), 2), jnp.zeros((2, 1)), 200)
+    expected = np.zeros((200, 2))
+    expected[-1] = 1.0
+    np.testing.assert_array_equal(states.done, expected)
+    np.testing.assert_array_equal(states.info["truncation"], expected)
+
+
+def test_gymnax_key_is_carried(gymnax, getkey):
+    env = make("gymnax:CartPole-v1")
+    state = env.reset(getkey())
+    a = env.step(state, jnp.array(0, jnp.int32))
+    b = env.step(state, jnp.array(0, jnp.int32))
+    np.testing.assert_array_equal(a.obs, b.obs)
+    assert not jnp.array_equal(
+        jax.random.key_data(a.pipeline_state["key"]),
+        jax.random.key_data(state.pipeline_state["key"]),
+    )
+
+
+def test_gymnax_pendulum_matches_builtin(gymnax, getkey):
+    """Same physics as our Pendulum, with actions rescaled from [-1, 1] to [-2, 2]."""
+    ours, theirs = Pendulum(), make("gymnax:Pendulum-v1")
+    key = getkey()
+    a, b = ours.reset(key), theirs.reset(key)
+    b = b.replace(
+        pipeline_state={
+            **b.pipeline_state,
+            "env_state": b.pipeline_state["env_state"].replace(
+                theta=a.pipeline_state["theta"], theta_dot=a.pipeline_state["theta_dot"]
+            ),
+        }
+    )
+    actions = jax.random.uniform(getkey(), (30, 1), minval=-1.0, maxval=1.0)
+
+    @jax.jit
+    def both(a, b):
+        def body(carry, action):
+            a, b = carry
+            a, b = ours.step(a, action), theirs.step(b, action)
+            return (a, b), (a.obs, b.obs, a.reward, b.reward)
+
+        return jax.lax.scan(body, (a, b), actions)[1]
+
+    obs_a, obs_b, reward_a, reward_b = both(a, b)
+    np.testing.assert_allclose(obs_a, obs_b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(reward_a, reward_b, rtol=1e-5, atol=1e-5)
+
+
+def test_gymnax_unknown_name(gymnax):
+    with pytest.raises(ValueError, match="gymnax has no env 'Nope-v0'"):
+        make("gymnax:Nope-v0")
