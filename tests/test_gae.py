@@ -57,7 +57,9 @@ def test_truncation_modes(bootstrap):
     nv = jnp.array([[2.0], [4.0]])
     done = jnp.array([[False], [True]])
     trunc = jnp.array([[False], [True]])
-    adv = gae(r, v, nv, done, trunc, gamma=0.5, lambda_=1.0, bootstrap_truncation=bootstrap)
+    adv = gae(
+        r, v, nv, done, trunc, gamma=0.5, lambda_=1.0, bootstrap_truncation=bootstrap
+    )
     # bootstrap: A_1 = 1 + .5*4 - 2 = 1; drop: A_1 = 0.
     # A_0 = (1 + .5*2 - 0) + .5*1*A_1: step 0 is not done, so the trace continues.
     expected_a1 = 1.0 if bootstrap else 0.0
@@ -74,8 +76,14 @@ def test_matches_slow_reference(bootstrap):
     done = rng.random((T, B)) < 0.2
     trunc = done & (rng.random((T, B)) < 0.5)
     adv = gae(
-        jnp.asarray(r), jnp.asarray(v), jnp.asarray(nv), jnp.asarray(done),
-        jnp.asarray(trunc), gamma=0.9, lambda_=0.8, bootstrap_truncation=bootstrap,
+        jnp.asarray(r),
+        jnp.asarray(v),
+        jnp.asarray(nv),
+        jnp.asarray(done),
+        jnp.asarray(trunc),
+        gamma=0.9,
+        lambda_=0.8,
+        bootstrap_truncation=bootstrap,
     )
     expected = slow_gae(r, v, nv, done, trunc, 0.9, 0.8, bootstrap)
     np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-5, atol=1e-5)

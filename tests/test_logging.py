@@ -13,14 +13,20 @@ from eqx_ppo.logging import CSVLogger, JSONLLogger, combine_loggers, reduce_metr
 
 def test_reduce_metric_names_and_values():
     out = {}
-    reduce_metric(out, "net", {"a": jnp.array([1.0, 3.0]), "flag": jnp.array([True, False])})
+    reduce_metric(
+        out, "net", {"a": jnp.array([1.0, 3.0]), "flag": jnp.array([True, False])}
+    )
     assert set(out) == {"net/a/mean", "net/a/std", "net/flag"}
     assert float(out["net/a/mean"]) == 2.0
     assert float(out["net/a/std"]) == 1.0
     assert float(out["net/flag"]) == 0.5
     out = {}
     reduce_metric(out, "r", jnp.arange(5.0), percentiles=(0, 50, 100))
-    assert {k: float(v) for k, v in out.items()} == {"r/p0": 0.0, "r/p50": 2.0, "r/p100": 4.0}
+    assert {k: float(v) for k, v in out.items()} == {
+        "r/p0": 0.0,
+        "r/p50": 2.0,
+        "r/p100": 4.0,
+    }
 
 
 def test_jsonl_and_csv_sinks(tmp_path):
@@ -29,9 +35,14 @@ def test_jsonl_and_csv_sinks(tmp_path):
     log({"a": 1.0}, 10)
     log({"a": 2.0, "b": float("nan")}, 20)
     log({"a": [3.0, 4.0]}, 30)
-    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert lines == [{"step": 10, "a": 1.0}, {"step": 20, "a": 2.0, "b": None},
-                     {"step": 30, "a": [3.0, 4.0]}]
+    lines = [
+        json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()
+    ]
+    assert lines == [
+        {"step": 10, "a": 1.0},
+        {"step": 20, "a": 2.0, "b": None},
+        {"step": 30, "a": [3.0, 4.0]},
+    ]
     with (tmp_path / "m.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["step"] for r in rows] == ["10", "20", "30"]
@@ -49,24 +60,46 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
     env = eqx_ppo.envs.make("move_to_center")
     videos, logged = [], []
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(n_envs=8, rollout_length=10, total_steps=160, n_minibatches=2,
-                              logging_level=eqx_ppo.LoggingLevel.ALL),
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=8,
+            rollout_length=10,
+            total_steps=160,
+            n_minibatches=2,
+            logging_level=eqx_ppo.LoggingLevel.ALL,
+        ),
         eval=eqx_ppo.EvalConfig(enabled=False),
-        video=eqx_ppo.VideoConfig(enabled=True, every_steps=80, episode_length=25,
-                                  render_kwargs={"height": 32, "width": 48}),
+        video=eqx_ppo.VideoConfig(
+            enabled=True,
+            every_steps=80,
+            episode_length=25,
+            render_kwargs={"height": 32, "width": 48},
+        ),
         progress=False,
     )
     eqx_ppo.train_ppo(
-        env, lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k), config,
-        video_fn=videos.append, log_fn=lambda m, s: logged.append(m))
+        env,
+        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k),
+        config,
+        video_fn=videos.append,
+        log_fn=lambda m, s: logged.append(m),
+    )
     assert [v.step for v in videos] == [0, 80, 160]
-    assert videos[0].frames.shape == (25, 32, 48, 3) and videos[0].frames.dtype == np.uint8
+    assert (
+        videos[0].frames.shape == (25, 32, 48, 3) and videos[0].frames.dtype == np.uint8
+    )
     # Episodes are 20 steps: the first episode's length and return are reported.
     assert videos[0].episode_length == 20
     assert videos[0].episode_reward < 0
     keys = set(logged[-1])
-    for expected in ("losses/actor/mean", "losses/critic/mean", "losses/clipping_fraction/mean",
-                     "losses/critic_R^2/mean", "grad_norm/mean", "weights/mean",
-                     "rollout_batch/reward/mean", "rollout_batch/done_rate",
-                     "throughput/train_sps"):
+    for expected in (
+        "losses/actor/mean",
+        "losses/critic/mean",
+        "losses/clipping_fraction/mean",
+        "losses/critic_R^2/mean",
+        "grad_norm/mean",
+        "weights/mean",
+        "rollout_batch/reward/mean",
+        "rollout_batch/done_rate",
+        "throughput/train_sps",
+    ):
         assert expected in keys, expected

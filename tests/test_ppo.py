@@ -80,7 +80,10 @@ def make_net(key, *, stateful=True):
         + [
             nn.PPOAdapter(
                 action=nn.Sequential(
-                    [nn.Dense(size, 2, key=k1), nn.NormalTanhSampler(entropy_weight=0.01)]
+                    [
+                        nn.Dense(size, 2, key=k1),
+                        nn.NormalTanhSampler(entropy_weight=0.01),
+                    ]
                 ),
                 value=nn.Dense(size, 1, key=k2),
             )
@@ -89,8 +92,14 @@ def make_net(key, *, stateful=True):
 
 
 def small_config(**kw):
-    base = dict(n_envs=8, rollout_length=12, total_steps=8 * 12 * 3, n_minibatches=2,
-                n_epochs=2, learning_rate=1e-3)
+    base = dict(
+        n_envs=8,
+        rollout_length=12,
+        total_steps=8 * 12 * 3,
+        n_minibatches=2,
+        n_epochs=2,
+        learning_rate=1e-3,
+    )
     base.update(kw)
     return PPOConfig(**base)
 
@@ -98,8 +107,12 @@ def small_config(**kw):
 def _rollout(net, config, key):
     state = ppo_init(RandomEndEnv(), net, config, key=key)
     carry, data = rollout(
-        RandomEndEnv(), net, StepCarry(state.env_state, state.net_state), key,
-        length=config.rollout_length, reset_mode=config.reset_mode,
+        RandomEndEnv(),
+        net,
+        StepCarry(state.env_state, state.net_state),
+        key,
+        length=config.rollout_length,
+        reset_mode=config.reset_mode,
         keep_terminal_obs=True,
     )
     return state, carry, data
@@ -134,10 +147,19 @@ def test_replay_reproduces_rollout_exactly(getkey, stateful):
     net = make_net(getkey(), stateful=stateful)
     state, carry, data = _rollout(net, config, getkey())
     idx = jnp.arange(config.n_envs)
-    rep = replay(net, state.net_state, data, carry.env_state.obs, idx,
-                 n_envs=config.n_envs, bootstrap_truncation=False)
+    rep = replay(
+        net,
+        state.net_state,
+        data,
+        carry.env_state.obs,
+        idx,
+        n_envs=config.n_envs,
+        bootstrap_truncation=False,
+    )
     np.testing.assert_array_equal(rep.output.loglikelihoods, data.output.loglikelihoods)
-    np.testing.assert_array_equal(rep.output.value_estimates, data.output.value_estimates)
+    np.testing.assert_array_equal(
+        rep.output.value_estimates, data.output.value_estimates
+    )
     np.testing.assert_array_equal(rep.output.actions, data.output.actions)
 
 
@@ -145,18 +167,38 @@ def test_replay_of_env_subset_equals_slice_of_full_replay(getkey):
     config = small_config()
     net = make_net(getkey())
     state, carry, data = _rollout(net, config, getkey())
-    full = replay(net, state.net_state, data, carry.env_state.obs,
-                  jnp.arange(config.n_envs), n_envs=config.n_envs,
-                  bootstrap_truncation=True)
+    full = replay(
+        net,
+        state.net_state,
+        data,
+        carry.env_state.obs,
+        jnp.arange(config.n_envs),
+        n_envs=config.n_envs,
+        bootstrap_truncation=True,
+    )
     idx = jnp.array([5, 2, 7])
-    sliced = jax.tree.map(lambda x: x[:, idx], data._replace(key=None))._replace(key=data.key)
-    sub = replay(net, jax.tree.map(lambda x: x[idx], state.net_state), sliced,
-                 carry.env_state.obs[idx], idx, n_envs=config.n_envs,
-                 bootstrap_truncation=True)
+    sliced = jax.tree.map(lambda x: x[:, idx], data._replace(key=None))._replace(
+        key=data.key
+    )
+    sub = replay(
+        net,
+        jax.tree.map(lambda x: x[idx], state.net_state),
+        sliced,
+        carry.env_state.obs[idx],
+        idx,
+        n_envs=config.n_envs,
+        bootstrap_truncation=True,
+    )
     # Same noise and carries; only matmul batch sizes differ (float rounding).
-    np.testing.assert_allclose(sub.output.loglikelihoods, full.output.loglikelihoods[:, idx],
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(sub.next_values, full.next_values[:, idx], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        sub.output.loglikelihoods,
+        full.output.loglikelihoods[:, idx],
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        sub.next_values, full.next_values[:, idx], rtol=1e-5, atol=1e-6
+    )
 
 
 def test_bootstrap_uses_terminal_value(getkey):
@@ -164,13 +206,29 @@ def test_bootstrap_uses_terminal_value(getkey):
     net = make_net(getkey())
     state, carry, data = _rollout(net, config, getkey())
     idx = jnp.arange(config.n_envs)
-    drop = replay(net, state.net_state, data, carry.env_state.obs, idx,
-                  n_envs=config.n_envs, bootstrap_truncation=False)
-    boot = replay(net, state.net_state, data, carry.env_state.obs, idx,
-                  n_envs=config.n_envs, bootstrap_truncation=True)
+    drop = replay(
+        net,
+        state.net_state,
+        data,
+        carry.env_state.obs,
+        idx,
+        n_envs=config.n_envs,
+        bootstrap_truncation=False,
+    )
+    boot = replay(
+        net,
+        state.net_state,
+        data,
+        carry.env_state.obs,
+        idx,
+        n_envs=config.n_envs,
+        bootstrap_truncation=True,
+    )
     same = ~data.truncated
     np.testing.assert_array_equal(drop.next_values[same], boot.next_values[same])
-    assert bool(jnp.any(drop.next_values[data.truncated] != boot.next_values[data.truncated]))
+    assert bool(
+        jnp.any(drop.next_values[data.truncated] != boot.next_values[data.truncated])
+    )
 
 
 def test_step_compiles_once_and_coefficients_do_not_retrace(getkey):
@@ -205,8 +263,10 @@ def test_vmap_over_learning_rate_equals_separate_runs(getkey):
     batched = eqx.filter_jit(eqx.filter_vmap(run))(lrs)
     for i, lr in enumerate(lrs):
         single = eqx.filter_jit(run)(lr)
-        for a, b in zip(jax.tree.leaves(eqx.filter(batched, eqx.is_array)),
-                        jax.tree.leaves(eqx.filter(single, eqx.is_array))):
+        for a, b in zip(
+            jax.tree.leaves(eqx.filter(batched, eqx.is_array)),
+            jax.tree.leaves(eqx.filter(single, eqx.is_array)),
+        ):
             np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
 
 
@@ -218,30 +278,41 @@ def test_statistics_are_not_trained_but_updated(getkey):
     state = ppo_init(env, net, config, key=k2)
     new, _ = eqx.filter_jit(ppo_step)(env, config, state)
     stats_before = state.network.layers[0] if hasattr(state.network, "layers") else None
-    leaves_old = jax.tree.leaves(eqx.filter(state.network, nn.trainable(state.network), inverse=True))
-    leaves_new = jax.tree.leaves(eqx.filter(new.network, nn.trainable(new.network), inverse=True))
+    leaves_old = jax.tree.leaves(
+        eqx.filter(state.network, nn.trainable(state.network), inverse=True)
+    )
+    leaves_new = jax.tree.leaves(
+        eqx.filter(new.network, nn.trainable(new.network), inverse=True)
+    )
     assert any(not np.array_equal(a, b) for a, b in zip(leaves_old, leaves_new))
     del stats_before
 
 
 def test_train_ppo_multi_seed_equals_single_runs(getkey):
     config = TrainConfig(
-        ppo=small_config(), eval=EvalConfig(every_steps=10**6, n_envs=4, max_episode_length=8),
-        seed=3, n_seeds=2, progress=False,
+        ppo=small_config(),
+        eval=EvalConfig(every_steps=10**6, n_envs=4, max_episode_length=8),
+        seed=3,
+        n_seeds=2,
+        progress=False,
     )
     multi = train_ppo(RandomEndEnv(), make_net, config)
     assert multi.total_steps == 3 * 96
     assert len(multi.eval_history[-1]["eval/episode_reward/mean"]) == 2
     for i in range(2):
         single = train_ppo(
-            RandomEndEnv(), make_net,
+            RandomEndEnv(),
+            make_net,
             TrainConfig(ppo=config.ppo, eval=config.eval, seed=3 + i, progress=False),
         )
-        for a, b in zip(jax.tree.leaves(eqx.filter(multi.training_state.network, eqx.is_array)),
-                        jax.tree.leaves(eqx.filter(single.training_state.network, eqx.is_array))):
+        for a, b in zip(
+            jax.tree.leaves(eqx.filter(multi.training_state.network, eqx.is_array)),
+            jax.tree.leaves(eqx.filter(single.training_state.network, eqx.is_array)),
+        ):
             np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
         assert multi.eval_history[-1]["eval/episode_reward/mean"][i] == pytest.approx(
-            single.eval_history[-1]["eval/episode_reward/mean"], rel=1e-5, abs=1e-5)
+            single.eval_history[-1]["eval/episode_reward/mean"], rel=1e-5, abs=1e-5
+        )
 
 
 def test_driver_calls_events_at_their_cadence(getkey):
@@ -249,11 +320,16 @@ def test_driver_calls_events_at_their_cadence(getkey):
     config = TrainConfig(
         ppo=small_config(total_steps=96 * 7),
         eval=EvalConfig(every_steps=96 * 3, n_envs=4, max_episode_length=8),
-        checkpoint_every_steps=96 * 2, progress=False,
+        checkpoint_every_steps=96 * 2,
+        progress=False,
     )
-    result = train_ppo(RandomEndEnv(), make_net, config,
-                       log_fn=lambda m, s: logged.append(s),
-                       checkpoint_fn=lambda st, s: saved.append(s))
+    result = train_ppo(
+        RandomEndEnv(),
+        make_net,
+        config,
+        log_fn=lambda m, s: logged.append(s),
+        checkpoint_fn=lambda st, s: saved.append(s),
+    )
     assert logged == [0] + [96 * i for i in range(1, 8)]
     assert saved == [0, 192, 384, 576, 672]
     assert [e["step"] for e in result.eval_history] == [0, 288, 576, 672]
@@ -284,9 +360,11 @@ def test_value_structure_mismatch_is_reported(getkey):
 
     with pytest.raises(ValueError, match="one value head per reward key"):
         ppo_init(DictRewardEnv(), make_net(getkey()), small_config(), key=getkey())
-        eqx.filter_jit(ppo_step)(DictRewardEnv(), small_config(),
-                                 ppo_init(DictRewardEnv(), make_net(getkey()),
-                                          small_config(), key=getkey()))
+        eqx.filter_jit(ppo_step)(
+            DictRewardEnv(),
+            small_config(),
+            ppo_init(DictRewardEnv(), make_net(getkey()), small_config(), key=getkey()),
+        )
 
 
 def test_non_finite_loss_stops_training_naming_the_iteration(getkey):
@@ -296,8 +374,13 @@ def test_non_finite_loss_stops_training_naming_the_iteration(getkey):
             return s.replace(reward=s.reward * jnp.nan)
 
     saved = []
-    config = TrainConfig(ppo=small_config(check_finite=True),
-                         eval=EvalConfig(enabled=False), progress=False)
+    config = TrainConfig(
+        ppo=small_config(check_finite=True),
+        eval=EvalConfig(enabled=False),
+        progress=False,
+    )
     with pytest.raises(FloatingPointError, match="iteration 1"):
-        train_ppo(NaNEnv(), make_net, config, checkpoint_fn=lambda s, t: saved.append(t))
+        train_ppo(
+            NaNEnv(), make_net, config, checkpoint_fn=lambda s, t: saved.append(t)
+        )
     assert saved == [0]
