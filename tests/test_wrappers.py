@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from eqx_ppo.envs import (
+    AbstractWrapper,
     Counter,
     EpisodeWrapper,
     MoveToCenter,
@@ -179,6 +180,8 @@ def test_forwards_sizes_dt_render_and_attributes():
     assert not hasattr(EpisodeWrapper(Recall(), 5), "render")
     with pytest.raises(AttributeError):
         EpisodeWrapper(Recall(), 5).no_such_attribute  # noqa: B018
+    with pytest.raises(TypeError, match="abstract"):
+        AbstractWrapper()  # pyright: ignore
 
 
 # Wrapping a foreign env: a plain class with its own state class, as Brax and

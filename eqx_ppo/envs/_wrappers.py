@@ -12,22 +12,16 @@ from ._env import AbstractEnv, Size
 
 
 class AbstractWrapper(AbstractEnv):
-    """An env that delegates to `env` and changes part of its behaviour.
+    """Base class of wrappers: an env built around another env, `env`.
 
     `env` may be any env following the protocol (an `AbstractEnv`, a Brax or a
     Playground env). Sizes, `n_actions`, `dt` and every attribute the wrapper
     does not define itself (`render`, `sys`, ...) are read from `env`. States
     are the wrapped env's own state class, so wrapper methods accept and return
-    any Brax-compatible state.
+    any Brax-compatible state. Subclasses define `env`, `reset` and `step`.
     """
 
-    env: Any
-
-    def reset(self, key: PRNGKeyArray) -> Any:
-        return self.env.reset(key)
-
-    def step(self, state: Any, action: PyTree[Array]) -> Any:
-        return self.env.step(state, action)
+    env: eqx.AbstractVar[Any]
 
     @property
     def observation_size(self) -> Size:
@@ -79,6 +73,7 @@ class EpisodeWrapper(AbstractWrapper):
       returns. Off by default.
     """
 
+    env: Any
     max_len: int = eqx.field(static=True)
     random_initial_steps: bool = eqx.field(static=True)
 
@@ -113,7 +108,7 @@ class EpisodeWrapper(AbstractWrapper):
         at_limit = steps >= self.max_len
         env_truncation = next_state.info.get("truncation", jnp.zeros_like(done))
         truncation = jnp.where(
-            done > 0,
+            done.astype(bool),
             jnp.asarray(env_truncation).astype(done.dtype),
             at_limit.astype(done.dtype),
         )
@@ -134,6 +129,7 @@ class RewardScalingWrapper(AbstractWrapper):
       per reward key.
     """
 
+    env: Any
     # Kept as static Python floats so the wrapper stays hashable, as
     # `jax.jit(env.step)` requires of a bound method's owner.
     scale_leaves: tuple[float, ...] = eqx.field(static=True)
