@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import eqx_ppo.nn as nn
+from eqx_ppo import envs, make_mlp_actor_critic
 from eqx_ppo.envs import State
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo import (
@@ -384,3 +385,26 @@ def test_non_finite_loss_stops_training_naming_the_iteration(getkey):
             NaNEnv(), make_net, config, checkpoint_fn=lambda s, t: saved.append(t)
         )
     assert saved == [0]
+
+
+@pytest.mark.parametrize("action_size", [1, 3])
+def test_action_size_mismatch_is_reported_at_trace_time(getkey, action_size):
+    env = envs.make("move_to_center")
+    net = make_mlp_actor_critic(2, action_size, [8], [8], key=getkey())
+    config = small_config(n_envs=4, n_minibatches=1)
+    state = ppo_init(env, net, config, key=getkey())
+    with pytest.raises(ValueError, match="env.action_size: 2") as info:
+        eqx.filter_jit(ppo_step)(env, config, state)
+    assert f"({action_size},)" in str(info.value)
+
+
+def test_dict_actions_pass_the_action_check(getkey):
+    env = envs.make("dict_obs_act")
+    net = make_mlp_actor_critic(
+        env.observation_size, env.action_size, [8], [8], key=getkey()
+    )
+    config = small_config(n_envs=4, n_minibatches=1)
+    state, _ = eqx.filter_jit(ppo_step)(
+        env, config, ppo_init(env, net, config, key=getkey())
+    )
+    assert int(state.iteration) == 1

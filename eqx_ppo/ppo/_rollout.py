@@ -101,17 +101,37 @@ def _check_output(output: Any, reward: Any) -> None:
         )
 
 
+def _expected_action_shapes(env: Any) -> Any:
+    """Per-env action shapes the env declares, or `None` if it declares none."""
+    if getattr(env, "n_actions", None) is not None:
+        return None
+    size = getattr(env, "action_size", None)
+    if isinstance(size, int):
+        return (size,)
+    if isinstance(size, Mapping):
+        return {k: (v,) if isinstance(v, int) else tuple(v) for k, v in size.items()}
+    return None
+
+
 def _step_envs(env: Any, env_state: Any, actions: Any) -> Any:
-    try:
-        return jax.vmap(env.step)(env_state, actions)
-    except (TypeError, ValueError) as e:
-        shapes = jax.tree.map(lambda a: a.shape[1:], actions)
-        size = getattr(env, "action_size", "unknown")
-        raise ValueError(
-            f"env.step failed on the network's actions (per-env shapes {shapes}); "
-            f"the env declares action_size={size}. Check the network's action "
-            f"size and structure match the env. Original error: {e}"
-        ) from e
+    """`env.step` vmapped, after checking the actions against `env.action_size`."""
+    shapes = jax.tree.map(lambda a: tuple(a.shape[1:]), actions)
+    expected = _expected_action_shapes(env)
+    if expected is not None:
+        is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
+        if jax.tree.structure(shapes, is_leaf=is_shape) != jax.tree.structure(
+            expected, is_leaf=is_shape
+        ) or jax.tree.leaves(shapes, is_leaf=is_shape) != jax.tree.leaves(
+            expected, is_leaf=is_shape
+        ):
+            raise ValueError(
+                "The network's actions do not match the env's action_size.\n"
+                f"  network actions (per env): {shapes}\n"
+                f"  env.action_size: {env.action_size}\n"
+                "Fix: build the network with the env's action_size (for dict "
+                "actions, a `Map` of samplers with the same keys)."
+            )
+    return jax.vmap(env.step)(env_state, actions)
 
 
 class StepCarry(NamedTuple):
