@@ -59,7 +59,8 @@ class MoveToCenter(AbstractEnv):
       `-sum_{t>=1} max(start_radius - t * speed, 0)`. With the defaults
       (radius 1, speed 0.2) that is `-(0.8 + 0.6 + 0.4 + 0.2) = -2.0` for any
       horizon of at least 5 steps. A random policy scores about `-20` over 20
-      steps, so the learning signal is strong.
+      steps, so the learning signal is strong: PPO with a 64x64 MLP (64 envs x
+      20 steps) scores about -2.3 after 50k steps.
 
     Metrics: `distance`. Renders a top view.
 
