@@ -46,6 +46,54 @@ def _value_key(key: PRNGKeyArray, tag: int) -> PRNGKeyArray:
     return jax.random.fold_in(key, tag)
 
 
+def _replay_steps(
+    network: AbstractStatefulModule,
+    state0: State,
+    data: Transition,
+    keys: Key[Array, "time m"],
+    terminal_keys: Key[Array, "time m"] | None,
+) -> tuple[State, PPONetworkOutput, Float[Array, "time env"], Any]:
+    """Run `network` over the sliced sequences of `data`, resetting carries on done.
+
+    Returns the carry after the last step, the per-step outputs and
+    regularisation, and (when `terminal_keys` is given) the values of the
+    terminal observations.
+    """
+    length = data.done.shape[0]
+    bootstrap_truncation = terminal_keys is not None
+    if not jax.tree.leaves(state0):
+        # No carry: one call over all T*M steps instead of T sequential ones.
+        per_step = jax.vmap(lambda o, e, k: apply_network(network, state0, o, e, k))
+        out = per_step(data.obs, data.extras, keys)
+        terminal_values = (
+            per_step(data.terminal_obs, None, terminal_keys).output.value_estimates
+            if bootstrap_truncation
+            else None
+        )
+        return state0, out.output, out.regularization_loss, terminal_values
+
+    def step(carry, xs):
+        obs, extras, k, tk, done, terminal_obs = xs
+        out = apply_network(network, carry, obs, extras, k)
+        terminal_value = (
+            apply_network(
+                network, out.next_state, terminal_obs, None, tk
+            ).output.value_estimates
+            if bootstrap_truncation
+            else None
+        )
+        next_carry = reset_carry(network, done, out.next_state)
+        return next_carry, (out.output, out.regularization_loss, terminal_value)
+
+    last_state, (outputs, regularization, terminal_values) = jax.lax.scan(
+        step,
+        state0,
+        (data.obs, data.extras, keys, terminal_keys, data.done, data.terminal_obs),
+        length=length,
+    )
+    return last_state, outputs, regularization, terminal_values
+
+
 def replay(
     network: AbstractStatefulModule,
     state0: State,
@@ -57,46 +105,18 @@ def replay(
     bootstrap_truncation: bool,
 ) -> Replay:
     """Replay envs `idx` of `data` (already sliced to `[T, M]`) from carry `state0`."""
-    length = data.done.shape[0]
     keys = _subset_keys(data.key, n_envs, idx)
     last_keys = env_keys(_value_key(data.key[-1], 1), n_envs)[idx]
     terminal_keys = _subset_keys(
         jax.vmap(lambda k: _value_key(k, 2))(data.key), n_envs, idx
     )
-    stateless = not jax.tree.leaves(state0)
-
-    if stateless:
-        # No carry: one call over all T*M steps instead of T sequential ones.
-        per_step = jax.vmap(lambda o, e, k: apply_network(network, state0, o, e, k))
-        out = per_step(data.obs, data.extras, keys)
-        last_state = state0
-        terminal_values = (
-            per_step(data.terminal_obs, None, terminal_keys).output.value_estimates
-            if bootstrap_truncation
-            else None
-        )
-        outputs, regularization = out.output, out.regularization_loss
-    else:
-
-        def step(carry, xs):
-            obs, extras, k, tk, done, terminal_obs = xs
-            out = apply_network(network, carry, obs, extras, k)
-            terminal_value = (
-                apply_network(
-                    network, out.next_state, terminal_obs, None, tk
-                ).output.value_estimates
-                if bootstrap_truncation
-                else None
-            )
-            next_carry = reset_carry(network, done, out.next_state)
-            return next_carry, (out.output, out.regularization_loss, terminal_value)
-
-        last_state, (outputs, regularization, terminal_values) = jax.lax.scan(
-            step,
-            state0,
-            (data.obs, data.extras, keys, terminal_keys, data.done, data.terminal_obs),
-            length=length,
-        )
+    last_state, outputs, regularization, terminal_values = _replay_steps(
+        network,
+        state0,
+        data,
+        keys,
+        terminal_keys if bootstrap_truncation else None,
+    )
     last_values = apply_network(
         network, last_state, final_obs, None, last_keys
     ).output.value_estimates
@@ -112,6 +132,26 @@ def replay(
             terminal_values,
         )
     return Replay(outputs, regularization, next_values)
+
+
+def replay_policy(
+    network: AbstractStatefulModule,
+    state0: State,
+    data: Transition,
+    idx: Int[Array, " m"],
+    *,
+    n_envs: int,
+) -> tuple[PPONetworkOutput, Float[Array, "time env"]]:
+    """Replay envs `idx` of `data` like [`replay`][], without value bootstrapping.
+
+    Returns the per-step outputs and regularisation `[T, M]`. Losses that need
+    no advantages (distillation) use it; feeding other `extras` than the
+    rollout's scores other actions under the same noise and carries.
+    """
+    _, outputs, regularization, _ = _replay_steps(
+        network, state0, data, _subset_keys(data.key, n_envs, idx), None
+    )
+    return outputs, regularization
 
 
 def _advantages_for_loglikelihoods(

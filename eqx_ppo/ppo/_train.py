@@ -83,7 +83,8 @@ def init_state(
     """The initial training state of every seed (stacked when `n_seeds > 1`)."""
 
     def one(init_key, train_key):
-        return ppo_init(env, _build_network(networks, init_key), config.ppo, key=train_key)
+        network = _build_network(networks, init_key)
+        return ppo_init(env, network, config.ppo, key=train_key)
 
     return init_seeds(one, config.seed, config.n_seeds)
 

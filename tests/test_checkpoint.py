@@ -1,0 +1,517 @@
+"""Checkpoints: exact resume (in a new process), atomic writes, clear errors."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_ppo
+import eqx_ppo.checkpoint as ckpt
+from eqx_ppo.distill import (
+    DistillationConfig,
+    DistillationTrainConfig,
+    init_distillation_state,
+    train_distillation,
+)
+from eqx_ppo.envs import State
+from eqx_ppo.logging import LoggingLevel
+from eqx_ppo.ppo import (
+    EvalConfig,
+    PPOConfig,
+    TrainConfig,
+    VideoConfig,
+    init_state,
+    train_ppo,
+)
+
+TESTS = pathlib.Path(__file__).parent
+ITERATION = 4 * 8  # env steps per iteration in `ppo_setup`
+
+
+def ppo_setup(n_seeds=1):
+    """A recurrent policy (LSTM carries, normaliser statistics) on an env whose
+    episodes (20 steps) straddle iterations (8 steps), with a linear schedule."""
+    env = eqx_ppo.envs.make("move_to_center")
+
+    def networks(key):
+        return eqx_ppo.make_lstm_actor_critic(2, 2, 8, key=key)
+
+    config = TrainConfig(
+        ppo=PPOConfig(
+            n_envs=4,
+            rollout_length=8,
+            total_steps=6 * ITERATION,
+            n_minibatches=2,
+            n_epochs=2,
+            learning_rate=3e-3,
+            lr_schedule="linear",
+            logging_level=LoggingLevel.LOSSES
+            | LoggingLevel.GRAD_NORM
+            | LoggingLevel.ROLLOUT_STATS,
+        ),
+        eval=EvalConfig(every_steps=3 * ITERATION, n_envs=4, max_episode_length=10),
+        checkpoint_every_steps=2 * ITERATION,
+        seed=5,
+        n_seeds=n_seeds,
+        progress=False,
+    )
+    return env, networks, config
+
+
+class KeyEnv(eqx.Module):
+    """An env whose state holds a PRNG key (as stochastic envs do)."""
+
+    observation_size: int = 2
+    action_size: int = 2
+
+    def reset(self, key):
+        return State(key, jax.random.normal(key, (2,)), jnp.zeros(()), jnp.zeros(()))
+
+    def step(self, state, action):
+        del action
+        key, sub = jax.random.split(state.pipeline_state)
+        return State(key, jax.random.normal(sub, (2,)), jnp.zeros(()), jnp.zeros(()))
+
+
+def small_setup():
+    env = KeyEnv()
+
+    def networks(key):
+        return eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=key)
+
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=2, rollout_length=2, n_minibatches=1), progress=False
+    )
+    return env, networks, config
+
+
+def host(tree):
+    """Arrays as numpy (keys as key data), for exact comparison."""
+
+    def leaf(x):
+        if eqx.is_array(x) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return ("key", str(x.dtype), np.asarray(jax.random.key_data(x)))
+        return np.asarray(x) if eqx.is_array(x) else x
+
+    return jax.tree.map(leaf, tree)
+
+
+def assert_identical(a, b):
+    leaves_a, leaves_b = jax.tree.leaves(host(a)), jax.tree.leaves(host(b))
+    assert jax.tree.structure(host(a)) == jax.tree.structure(host(b))
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert x == y
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """One complete checkpoint of a small state (with keys in the env state)."""
+    env, networks, config = small_setup()
+    state = init_state(env, networks, config)
+    directory = tmp_path_factory.mktemp("saved")
+    path = ckpt.save_checkpoint(
+        directory, state, config=config, step=7, metadata={"hidden": [4]}
+    )
+    return path, state
+
+
+def copy(saved, tmp_path):
+    path, state = saved
+    target = tmp_path / "ckpt" / path.name
+    shutil.copytree(path, target)
+    return target, state
+
+
+_RESUME_SCRIPT = """
+import json, pathlib, sys
+sys.path.insert(0, {tests!r})
+import jax
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+import eqx_ppo.checkpoint as ckpt
+from eqx_ppo.ppo import train_ppo
+from test_checkpoint import ppo_setup
+
+source, out = sys.argv[1], pathlib.Path(sys.argv[2])
+env, networks, _ = ppo_setup()
+config = ckpt.read_header(source).config
+state = ckpt.load_checkpoint(source, env=env, networks=networks, config=config)
+logs = []
+result = train_ppo(env, networks, config, initial_state=state,
+                   log_fn=lambda m, s: logs.append([s, m]))
+ckpt.save_checkpoint(out, result.training_state, config=config, step=result.total_steps)
+(out / "logs.json").write_text(json.dumps(logs))
+"""
+
+
+def test_resume_in_new_process_is_bit_identical(tmp_path):
+    env, networks, config = ppo_setup()
+    logs = []
+    full = train_ppo(
+        env,
+        networks,
+        config,
+        log_fn=lambda m, s: logs.append([s, m]),
+        checkpoint_fn=ckpt.make_checkpoint_fn(tmp_path / "run", config, keep=None),
+    )
+    saved_steps = [ckpt._step_of(p) for p in ckpt.list_checkpoints(tmp_path / "run")]
+    assert saved_steps == [0, 64, 128, 192]
+    source = tmp_path / "run" / "step_000000064"
+    out = tmp_path / "resumed"
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _RESUME_SCRIPT.format(tests=str(TESTS)),
+            str(source),
+            str(out),
+        ],
+        check=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    resumed = ckpt.load_checkpoint(out, like=full.training_state)
+    assert_identical(resumed, full.training_state)
+    resumed_logs = json.loads((out / "logs.json").read_text())
+    # Steps 96..192 were trained after the resume: same losses, rollout
+    # statistics and (at 96 and 192) evaluations, to the last bit.
+    assert [s for s, _ in resumed_logs] == [96, 128, 160, 192]
+    assert resumed_logs == [[s, m] for s, m in logs if s > 64]
+    assert "eval/episode_reward/mean" in resumed_logs[0][1]
+
+
+def test_multi_seed_state_round_trips_and_resumes(tmp_path):
+    env, networks, config = ppo_setup(n_seeds=2)
+    logs = []
+    full = train_ppo(
+        env,
+        networks,
+        config,
+        log_fn=lambda m, s: logs.append([s, m]),
+        checkpoint_fn=ckpt.make_checkpoint_fn(tmp_path, config),
+    )
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
+        "step_000000064",
+        "step_000000128",
+        "step_000000192",
+    ]
+    final = ckpt.load_checkpoint(tmp_path, env=env, networks=networks)
+    assert_identical(final, full.training_state)
+    assert final.key.shape == (2,)
+
+    resumed_logs = []
+    state = ckpt.load_checkpoint(
+        tmp_path / "step_000000128", env=env, networks=networks
+    )
+    resumed = train_ppo(
+        env,
+        networks,
+        config,
+        initial_state=state,
+        log_fn=lambda m, s: resumed_logs.append([s, m]),
+    )
+    assert_identical(resumed.training_state, full.training_state)
+    assert resumed_logs == [[s, m] for s, m in logs if s > 128]
+
+
+def test_distillation_state_resumes_exactly(tmp_path):
+    env = eqx_ppo.envs.make("move_to_center")
+    teacher = eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=jax.random.key(0))
+
+    def student(key):
+        return eqx_ppo.make_lstm_actor_critic(2, 2, 8, key=key)
+
+    config = DistillationTrainConfig(
+        distillation=DistillationConfig(
+            n_envs=4,
+            rollout_length=8,
+            total_steps=4 * ITERATION,
+            n_minibatches=2,
+            n_epochs=1,
+            learning_rate=3e-3,
+        ),
+        eval=EvalConfig(enabled=False),
+        checkpoint_every_steps=2 * ITERATION,
+        progress=False,
+    )
+    full = train_distillation(
+        env,
+        teacher,
+        student,
+        config,
+        checkpoint_fn=ckpt.make_checkpoint_fn(tmp_path, config),
+    )
+    assert isinstance(ckpt.read_header(tmp_path).config, DistillationTrainConfig)
+    state = ckpt.load_checkpoint(
+        tmp_path / "step_000000064",
+        like=lambda c: init_distillation_state(env, teacher, student, c),
+        config=config,
+    )
+    resumed = train_distillation(env, teacher, student, config, initial_state=state)
+    assert_identical(resumed.training_state, full.training_state)
+
+
+def test_config_round_trips_through_json():
+    config = TrainConfig(
+        ppo=PPOConfig(
+            learning_rate=3e-4,
+            clip_range=0.1,
+            gradient_clipping=0.5,
+            logging_level=LoggingLevel.ALL,
+            logging_percentiles=(5, 50.5),
+            lr_schedule="cosine",
+        ),
+        eval=EvalConfig(logging_level=LoggingLevel.NONE, logging_percentiles=None),
+        video=VideoConfig(render_kwargs={"height": 8, "camera": "side"}),
+        seed=3,
+        n_seeds=2,
+        log_every_steps=100,
+    )
+    data = json.loads(json.dumps(ckpt.config_to_dict(config)))
+    back = ckpt.config_from_dict(data)
+    assert ckpt.config_to_dict(back) == ckpt.config_to_dict(config)
+    assert back.ppo.logging_level == LoggingLevel.ALL
+    assert back.eval.logging_level == LoggingLevel.NONE
+    assert back.ppo.logging_percentiles == (5, 50.5)
+    # float32 coefficients survive exactly (3e-4 is not a float32 number).
+    assert back.ppo.learning_rate.dtype == jnp.float32
+    assert (
+        np.asarray(back.ppo.learning_rate).tobytes()
+        == np.asarray(config.ppo.learning_rate).tobytes()
+    )
+    distill = DistillationTrainConfig(
+        distillation=DistillationConfig(
+            n_envs=8,
+            n_minibatches=2,
+            learning_rate=1e-3,
+            logging_level=LoggingLevel.LOSSES | LoggingLevel.GRAD_NORM,
+        )
+    )
+    assert (
+        ckpt.config_from_dict(
+            json.loads(json.dumps(ckpt.config_to_dict(distill)))
+        ).distillation.logging_level
+        == LoggingLevel.LOSSES | LoggingLevel.GRAD_NORM
+    )
+    with pytest.raises(TypeError, match=r"render_kwargs\['size'\]"):
+        ckpt.config_to_dict(
+            TrainConfig(video=VideoConfig(render_kwargs={"size": {1, 2}}))
+        )
+
+
+def test_round_trip_with_keys_in_env_state(saved, tmp_path):
+    path, state = saved
+    header = ckpt.read_header(path)
+    assert header.step == 7 and header.metadata == {"hidden": [4]}
+    assert header.library_version == eqx_ppo.__version__
+    key_leaves = [
+        leaf for leaf in header.leaves if leaf.get("dtype", "").startswith("key")
+    ]
+    assert {leaf["path"] for leaf in key_leaves} == {
+        ".env_state.pipeline_state",
+        ".key",
+    }
+    assert all(leaf["key_impl"] == "threefry2x32" for leaf in key_leaves)
+    env, networks, _ = small_setup()
+    assert_identical(ckpt.load_checkpoint(path, env=env, networks=networks), state)
+    # A concrete template and a template function give the same state.
+    assert_identical(ckpt.load_checkpoint(path, like=state), state)
+
+
+def test_keep_last_n_latest_and_replacing_a_step(saved, tmp_path):
+    _, state = saved
+    for step in range(5):
+        ckpt.save_checkpoint(tmp_path, state, config=None, step=step, keep=2)
+    assert sorted(os.listdir(tmp_path)) == ["step_000000003", "step_000000004"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000000004"
+    ckpt.save_checkpoint(
+        tmp_path, state, config=None, step=4, keep=2, metadata={"again": True}
+    )
+    assert ckpt.read_header(tmp_path).metadata == {"again": True}
+    assert len(ckpt.list_checkpoints(tmp_path)) == 2
+    assert ckpt.latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_truncated_or_corrupted_file_is_refused(saved, tmp_path):
+    path, _ = copy(saved, tmp_path)
+    env, networks, _ = small_setup()
+    data = (path / "state.eqx").read_bytes()
+    (path / "state.eqx").write_bytes(data[:-10])
+    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+        ckpt.load_checkpoint(path, env=env, networks=networks)
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF
+    (path / "state.eqx").write_bytes(bytes(flipped))
+    with pytest.raises(ckpt.CheckpointError, match="checksum"):
+        ckpt.load_checkpoint(path, env=env, networks=networks)
+    # A file whose header agrees with it but is not what eqx wrote.
+    (path / "state.eqx").write_bytes(b"\0" * len(data))
+    header = json.loads((path / "header.json").read_text())
+    header["state_sha256"] = __import__("hashlib").sha256(b"\0" * len(data)).hexdigest()
+    (path / "header.json").write_text(json.dumps(header))
+    with pytest.raises(ckpt.CheckpointError, match="could not be read"):
+        ckpt.load_checkpoint(path, env=env, networks=networks)
+
+
+def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
+    path, _ = copy(saved, tmp_path)
+    env, _, _ = small_setup()
+
+    def wider(key):
+        return eqx_ppo.make_mlp_actor_critic(2, 2, [5], [4], key=key)
+
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"(?s)\.network.*kernel: saved float32\[2, 4\], expected "
+        r"float32\[2, 5\]",
+    ):
+        ckpt.load_checkpoint(path, env=env, networks=wider)
+
+    def other_entropy(key):
+        return eqx_ppo.make_mlp_actor_critic(
+            2, 2, [4], [4], key=key, entropy_weight=0.5
+        )
+
+    with pytest.raises(ckpt.CheckpointError, match="static structure differs"):
+        ckpt.load_checkpoint(path, env=env, networks=other_entropy)
+
+    def recurrent(key):
+        return eqx_ppo.make_lstm_actor_critic(2, 2, 4, key=key)
+
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"expected \(absent\)|saved \(absent\)"
+    ):
+        ckpt.load_checkpoint(path, env=env, networks=recurrent)
+
+
+def test_wrong_version_or_missing_header_is_refused(saved, tmp_path):
+    path, _ = copy(saved, tmp_path)
+    env, networks, _ = small_setup()
+    original = (path / "header.json").read_text()
+    for change, message in (
+        ({"format_version": 99}, "format 99"),
+        ({"library_version": "7.0.0"}, "major version"),
+    ):
+        (path / "header.json").write_text(
+            json.dumps({**json.loads(original), **change})
+        )
+        with pytest.raises(ckpt.CheckpointError, match=message):
+            ckpt.load_checkpoint(path, env=env, networks=networks)
+    (path / "header.json").write_text(original[: len(original) // 2])
+    with pytest.raises(ckpt.CheckpointError, match="unreadable or incomplete"):
+        ckpt.load_checkpoint(path, env=env, networks=networks)
+    (path / "header.json").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="not a complete checkpoint"):
+        ckpt.load_checkpoint(path, env=env, networks=networks)
+    with pytest.raises(ckpt.CheckpointError, match="No checkpoint"):
+        ckpt.load_checkpoint(path.parent, env=env, networks=networks)
+
+
+def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
+    path, state = copy(saved, tmp_path)
+    env, networks, config = small_setup()
+    ppo = config.ppo
+    longer = TrainConfig(
+        ppo=PPOConfig(
+            n_envs=2,
+            rollout_length=2,
+            n_minibatches=1,
+            total_steps=ppo.total_steps * 2,
+            logging_level=LoggingLevel.ALL,
+        )
+    )
+    assert_identical(
+        ckpt.load_checkpoint(path, env=env, networks=networks, config=longer), state
+    )
+    faster = TrainConfig(
+        ppo=PPOConfig(
+            n_envs=2,
+            rollout_length=2,
+            n_minibatches=1,
+            learning_rate=1e-3,
+            gradient_clipping=1.0,
+        )
+    )
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"(?s)ppo.gradient_clipping: saved None, given 1.0.*"
+        r"ppo.learning_rate: saved 9.99.*given 0.001",
+    ):
+        ckpt.load_checkpoint(path, env=env, networks=networks, config=faster)
+
+    # With a decaying schedule a longer run changes every learning rate.
+    def linear(total_steps):
+        return TrainConfig(
+            ppo=PPOConfig(
+                n_envs=2,
+                rollout_length=2,
+                n_minibatches=1,
+                lr_schedule="linear",
+                total_steps=total_steps,
+            )
+        )
+
+    assert ckpt._config_differences(linear(1000), linear(2000)) == [
+        "ppo.total_steps: saved 1000, given 2000"
+    ]
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(saved, tmp_path, monkeypatch):
+    path, state = copy(saved, tmp_path)
+    directory = path.parent
+    env, networks, config = small_setup()
+
+    def fail(folder, header):
+        assert (folder / "state.eqx").stat().st_size > 0  # partially written
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "_write_header", fail)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save_checkpoint(directory, state, config=config, step=8, keep=1)
+    monkeypatch.undo()
+    assert sorted(p.name for p in directory.iterdir()) == [path.name]
+    assert_identical(ckpt.load_checkpoint(directory, env=env, networks=networks), state)
+
+
+_KILL_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import eqx_ppo.checkpoint as ckpt
+from test_checkpoint import small_setup
+
+directory = sys.argv[1]
+env, networks, config = small_setup()
+state = ckpt.load_checkpoint(directory, env=env, networks=networks)
+ckpt._write_header = lambda folder, header: os._exit(3)  # killed mid-save
+ckpt.save_checkpoint(directory, state, config=config, step=8, keep=1)
+"""
+
+
+def test_process_killed_mid_save_leaves_previous_checkpoint_loadable(saved, tmp_path):
+    path, state = copy(saved, tmp_path)
+    directory = path.parent
+    env, networks, config = small_setup()
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_SCRIPT.format(tests=str(TESTS)), str(directory)],
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 3
+    leftovers = [p.name for p in directory.iterdir() if p.name != path.name]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".tmp-step_000000008")
+    assert ckpt.latest_checkpoint(directory) == path
+    assert_identical(ckpt.load_checkpoint(directory, env=env, networks=networks), state)
+    # The next save clears the leftover.
+    ckpt.save_checkpoint(directory, state, config=config, step=9, keep=1)
+    assert sorted(os.listdir(directory)) == ["step_000000009"]
