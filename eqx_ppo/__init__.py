@@ -1,6 +1,27 @@
 """eqx_ppo: PPO for stateful and recurrent policies in JAX, written with Equinox."""
 
 from . import envs as envs, graph as graph, nn as nn
+from .checkpoint import (
+    CheckpointError as CheckpointError,
+    CheckpointHeader as CheckpointHeader,
+    config_from_dict as config_from_dict,
+    config_to_dict as config_to_dict,
+    latest_checkpoint as latest_checkpoint,
+    list_checkpoints as list_checkpoints,
+    load_checkpoint as load_checkpoint,
+    make_checkpoint_fn as make_checkpoint_fn,
+    read_header as read_header,
+    save_checkpoint as save_checkpoint,
+)
+from .distill import (
+    DistillationConfig as DistillationConfig,
+    DistillationState as DistillationState,
+    DistillationTrainConfig as DistillationTrainConfig,
+    distill_init as distill_init,
+    distill_step as distill_step,
+    init_distillation_state as init_distillation_state,
+    train_distillation as train_distillation,
+)
 from .graph import (
     PopulationGraph as PopulationGraph,
     PopulationGraphBuilder as PopulationGraphBuilder,
