@@ -13,9 +13,7 @@ import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, PyTree
 
 Metrics = Mapping[str, float | list[float]]

@@ -1,5 +1,25 @@
 """Layers, containers and samplers: every one an immutable stateful module."""
 
+from ..samplers import (
+    CategoricalSampler as CategoricalSampler,
+    NormalSampler as NormalSampler,
+    NormalTanhSampler as NormalTanhSampler,
+)
+from ._adapter import PPOAdapter as PPOAdapter, PPONetworkOutput as PPONetworkOutput
+from ._containers import (
+    Concat as Concat,
+    Map as Map,
+    Merge as Merge,
+    Parallel as Parallel,
+    Sequential as Sequential,
+)
+from ._delay import Delay as Delay
+from ._dense import Dense as Dense, get_activation as get_activation
+from ._factories import (
+    make_lstm_actor_critic as make_lstm_actor_critic,
+    make_mlp as make_mlp,
+    make_mlp_actor_critic as make_mlp_actor_critic,
+)
 from ._module import (
     AbstractStatefulModule as AbstractStatefulModule,
     AbstractStatistics as AbstractStatistics,
@@ -9,20 +29,11 @@ from ._module import (
     reset_where as reset_where,
     trainable as trainable,
 )
-from ._adapter import PPONetworkOutput as PPONetworkOutput
-from ._dense import Dense as Dense
-from ._dense import get_activation as get_activation
-from ._normalizer import Normalizer as Normalizer
-from ._normalizer import NormalizerStatistics as NormalizerStatistics
-from ._recurrent import GRU as GRU
-from ._recurrent import LSTM as LSTM
-from ._containers import (
-    Concat as Concat,
-    Map as Map,
-    Merge as Merge,
-    Parallel as Parallel,
-    Sequential as Sequential,
+from ._normalizer import (
+    Normalizer as Normalizer,
+    NormalizerStatistics as NormalizerStatistics,
 )
+from ._recurrent import GRU as GRU, LSTM as LSTM
 from ._utils import (
     Filter as Filter,
     FilterSpec as FilterSpec,
@@ -30,17 +41,7 @@ from ._utils import (
     Scale as Scale,
     Splitter as Splitter,
 )
-from ._adapter import PPOAdapter as PPOAdapter
-from ..samplers import (
-    CategoricalSampler as CategoricalSampler,
-    NormalSampler as NormalSampler,
-    NormalTanhSampler as NormalTanhSampler,
-)
-from ._delay import Delay as Delay
-from ._variational import AR1VariationalBottleneck as AR1VariationalBottleneck
-from ._variational import VariationalBottleneck as VariationalBottleneck
-from ._factories import (
-    make_lstm_actor_critic as make_lstm_actor_critic,
-    make_mlp as make_mlp,
-    make_mlp_actor_critic as make_mlp_actor_critic,
+from ._variational import (
+    AR1VariationalBottleneck as AR1VariationalBottleneck,
+    VariationalBottleneck as VariationalBottleneck,
 )

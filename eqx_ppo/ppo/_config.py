@@ -70,7 +70,9 @@ class PPOConfig(eqx.Module):
     reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
     check_finite: bool = eqx.field(static=True, default=False)
     logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
-    logging_percentiles: tuple[int | float, ...] | None = eqx.field(static=True, default=None)
+    logging_percentiles: tuple[int | float, ...] | None = eqx.field(
+        static=True, default=None
+    )
     learning_rate: Float[Array, ""] = _coefficient()
     clip_range: Float[Array, ""] = _coefficient()
     discounting_factor: Float[Array, ""] = _coefficient()
