@@ -219,3 +219,25 @@ def test_brax_inverted_pendulum_learns():
         )
     # A random policy balances for about 5-10 steps (return < 20); 1000 is optimal.
     assert _final(result) > 200.0, _final(result)
+
+
+@pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
+def test_gymnax_cartpole_discrete_actions_learn():
+    pytest.importorskip("gymnax")
+    env = envs.make("gymnax:CartPole-v1")
+    result = _train(
+        env,
+        lambda k: eqx_ppo.make_mlp_actor_critic(
+            env.observation_size,
+            env.n_actions,
+            [32, 32],
+            [32, 32],
+            key=k,
+            discrete=True,
+        ),
+        steps=100_000,
+        rollout_length=32,
+        eval_len=500,
+    )
+    # Random play balances ~20 steps; 500 is the cap.
+    assert _final(result) > 300.0, _final(result)
