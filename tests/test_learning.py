@@ -198,6 +198,7 @@ class _ConcatZeroStd(nn.AbstractStatefulModule):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:Brax System:UserWarning")
+@pytest.mark.filterwarnings("ignore:Accessing .* from `Data` is deprecated")
 def test_brax_inverted_pendulum_learns():
     pytest.importorskip("brax")
     env = envs.make("brax:inverted_pendulum", backend="spring")
