@@ -37,12 +37,13 @@ Divergences from nnx-ppo's distillation:
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from .logging import LoggingLevel, reduce_metric
@@ -51,7 +52,8 @@ from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput, tra
 from .ppo._config import EvalConfig, PPOConfig, VideoConfig
 from .ppo._loss import replay_policy
 from .ppo._rollout import StepCarry, env_keys, rollout
-from .ppo._step import _is_finite, _minibatch_indices, make_optimizer
+from .ppo._sharding import check_mesh, gather_envs, pmean
+from .ppo._step import _is_finite, make_optimizer, minibatch_indices
 from .ppo._train import (
     NetworkOrFactory,
     TrainResult,
@@ -246,8 +248,16 @@ class DistillationState(eqx.Module):
     - `key`: the run's PRNG key.
     - `iteration`, `steps`: int32 counters (iterations done, env steps taken).
 
-    The teacher is not part of the state: pass it to every call.
+    The teacher is not part of the state: pass it to every call. On a device
+    mesh, the fields in `env_fields` are split over the devices on their env
+    axis and the others are replicated.
     """
+
+    env_fields: ClassVar[tuple[str, ...]] = (
+        "env_state",
+        "student_state",
+        "teacher_state",
+    )
 
     student: AbstractStatefulModule
     opt_state: PyTree
@@ -477,10 +487,15 @@ def distill_step(
     teacher: AbstractStatefulModule,
     config: DistillationConfig,
     state: DistillationState,
+    *,
+    axis_name: str | None = None,
 ) -> tuple[DistillationState, dict[str, Array]]:
     """One iteration: a rollout driven by the student (teacher alongside), then
     `n_epochs * n_minibatches` gradient steps on the distillation loss, then
-    `update_statistics` of the student with its own rollout extras."""
+    `update_statistics` of the student with its own rollout extras.
+
+    `axis_name` runs it as the body of a data-parallel step under
+    `jax.shard_map`, exactly as for [`eqx_ppo.ppo_step`][]."""
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
     teacher = eqx.nn.inference_mode(teacher)
     student_paths, teacher_paths = _sampler_paths(
@@ -498,6 +513,7 @@ def distill_step(
         length=config.rollout_length,
         reset_mode=config.reset_mode,
         keep_terminal_obs=False,
+        axis_name=axis_name,
     )
     student_extras = data.extras["student"]
     replay_data = data._replace(
@@ -507,22 +523,25 @@ def distill_step(
     optimizer = make_optimizer(ppo_config)
     params, static = eqx.partition(state.student, trainable(state.student))
 
-    def minibatch_loss(p, idx):
+    def minibatch_loss(p, idx, env_ids):
         sliced = jax.tree.map(lambda x: x[:, idx], replay_data._replace(key=None))
         outputs, regularization = replay_policy(
             eqx.combine(p, static),
             jax.tree.map(lambda x: x[idx], state.student_state),
             sliced._replace(key=data.key),
-            idx,
+            env_ids,
             n_envs=config.n_envs,
         )
-        return distillation_loss(outputs, regularization, config.logging_level)
+        return distillation_loss(
+            outputs, regularization, config.logging_level, axis_name=axis_name
+        )
 
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
 
-    def update(c, idx):
+    def update(c, indices):
         p, opt_state = c
-        grads, metrics = grad_fn(p, idx)
+        grads, metrics = grad_fn(p, *indices)
+        grads = pmean(grads, axis_name)
         if LoggingLevel.GRAD_NORM in config.logging_level:
             metrics["grad_norm"] = optax.global_norm(grads)
         # optax mixes Python floats with int32 step counts (see ppo_step).
@@ -530,11 +549,19 @@ def distill_step(
             updates, opt_state = optimizer.update(grads, opt_state, p)
         return (optax.apply_updates(p, updates), opt_state), metrics
 
-    (params, opt_state), loss_metrics = jax.lax.scan(
-        update, (params, state.opt_state), _minibatch_indices(shuffle_key, ppo_config)
+    indices = minibatch_indices(
+        shuffle_key,
+        jnp.shape(data.done)[1],
+        config.n_epochs,
+        config.n_minibatches,
+        axis_name,
     )
-    student = eqx.combine(params, static).update_statistics(student_extras)
-    metrics = _iteration_metrics(config, loss_metrics, data, params)
+    (params, opt_state), loss_metrics = jax.lax.scan(
+        update, (params, state.opt_state), indices
+    )
+    all_data = gather_envs(data._replace(key=None), axis_name)._replace(key=data.key)
+    student = eqx.combine(params, static).update_statistics(all_data.extras["student"])
+    metrics = _iteration_metrics(config, loss_metrics, all_data, params)
     new_state = DistillationState(
         student=student,
         opt_state=opt_state,
@@ -552,20 +579,24 @@ def distillation_loss(
     outputs: PPONetworkOutput,
     regularization: Float[Array, "time env"],
     logging_level: LoggingLevel = LoggingLevel.LOSSES,
+    *,
+    axis_name: str | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """The loss of one replayed minibatch and its metrics.
 
     `outputs.loglikelihoods` are the student's log-likelihoods of the
     teacher's raw actions; the loss is `sum over samplers of
-    -mean(loglikelihood) + mean(regularization)`.
+    -mean(loglikelihood) + mean(regularization)`. Under `jax.shard_map` with
+    `axis_name`, the loss is this device's share and the metrics are
+    whole-minibatch values.
     """
     nll = sum(-jnp.mean(ll) for ll in jax.tree.leaves(outputs.loglikelihoods))
     reg = jnp.mean(regularization)
     total = nll + reg
-    metrics: dict[str, Array] = {"loss/total": total}
+    metrics: dict[str, Array] = {"loss/total": pmean(total, axis_name)}
     if LoggingLevel.LOSSES in logging_level:
-        metrics["losses/distillation_nll"] = nll
-        metrics["losses/regularization"] = reg
+        metrics["losses/distillation_nll"] = pmean(nll, axis_name)
+        metrics["losses/regularization"] = pmean(reg, axis_name)
     return total, metrics
 
 
@@ -631,6 +662,7 @@ def train_distillation(
     checkpoint_fn: Callable[[DistillationState, int], None] | None = None,
     eval_env: Any = None,
     initial_state: DistillationState | None = None,
+    mesh: Mesh | None = None,
 ) -> TrainResult:
     """Distil `teacher` into `student`; the driver is `train_ppo`'s.
 
@@ -650,11 +682,20 @@ def train_distillation(
       [`eqx_ppo.make_checkpoint_fn`][]).
     - `eval_env`: the env for evaluation (default: `env`).
     - `initial_state`: resume from this `DistillationState`.
+    - `mesh`: train data-parallel over a 1-D `"env"` device mesh, as in
+      [`eqx_ppo.train_ppo`][] (the teacher is replicated).
 
     Returns a [`eqx_ppo.TrainResult`][] whose `training_state` is the final
     `DistillationState`.
     """
     config = DistillationTrainConfig() if config is None else config
+    if mesh is not None:
+        check_mesh(
+            mesh,
+            config.distillation.n_envs,
+            config.distillation.n_minibatches,
+            where="train_distillation",
+        )
     state = (
         init_distillation_state(env, teacher, student, config)
         if initial_state is None
@@ -670,4 +711,5 @@ def train_distillation(
         log_fn=log_fn,
         video_fn=video_fn,
         checkpoint_fn=checkpoint_fn,
+        mesh=mesh,
     )

@@ -24,6 +24,7 @@ from ..nn._module import AbstractStatefulModule, State
 from ._config import PPOConfig
 from ._gae import gae
 from ._rollout import Transition, apply_network, env_keys, reset_carry
+from ._sharding import mean, pmean, variance
 
 
 class Replay(NamedTuple):
@@ -179,6 +180,8 @@ def ppo_loss(
     final_obs: PyTree[Array],
     idx: Int[Array, " m"],
     config: PPOConfig,
+    *,
+    axis_name: str | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Any]]:
     """Clipped-surrogate PPO loss of one minibatch, and its metrics.
 
@@ -186,6 +189,12 @@ def ppo_loss(
     the actor and critic terms are summed over log-likelihood leaves and reward
     keys, the critic term is `0.5 * mean((V - (V_stopgrad + A))^2)`, and
     advantages are normalised per minibatch when `normalize_advantages`.
+
+    `idx` are the global env ids of the minibatch (they select the replay
+    keys). Under `jax.shard_map` with `axis_name`, `data` holds this device's
+    share of the minibatch: advantages are normalised with the moments of the
+    whole minibatch and the metrics are whole-minibatch values, while `total`
+    stays this device's loss (its gradient is averaged by the caller).
     """
     rep = replay(
         network,
@@ -220,7 +229,7 @@ def ppo_loss(
     )
     if config.normalize_advantages:
         policy_advantages = jax.tree.map(
-            lambda a: (a - jnp.mean(a)) / (jnp.std(a) + 1e-8), policy_advantages
+            lambda a: _standardize(a, axis_name), policy_advantages
         )
     clip = config.clip_range
 
@@ -244,24 +253,37 @@ def ppo_loss(
     total = actor + config.critic_loss_weight * critic + regularization
 
     level = config.logging_level
-    metrics: dict[str, Any] = {"loss/total": total}
+    # Every device's share of the minibatch has the same size, so the mean of
+    # the devices' means is the minibatch mean.
+    metrics: dict[str, Any] = {"loss/total": pmean(total, axis_name)}
     if LoggingLevel.LOSSES in level:
-        metrics["losses/actor"] = actor_losses
-        metrics["losses/critic"] = critic_losses
-        metrics["losses/regularization"] = regularization
+        metrics["losses/actor"] = pmean(actor_losses, axis_name)
+        metrics["losses/critic"] = pmean(critic_losses, axis_name)
+        metrics["losses/regularization"] = pmean(regularization, axis_name)
     if LoggingLevel.ACTOR_EXTRA in level:
         metrics["losses/clipping_fraction"] = jax.tree.map(
-            lambda new, old: jnp.mean(
-                (jnp.abs(jnp.exp(new - old) - 1.0) > clip).astype(jnp.float32)
+            lambda new, old: mean(
+                (jnp.abs(jnp.exp(new - old) - 1.0) > clip).astype(jnp.float32),
+                axis_name,
             ),
             rep.output.loglikelihoods,
             data.output.loglikelihoods,
         )
     if LoggingLevel.CRITIC_EXTRA in level:
-        metrics["losses/advantages"] = jax.tree.map(jnp.mean, advantages)
+        metrics["losses/advantages"] = jax.tree.map(
+            lambda a: mean(a, axis_name), advantages
+        )
         metrics["losses/critic_R^2"] = jax.tree.map(
-            lambda loss, t: 1.0 - 2.0 * loss / (jnp.var(t) + 1e-8),
+            lambda loss, t: (
+                1.0 - 2.0 * pmean(loss, axis_name) / (variance(t, axis_name) + 1e-8)
+            ),
             critic_losses,
             targets,
         )
     return total, metrics
+
+
+def _standardize(a: Array, axis_name: str | None) -> Array:
+    if axis_name is None:
+        return (a - jnp.mean(a)) / (jnp.std(a) + 1e-8)
+    return (a - mean(a, axis_name)) / (jnp.sqrt(variance(a, axis_name)) + 1e-8)

@@ -17,6 +17,7 @@ from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, reset_where
+from ._sharding import shard_env_keys
 
 
 class Transition(NamedTuple):
@@ -24,7 +25,8 @@ class Transition(NamedTuple):
 
     `key` is the step's network key (one per step, shape `[]`); env `i` used
     `jax.random.split(key, n_envs)[i]`, so a replay of any env subset
-    reproduces every stochastic layer exactly.
+    reproduces every stochastic layer exactly. In a sharded run `i` is the
+    global env id, so the keys do not depend on the number of devices.
     """
 
     obs: PyTree[Array]
@@ -148,13 +150,22 @@ def rollout(
     length: int,
     reset_mode: str,
     keep_terminal_obs: bool,
+    axis_name: str | None = None,
 ) -> tuple[StepCarry, Transition]:
-    """`length` steps of every env with auto-reset; returns stacked transitions."""
+    """`length` steps of every env with auto-reset; returns stacked transitions.
+
+    Under `jax.shard_map` with `axis_name`, `carry` holds this device's envs and
+    they draw their keys from the split for all envs (see `Transition.key`).
+    """
     n_envs = jnp.shape(carry.env_state.done)[0]
+
+    def keys_of(k):
+        return shard_env_keys(k, n_envs, axis_name)
+
     cache_key, keys_key, fresh_key = jax.random.split(key, 3)
     step_keys = jax.random.split(keys_key, length)
     if reset_mode == "cached":
-        start_states = jax.vmap(env.reset)(env_keys(cache_key, n_envs))
+        start_states = jax.vmap(env.reset)(keys_of(cache_key))
         reset_keys = None
     else:
         start_states = None
@@ -163,7 +174,7 @@ def rollout(
     def step(c: StepCarry, xs):
         step_key, reset_key = xs
         out = apply_network(
-            network, c.net_state, c.env_state.obs, None, env_keys(step_key, n_envs)
+            network, c.net_state, c.env_state.obs, None, keys_of(step_key)
         )
         _check_output(out.output, c.env_state.reward)
         next_env = _step_envs(env, c.env_state, out.output.actions)
@@ -183,7 +194,7 @@ def rollout(
         starts = (
             start_states
             if reset_key is None
-            else jax.vmap(env.reset)(env_keys(reset_key, n_envs))
+            else jax.vmap(env.reset)(keys_of(reset_key))
         )
         next_env = tree_select(done, starts, next_env)
         next_net = reset_carry(network, done, out.next_state)

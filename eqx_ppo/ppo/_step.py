@@ -1,11 +1,12 @@
 """The training state and the two pure functions of training: `ppo_init`, `ppo_step`.
 
 Both are pure functions of pytrees: `jax.jit` them, `jax.vmap` them over keys
-(seeds) or over `PPOConfig` coefficients, or `lax.scan` them.
+(seeds) or over `PPOConfig` coefficients, or `lax.scan` them. `ppo_step` also
+runs data-parallel under `jax.shard_map` (see `eqx_ppo.shard_step`).
 """
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -18,6 +19,7 @@ from ..nn._module import AbstractStatefulModule, State, trainable
 from ._config import PPOConfig
 from ._loss import ppo_loss
 from ._rollout import StepCarry, env_keys, rollout
+from ._sharding import env_offset, gather_envs, pmean
 
 
 class TrainingState(eqx.Module):
@@ -31,7 +33,12 @@ class TrainingState(eqx.Module):
     - `net_state`: the batched network carries `[n_envs, ...]`.
     - `key`: the run's PRNG key.
     - `iteration`, `steps`: int32 counters (iterations done, env steps taken).
+
+    On a device mesh, the fields in `env_fields` are split over the devices on
+    their env axis and the others are replicated.
     """
+
+    env_fields: ClassVar[tuple[str, ...]] = ("env_state", "net_state")
 
     network: AbstractStatefulModule
     opt_state: PyTree
@@ -97,12 +104,41 @@ def ppo_init(
     )
 
 
-def _minibatch_indices(key: PRNGKeyArray, config: PPOConfig) -> Int[Array, "update m"]:
-    size = config.n_envs // config.n_minibatches
-    perms = jax.vmap(lambda k: jax.random.permutation(k, config.n_envs))(
-        jax.random.split(key, config.n_epochs)
+def _permutations(
+    key: PRNGKeyArray, n_envs: int, n_epochs: int, n_minibatches: int
+) -> Int[Array, "update m"]:
+    """A fresh permutation of `n_envs` per epoch, cut into `n_minibatches`."""
+    perms = jax.vmap(lambda k: jax.random.permutation(k, n_envs))(
+        jax.random.split(key, n_epochs)
     )
-    return perms.reshape(config.n_epochs * config.n_minibatches, size)
+    return perms.reshape(n_epochs * n_minibatches, n_envs // n_minibatches)
+
+
+def minibatch_indices(
+    key: PRNGKeyArray,
+    n_envs: int,
+    n_epochs: int,
+    n_minibatches: int,
+    axis_name: str | None = None,
+) -> tuple[Int[Array, "update m"], Int[Array, "update m"]]:
+    """The minibatches of one iteration as (local indices, global env ids).
+
+    Without `axis_name` both are the same permutations of all `n_envs` envs.
+    Under `jax.shard_map`, `n_envs` is this device's count and each device
+    permutes only its own envs, with its own key (`fold_in(key, device)`), so
+    minibatching moves no data between devices. Global minibatch `j` is the
+    union of every device's local minibatch `j`: it holds exactly
+    `n_envs / n_minibatches` envs of each device, a sample stratified by device
+    rather than a uniform one. Every env is still used once per epoch.
+    """
+    if axis_name is None:
+        idx = _permutations(key, n_envs, n_epochs, n_minibatches)
+        return idx, idx
+    device = jax.lax.axis_index(axis_name)
+    local = _permutations(
+        jax.random.fold_in(key, device), n_envs, n_epochs, n_minibatches
+    )
+    return local, local + env_offset(n_envs, axis_name)
 
 
 def _is_finite(tree: PyTree) -> Array:
@@ -115,10 +151,25 @@ def _is_finite(tree: PyTree) -> Array:
 
 
 def ppo_step(
-    env: Any, config: PPOConfig, state: TrainingState
+    env: Any,
+    config: PPOConfig,
+    state: TrainingState,
+    *,
+    axis_name: str | None = None,
 ) -> tuple[TrainingState, dict[str, Array]]:
     """One iteration: rollout, `n_epochs * n_minibatches` gradient steps, then
-    `update_statistics` with the rollout's extras. Returns scalar metrics."""
+    `update_statistics` with the rollout's extras. Returns scalar metrics.
+
+    With `axis_name`, this is the body of a data-parallel step under
+    `jax.shard_map` (`eqx_ppo.shard_step` sets it up): `state.env_state`
+    and `state.net_state` hold this device's envs, everything else is
+    replicated. Envs get the keys they would get on one device; each device
+    shuffles its own envs into minibatches; gradients are averaged over
+    devices (`pmean`); advantages are normalised with whole-minibatch moments;
+    statistics are updated from every device's extras (`all_gather`), and
+    metrics are whole-batch values, so the replicated results stay identical
+    on every device.
+    """
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
     carry, data = rollout(
         env,
@@ -128,12 +179,13 @@ def ppo_step(
         length=config.rollout_length,
         reset_mode=config.reset_mode,
         keep_terminal_obs=config.truncation == "bootstrap",
+        axis_name=axis_name,
     )
     final_obs = carry.env_state.obs
     optimizer = make_optimizer(config)
     params, static = eqx.partition(state.network, trainable(state.network))
 
-    def minibatch_loss(p, idx):
+    def minibatch_loss(p, idx, env_ids):
         sliced = jax.tree.map(lambda x: x[:, idx], data._replace(key=None))
         sliced = sliced._replace(key=data.key)
         return ppo_loss(
@@ -141,15 +193,17 @@ def ppo_step(
             jax.tree.map(lambda x: x[idx], state.net_state),
             sliced,
             jax.tree.map(lambda x: x[idx], final_obs),
-            idx,
+            env_ids,
             config,
+            axis_name=axis_name,
         )
 
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
 
-    def update(c, idx):
+    def update(c, indices):
         p, opt_state = c
-        grads, metrics = grad_fn(p, idx)
+        grads, metrics = grad_fn(p, *indices)
+        grads = pmean(grads, axis_name)
         if LoggingLevel.GRAD_NORM in config.logging_level:
             metrics["grad_norm"] = optax.tree.norm(grads)
         # optax mixes Python floats with int32 step counts; keep it working
@@ -158,14 +212,22 @@ def ppo_step(
             updates, opt_state = optimizer.update(grads, opt_state, p)
         return (optax.apply_updates(p, updates), opt_state), metrics
 
-    (params, opt_state), loss_metrics = jax.lax.scan(
-        update, (params, state.opt_state), _minibatch_indices(shuffle_key, config)
+    indices = minibatch_indices(
+        shuffle_key,
+        jnp.shape(data.done)[1],
+        config.n_epochs,
+        config.n_minibatches,
+        axis_name,
     )
-    network = eqx.combine(params, static).update_statistics(data.extras)
-    metrics = _iteration_metrics(config, loss_metrics, data, params)
+    (params, opt_state), loss_metrics = jax.lax.scan(
+        update, (params, state.opt_state), indices
+    )
+    all_data = gather_envs(data._replace(key=None), axis_name)._replace(key=data.key)
+    network = eqx.combine(params, static).update_statistics(all_data.extras)
+    metrics = _iteration_metrics(config, loss_metrics, all_data, params)
     if config.check_finite:
         metrics["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
-        metrics["debug/finite_obs"] = _is_finite(data.obs)
+        metrics["debug/finite_obs"] = _is_finite(all_data.obs)
     new_state = TrainingState(
         network=network,
         opt_state=opt_state,

@@ -6,9 +6,15 @@ is fixed per run, so the chunk compiles once; a chunk that must stop early
 (an event falls inside it) runs its tail iterations as no-ops under
 `lax.cond`. With `TrainConfig(n_seeds=S)` the whole chunk is `vmap`ped over
 seeds: one program trains all of them.
+
+With `mesh=` the chunk runs data-parallel under `jax.shard_map` (see
+`_sharding.py`): envs are split over the mesh's devices, the rest replicated.
+Host events run on process 0 only; evaluation and video use a local copy of
+the network, and checkpoints receive the state gathered onto one device.
 """
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -18,12 +24,21 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jaxtyping import Array, Key, PRNGKeyArray
 
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule
 from ._config import TrainConfig
 from ._rollout import eval_rollout
+from ._sharding import (
+    ENV_AXIS,
+    check_mesh,
+    is_main_process,
+    on_mesh,
+    shard_state,
+    to_local,
+)
 from ._step import TrainingState, ppo_init, ppo_step
 
 NetworkOrFactory = (
@@ -122,8 +137,20 @@ def _eval_keys(seed: int, n_seeds: int) -> Key[Array, " seed"]:
 
 @eqx.filter_jit(donate="all-except-first")
 def _run_chunk(static: tuple, state: Any, n_active: Array):
-    step, chunk, n_seeds = static
+    step, chunk, n_seeds, mesh = static
+    if mesh is None:
+        return _chunk(state, step, chunk, n_seeds, n_active)
+    return on_mesh(_chunk_on_axis, mesh, state, step, chunk, n_seeds, n_active)
 
+
+def _chunk_on_axis(
+    state: Any, step: Callable, chunk: int, n_seeds: int, n_active: Array
+):
+    step = functools.partial(step, axis_name=ENV_AXIS)
+    return _chunk(state, step, chunk, n_seeds, n_active)
+
+
+def _chunk(state: Any, step: Callable, chunk: int, n_seeds: int, n_active: Array):
     def chunk_one(s):
         dynamic, static_part = eqx.partition(s, eqx.is_array)
         _, metrics_shape = eqx.filter_eval_shape(step, s)
@@ -182,6 +209,7 @@ def train_ppo(
     checkpoint_fn: Callable[[TrainingState, int], None] | None = None,
     eval_env: Any = None,
     initial_state: TrainingState | None = None,
+    mesh: Mesh | None = None,
 ) -> TrainResult:
     """Train a PPO agent; see the module docstring for how the work is compiled.
 
@@ -203,8 +231,20 @@ def train_ppo(
       `iteration` up to `config.ppo.total_steps`; host events keep their
       absolute cadence, so a resumed run logs, evaluates and checkpoints at
       the same steps as an uninterrupted one.
+    - `mesh`: train data-parallel over the devices of this 1-D
+      `jax.sharding.Mesh` with axis `"env"` (see `eqx_ppo.make_mesh`):
+      env states, carries and rollouts are split over the devices, the network
+      and optimiser state replicated. `n_envs` must be divisible by the number
+      of devices times `n_minibatches`. `None` (default) trains on one device.
+      With several processes (`jax.distributed.initialize()`), every process
+      calls `train_ppo` identically; `log_fn`, `video_fn`, `checkpoint_fn`
+      and evaluation run on process 0 only. The returned `training_state` is
+      sharded like the run; `checkpoint_fn` receives it gathered onto one
+      device, so checkpoints load on any number of devices.
     """
     config = TrainConfig() if config is None else config
+    if mesh is not None:
+        check_mesh(mesh, config.ppo.n_envs, config.ppo.n_minibatches, where="train_ppo")
     state = (
         init_state(env, networks, config) if initial_state is None else initial_state
     )
@@ -218,6 +258,7 @@ def train_ppo(
         log_fn=log_fn,
         video_fn=video_fn,
         checkpoint_fn=checkpoint_fn,
+        mesh=mesh,
     )
 
 
@@ -232,6 +273,7 @@ def run_training(
     log_fn: Callable[[dict[str, Any], int], None] | None,
     video_fn: Callable[[VideoData], None] | None,
     checkpoint_fn: Callable[[Any, int], None] | None,
+    mesh: Mesh | None = None,
 ) -> TrainResult:
     """The driver loop shared by `train_ppo` and `train_distillation`.
 
@@ -240,8 +282,15 @@ def run_training(
     `n_seeds`, `checkpoint_every_steps`, `log_every_steps`, `progress`) and
     `algorithm` the run length and logging (`steps_per_iteration`,
     `n_iterations`, `total_steps`, `logging_level`, `check_finite`);
-    `network_of(state)` is the network to evaluate and render.
+    `network_of(state)` is the network to evaluate and render. `mesh` (checked
+    by the caller) places the state on the mesh and runs the chunks sharded.
     """
+    if mesh is not None:
+        state = shard_state(state, mesh)
+    main = is_main_process()
+    # Host events see unsharded copies: evaluation then runs on one device, and
+    # a checkpoint does not depend on the mesh it was written from.
+    local = (lambda tree: tree) if mesh is None else to_local
     n_seeds = config.n_seeds
     spi = algorithm.steps_per_iteration
     total_iterations = algorithm.n_iterations
@@ -270,15 +319,18 @@ def run_training(
     final_metrics: dict[str, Any] = {}
     iteration = int(np.max(jax.device_get(state.iteration)))
     start_iteration = iteration
-    progress = _progress(config.progress, iteration * spi, algorithm.total_steps)
+    progress = _progress(
+        config.progress and main, iteration * spi, algorithm.total_steps
+    )
 
     def run_eval(step: int) -> dict[str, Any]:
+        network = local(network_of(state))
         if n_seeds == 1:
-            metrics = _evaluate(eval_env, network_of(state), eval_keys[0], config.eval)
+            metrics = _evaluate(eval_env, network, eval_keys[0], config.eval)
         else:
             metrics = eqx.filter_vmap(
                 lambda net, k: _evaluate(eval_env, net, k, config.eval)
-            )(network_of(state), eval_keys)
+            )(network, eval_keys)
         metrics = _host(metrics, n_seeds)
         eval_history.append({"step": step, **metrics})
         if progress is not None:
@@ -290,20 +342,24 @@ def run_training(
 
     def host_events(it: int, metrics: dict[str, Any]) -> dict[str, Any]:
         step = it * spi
-        if due(eval_every, it):
+        if main and due(eval_every, it):
             metrics = {**metrics, **run_eval(step)}
-        if due(video_every, it):
-            _record_video(eval_env, network_of(state), config, video_fn, step, n_seeds)
+        if main and due(video_every, it):
+            network = local(network_of(state))
+            _record_video(eval_env, network, config, video_fn, step, n_seeds)
         if due(ckpt_every, it):
-            checkpoint_fn(state, step)
+            # Gathering a sharded state is a collective: every process joins.
+            saved = local(state)
+            if main:
+                checkpoint_fn(saved, step)
         return metrics
 
     if iteration == 0:
         metrics0 = host_events(0, {})
-        if log_fn is not None and metrics0:
+        if main and log_fn is not None and metrics0:
             log_fn(metrics0, 0)
 
-    static = (step_fn, chunk, n_seeds)
+    static = (step_fn, chunk, n_seeds, mesh)
     while iteration < total_iterations:
         next_stop = min(
             [total_iterations] + [(iteration // p + 1) * p for p in periods]
@@ -322,7 +378,7 @@ def run_training(
                 metrics["throughput/train_sps"] = n_active * spi * n_seeds / elapsed
             if i == n_active - 1:
                 metrics = host_events(it, metrics)
-            if log_fn is not None:
+            if main and log_fn is not None:
                 log_fn(metrics, it * spi)
             final_metrics = metrics
         iteration = next_stop
