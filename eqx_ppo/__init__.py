@@ -56,10 +56,16 @@ from .ppo import (
     eval_rollout as eval_rollout,
     gae as gae,
     ppo_init as ppo_init,
+    ppo_run as ppo_run,
     ppo_step as ppo_step,
     record_activations_rollout as record_activations_rollout,
     select_seed as select_seed,
     train_ppo as train_ppo,
+)
+from .ppo._sharding import (
+    make_mesh as make_mesh,
+    shard_state as shard_state,
+    shard_step as shard_step,
 )
 from .recording import (
     ACTIVATION_KEY as ACTIVATION_KEY,

@@ -19,8 +19,9 @@ counters. Built-in envs, Brax and MuJoCo Playground keep their whole state
 (physics included) in arrays, so it is all saved and a resumed run continues
 bit-identically on the same device type. A non-array leaf of an env state
 (rare: a Python object in `info`) is not saved; it comes back as it is in the
-template. Arrays are gathered to the host: multi-host sharded states need
-Orbax instead.
+template. Arrays are gathered to the host (a sharded run hands its
+`checkpoint_fn` the state gathered onto one device), so a checkpoint loads on
+any device count; states larger than one host's memory would need Orbax.
 
 **Atomic writes.** A checkpoint is written into a temporary folder next to
 the final one and renamed into place when complete, so a process killed

@@ -15,6 +15,7 @@ from eqx_ppo.ppo import (
     PPOConfig,
     TrainConfig,
     ppo_init,
+    ppo_run,
     ppo_step,
     replay,
     rollout,
@@ -407,3 +408,34 @@ def test_dict_actions_pass_the_action_check(getkey):
         env, config, ppo_init(env, net, config, key=getkey())
     )
     assert int(state.iteration) == 1
+
+
+def test_ppo_run_is_a_scan_of_ppo_step_and_vmaps_over_lr(getkey):
+    env = RandomEndEnv()
+    net = make_net(getkey())
+    key = getkey()
+
+    def whole_run(lr):
+        config = small_config(learning_rate=lr)
+        return ppo_run(env, config, ppo_init(env, net, config, key=key), 2)
+
+    lrs = jnp.array([1e-3, 1e-2])
+    states, metrics = eqx.filter_jit(eqx.filter_vmap(whole_run))(lrs)
+    assert metrics["losses/actor/mean"].shape == (2, 2)
+    config = small_config(learning_rate=lrs[1])
+    state = ppo_init(env, net, config, key=key)
+    step = eqx.filter_jit(ppo_step)
+    for _ in range(2):
+        state, last = step(env, config, state)
+    np.testing.assert_allclose(
+        metrics["losses/actor/mean"][1, -1],
+        last["losses/actor/mean"],
+        rtol=1e-5,
+        atol=1e-7,
+    )
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(states.network, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(state.network, eqx.is_array)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a[1], b, rtol=1e-5, atol=1e-6)

@@ -18,7 +18,9 @@ from ._step import (
     TrainingState as TrainingState,
     make_optimizer as make_optimizer,
     ppo_init as ppo_init,
+    ppo_run as ppo_run,
     ppo_step as ppo_step,
+    scan_steps as scan_steps,
 )
 from ._train import (
     TrainResult as TrainResult,

@@ -1,11 +1,16 @@
-"""The training state and the two pure functions of training: `ppo_init`, `ppo_step`.
+"""The training state and the pure functions of training: `ppo_init`, `ppo_step`
+and `ppo_run`.
 
-Both are pure functions of pytrees: `jax.jit` them, `jax.vmap` them over keys
-(seeds) or over `PPOConfig` coefficients, or `lax.scan` them. `ppo_step` also
-runs data-parallel under `jax.shard_map` (see `eqx_ppo.shard_step`).
+They are pure functions of pytrees. Networks hold non-array leaves (activation
+functions, inference flags), so use Equinox's filtered transforms:
+`eqx.filter_jit` them, `eqx.filter_vmap` them over keys (seeds) or over
+`PPOConfig` coefficients; `ppo_run` is the `lax.scan` of `ppo_step` (it scans
+only the array leaves). `ppo_step` also runs data-parallel under
+`jax.shard_map` (see `eqx_ppo.shard_step`).
 """
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -238,6 +243,55 @@ def ppo_step(
         steps=state.steps + config.steps_per_iteration,
     )
     return new_state, metrics
+
+
+def scan_steps(
+    step: Callable[[Any], tuple[Any, dict[str, Array]]],
+    state: Any,
+    length: int,
+    n_active: Int[Array, ""] | None = None,
+) -> tuple[Any, dict[str, Array]]:
+    """`length` calls of `step` in one `lax.scan`; metrics stacked on a new axis.
+
+    Only the array leaves of `state` are scanned (the rest is static). Steps at
+    positions `>= n_active` are skipped (their metrics are zeros), which lets
+    one compiled scan serve runs that stop early.
+    """
+    dynamic, static = eqx.partition(state, eqx.is_array)
+    _, metrics_shape = eqx.filter_eval_shape(step, state)
+    zeros = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics_shape)
+
+    def run(d):
+        new, metrics = step(eqx.combine(d, static))
+        return eqx.filter(new, eqx.is_array), metrics
+
+    def body(d, i):
+        if n_active is None:
+            return run(d)
+        return jax.lax.cond(i < n_active, run, lambda d: (d, zeros), d)
+
+    dynamic, metrics = jax.lax.scan(body, dynamic, jnp.arange(length))
+    return eqx.combine(dynamic, static), metrics
+
+
+def ppo_run(
+    env: Any, config: PPOConfig, state: TrainingState, n_iterations: int
+) -> tuple[TrainingState, dict[str, Array]]:
+    """`n_iterations` of `ppo_step` as one pure function (a `lax.scan`).
+
+    Metrics come back stacked, `[n_iterations]` per key. A whole run, vmapped
+    over seeds and learning rates:
+
+    ```python
+    def run(key, lr):
+        config = PPOConfig(learning_rate=lr, ...)
+        state = ppo_init(env, make_network(key), config, key=key)
+        return ppo_run(env, config, state, config.n_iterations)
+
+    states, metrics = eqx.filter_jit(eqx.filter_vmap(run))(keys, lrs)
+    ```
+    """
+    return scan_steps(lambda s: ppo_step(env, config, s), state, n_iterations)
 
 
 def _iteration_metrics(

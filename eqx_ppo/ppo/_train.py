@@ -39,7 +39,7 @@ from ._sharding import (
     shard_state,
     to_local,
 )
-from ._step import TrainingState, ppo_init, ppo_step
+from ._step import TrainingState, ppo_init, ppo_step, scan_steps
 
 NetworkOrFactory = (
     AbstractStatefulModule | Callable[[PRNGKeyArray], AbstractStatefulModule]
@@ -152,19 +152,7 @@ def _chunk_on_axis(
 
 def _chunk(state: Any, step: Callable, chunk: int, n_seeds: int, n_active: Array):
     def chunk_one(s):
-        dynamic, static_part = eqx.partition(s, eqx.is_array)
-        _, metrics_shape = eqx.filter_eval_shape(step, s)
-        zeros = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics_shape)
-
-        def body(dyn, i):
-            def active(d):
-                new, metrics = step(eqx.combine(d, static_part))
-                return eqx.filter(new, eqx.is_array), metrics
-
-            return jax.lax.cond(i < n_active, active, lambda d: (d, zeros), dyn)
-
-        dynamic, metrics = jax.lax.scan(body, dynamic, jnp.arange(chunk))
-        return eqx.combine(dynamic, static_part), metrics
+        return scan_steps(step, s, chunk, n_active)
 
     if n_seeds == 1:
         return chunk_one(state)
