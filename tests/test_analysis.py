@@ -1,4 +1,4 @@
-"""Recording rollouts, eval-time network metrics, and a population-graph policy in PPO."""
+"""Recording rollouts, eval-time network metrics, a population-graph policy in PPO."""
 
 import equinox as eqx
 import jax

@@ -62,7 +62,7 @@ class RandomEndEnv(eqx.Module):
 
 
 class NoisyCounter(nn.AbstractStatefulModule):
-    """Carry = steps since reset; output = [x, count, noise]: stochastic and stateful."""
+    """Carry = steps since reset; output = [x, count, noise]."""
 
     def initial_state(self):
         return jnp.zeros((), jnp.float32)
@@ -268,6 +268,7 @@ def test_vmap_over_learning_rate_equals_separate_runs(getkey):
         for a, b in zip(
             jax.tree.leaves(eqx.filter(batched, eqx.is_array)),
             jax.tree.leaves(eqx.filter(single, eqx.is_array)),
+            strict=True,
         ):
             np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
 
@@ -309,6 +310,7 @@ def test_train_ppo_multi_seed_equals_single_runs(getkey):
         for a, b in zip(
             jax.tree.leaves(eqx.filter(multi.training_state.network, eqx.is_array)),
             jax.tree.leaves(eqx.filter(single.training_state.network, eqx.is_array)),
+            strict=True,
         ):
             np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
         assert multi.eval_history[-1]["eval/episode_reward/mean"][i] == pytest.approx(
