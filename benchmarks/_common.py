@@ -1,0 +1,355 @@
+"""Shared pieces of the benchmarks: run specs, envs, the common evaluator, memory,
+subprocess workers and result files.
+
+Every measured training run happens in its own Python process (see
+`run_worker`), so compile caches, allocator state and peak RSS never leak from
+one system into the next.
+"""
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+SYSTEMS = ("eqx", "brax", "nnx")
+SYSTEM_NAMES = {"eqx": "eqx_ppo", "brax": "Brax PPO", "nnx": "nnx-ppo 0.3.0"}
+EPISODE_LENGTH = {"inverted_pendulum": 1000, "move_to_center": 20}
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One training run: the system, the env, the policy and the PPO settings.
+
+    The defaults are the issue's fair 2-core setting: 256 envs, rollout 20,
+    8 minibatches, 4 epochs, 4x32 swish actor and critic, obs normalisation.
+    `n_chunks` is the number of timing boundaries: the first chunk holds the
+    compilation, the others give the steady-state throughput.
+    """
+
+    system: str = "eqx"
+    env: str = "inverted_pendulum"
+    policy: str = "mlp"
+    n_envs: int = 256
+    rollout_length: int = 20
+    n_minibatches: int = 8
+    n_epochs: int = 4
+    hidden: tuple[int, ...] = (32, 32, 32, 32)
+    lstm_size: int = 32
+    total_steps: int = 1_024_000
+    n_chunks: int = 10
+    n_seeds: int = 1
+    learning_rate: float = 3e-4
+    discount: float = 0.97
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    entropy_weight: float = 1e-2
+    seed: int = 0
+    eval_envs: int = 64
+    evaluate: bool = True
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.n_envs * self.rollout_length
+
+    @property
+    def chunk_steps(self) -> int:
+        """Env steps (of one seed) between two timing boundaries."""
+        iterations = -(-self.total_steps // self.steps_per_iteration)
+        per_chunk = -(-iterations // self.n_chunks)
+        return per_chunk * self.steps_per_iteration
+
+    @property
+    def run_steps(self) -> int:
+        """Steps actually trained (of one seed): whole chunks."""
+        return self.chunk_steps * self.n_chunks
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Spec":
+        raw = json.loads(text)
+        if "hidden" in raw:
+            raw["hidden"] = tuple(raw["hidden"])
+        return cls(**raw)
+
+
+# --------------------------------------------------------------------------- envs
+
+
+def eqx_env(name: str):
+    """The env as eqx_ppo (and, adapted, nnx-ppo) steps it: time-limited, auto-reset
+    by the trainer. Brax's `inverted_pendulum` uses the `spring` backend."""
+    from eqx_ppo import envs
+
+    if name == "inverted_pendulum":
+        from brax import envs as brax_envs
+
+        raw = brax_envs.get_environment("inverted_pendulum", backend="spring")
+        return envs.EpisodeWrapper(raw, EPISODE_LENGTH[name])
+    if name == "move_to_center":
+        return envs.make("move_to_center", episode_length=EPISODE_LENGTH[name])
+    raise ValueError(f"unknown benchmark env {name!r}")
+
+
+class KeepInfo:
+    """Carries `info` over from the input state, as Brax's training wrappers need.
+
+    eqx_ppo's built-in envs rebuild their state each step with an empty `info`
+    (their own `EpisodeWrapper` adds its keys); Brax's wrappers store theirs in
+    `info` before stepping and read them back after.
+    """
+
+    def __init__(self, env):
+        self.env = env
+
+    def reset(self, key):
+        return self.env.reset(key)
+
+    def step(self, state, action):
+        out = self.env.step(state, action)
+        return out.replace(info={**state.info, **out.info})
+
+    @property
+    def observation_size(self):
+        return self.env.observation_size
+
+    @property
+    def action_size(self):
+        return self.env.action_size
+
+
+def raw_env(name: str):
+    """The env without a time limit, for trainers that add their own (Brax)."""
+    if name == "inverted_pendulum":
+        from brax import envs as brax_envs
+
+        return brax_envs.get_environment("inverted_pendulum", backend="spring")
+    from eqx_ppo import envs
+
+    return KeepInfo(envs.make(name, episode_length=None))
+
+
+def evaluate(env, act, policy, init_carry, *, key, n_envs: int, length: int) -> float:
+    """Mean undiscounted return of one deterministic episode per env.
+
+    The same function (same env object, same keys) scores every system, so
+    returns are comparable. `act(policy, carry, obs, key) -> (carry, actions)`
+    works on a batch of envs; `policy` is its array pytree. Each env counts the
+    rewards up to and including its first `done`; envs are never reset.
+    """
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    @eqx.filter_jit
+    def run(policy, carry, key):
+        reset_key, act_key = jax.random.split(key)
+        state = jax.vmap(env.reset)(jax.random.split(reset_key, n_envs))
+
+        # The policy rides in the carry: flax.nnx modules rebuilt inside the
+        # scan body refuse to update their RNG counters from an outer trace.
+        def step(c, k):
+            policy, state, carry, alive, total = c
+            carry, actions = act(policy, carry, state.obs, k)
+            state = jax.vmap(env.step)(state, actions)
+            total = total + jnp.where(alive, state.reward, 0.0)
+            alive = alive & (state.done == 0)
+            return (policy, state, carry, alive, total), None
+
+        init = (policy, state, carry, jnp.ones(n_envs, bool), jnp.zeros(n_envs))
+        (_, _, _, _, total), _ = jax.lax.scan(
+            step, init, jax.random.split(act_key, length)
+        )
+        return jnp.mean(total)
+
+    return float(run(policy, init_carry, key))
+
+
+# ------------------------------------------------------------------------ memory
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size (VmHWM), in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ------------------------------------------------------------------------ timing
+
+
+class Boundaries:
+    """Wall-clock times at chunk ends, from a training callback.
+
+    `mark(step)` records the wall and process CPU times when `step` (env steps
+    of one seed) closes a chunk. `summary()` turns them into steady-state throughput (from the end of
+    the first chunk to the end of the last) and compile time (the first chunk's
+    time minus what running it would cost at the steady rate).
+    """
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.start = time.perf_counter()
+        self.start_cpu = time.process_time()
+        self.marks: list[tuple[float, int]] = []
+        self.cpu_marks: list[float] = []
+
+    def mark(self, step: int) -> None:
+        if step > 0 and step % self.spec.chunk_steps == 0:
+            if not self.marks or self.marks[-1][1] != step:
+                self.marks.append((time.perf_counter(), step))
+                self.cpu_marks.append(time.process_time())
+
+    def summary(self) -> dict[str, Any]:
+        if len(self.marks) < 2:
+            raise RuntimeError(
+                f"only {len(self.marks)} chunk boundaries recorded; need >= 2"
+            )
+        (t1, s1), (tn, sn) = self.marks[0], self.marks[-1]
+        seeds = self.spec.n_seeds
+        sps = (sn - s1) * seeds / (tn - t1)
+        first = t1 - self.start
+        per_chunk = [
+            (b[1] - a[1]) * seeds / (b[0] - a[0])
+            for a, b in zip(self.marks, self.marks[1:], strict=False)
+        ]
+        cpu = self.cpu_marks[-1] - self.cpu_marks[0]
+        return {
+            "sps": sps,
+            # CPU seconds (all threads) per million steady steps: the work done,
+            # much less sensitive than wall time to other load on the machine.
+            "cpu_s_per_mstep": cpu / ((sn - s1) * seeds) * 1e6,
+            "sps_chunks": per_chunk,
+            "first_chunk_s": first,
+            "compile_s": max(0.0, first - s1 * seeds / sps),
+            "train_wall_s": tn - self.start,
+            "steps": sn * seeds,
+        }
+
+
+# --------------------------------------------------------------------- processes
+
+
+def run_worker(
+    module: str, spec: Spec, *, timeout: float = 900.0, extra: list[str] | None = None
+) -> dict[str, Any]:
+    """Run `python -m <module> <spec json>` and parse its last stdout line (JSON).
+
+    A failed run returns `{"error": ...}` instead of raising, so one broken
+    system does not lose the other systems' numbers.
+    """
+    cmd = [sys.executable, "-m", module, spec.to_json(), *(extra or [])]
+    env = dict(os.environ)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    root = Path(__file__).resolve().parent.parent
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=root,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f}s", "spec": spec.to_json()}
+    wall = time.perf_counter() - t0
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout)[-3000:]
+        return {"error": f"exit {proc.returncode}: {tail}", "process_wall_s": wall}
+    out = json.loads(lines[-1])
+    out["process_wall_s"] = wall
+    return out
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print a worker's result as the last stdout line."""
+    print(json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------- results
+
+
+def machine() -> dict[str, Any]:
+    import jax
+
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_at_start": load,
+        "platform": platform.platform(),
+    }
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for name in ("eqx_ppo", "jax", "equinox", "optax", "brax", "flax", "nnx-ppo"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def median(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def _fmt(value: float) -> str:
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def spread(values: list[float]) -> str:
+    """`median [min-max]` of the finite values, readable."""
+    values = [v for v in values if v == v]
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return _fmt(values[0])
+    lo, hi = min(values), max(values)
+    return f"{_fmt(statistics.median(values))} [{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def write_results(name: str, payload: dict[str, Any], markdown: str) -> Path:
+    """Write `results/<name>.json` and `results/<name>.md`; return the md path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    path = RESULTS / f"{name}.md"
+    path.write_text(markdown)
+    return path

@@ -1,0 +1,334 @@
+"""One training run of one system, in its own process.
+
+`python -m benchmarks._worker '<Spec json>'` trains, evaluates with the shared
+deterministic evaluator, and prints one JSON line: throughput, compile time,
+peak RSS and the final return. Only the system under test is imported.
+"""
+
+import functools
+import sys
+from typing import Any
+
+from ._common import (
+    EPISODE_LENGTH,
+    Boundaries,
+    Spec,
+    emit,
+    eqx_env,
+    evaluate,
+    peak_rss_mb,
+    raw_env,
+)
+
+
+def install_brax_shim() -> None:
+    """Brax 0.14 calls `jax.device_put_replicated`, which JAX 0.10 removed.
+
+    Rebuild it as an identity `pmap` over the stacked copies. The axis name
+    must be Brax's own (`"i"`): arrays whose sharding names another axis make
+    Brax's first `training_epoch` call compile a second time.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if hasattr(jax, "device_put_replicated"):
+        return
+
+    def device_put_replicated(x, devices):
+        stacked = jax.tree.map(lambda a: jnp.stack([jnp.asarray(a)] * len(devices)), x)
+        return jax.pmap(lambda t: t, axis_name="i", devices=devices)(stacked)
+
+    jax.device_put_replicated = device_put_replicated
+
+
+# ---------------------------------------------------------------------- eqx_ppo
+
+
+def eqx_network(spec: Spec, env, key):
+    import eqx_ppo
+
+    if spec.policy == "mlp":
+        return eqx_ppo.make_mlp_actor_critic(
+            env.observation_size,
+            env.action_size,
+            list(spec.hidden),
+            list(spec.hidden),
+            key=key,
+            activation="swish",
+            entropy_weight=spec.entropy_weight,
+        )
+    return eqx_ppo.make_lstm_actor_critic(
+        env.observation_size,
+        env.action_size,
+        spec.lstm_size,
+        key=key,
+        actor_hidden_sizes=list(spec.hidden),
+        critic_hidden_sizes=list(spec.hidden),
+        activation="swish",
+        entropy_weight=spec.entropy_weight,
+    )
+
+
+def eqx_config(spec: Spec):
+    import eqx_ppo
+
+    return eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=spec.n_envs,
+            rollout_length=spec.rollout_length,
+            total_steps=spec.run_steps,
+            gae_lambda=spec.gae_lambda,
+            discounting_factor=spec.discount,
+            clip_range=spec.clip_range,
+            learning_rate=spec.learning_rate,
+            n_epochs=spec.n_epochs,
+            n_minibatches=spec.n_minibatches,
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        seed=spec.seed,
+        n_seeds=spec.n_seeds,
+        log_every_steps=spec.chunk_steps,
+        progress=False,
+    )
+
+
+def run_eqx(spec: Spec) -> dict[str, Any]:
+    import equinox as eqx
+    import jax
+
+    import eqx_ppo
+
+    env = eqx_env(spec.env)
+    timer = Boundaries(spec)
+    result = eqx_ppo.train_ppo(
+        env,
+        functools.partial(eqx_network, spec, env),
+        eqx_config(spec),
+        log_fn=lambda metrics, step: timer.mark(step),
+    )
+    out = timer.summary()
+    out["peak_rss_mb"] = peak_rss_mb()  # training only, before evaluation
+    if spec.evaluate:
+        network = result.training_state.network
+        if spec.n_seeds > 1:
+            network = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, network)
+        network = eqx.nn.inference_mode(network)
+        params, static = eqx.partition(network, eqx.is_array)
+
+        def act(params, carry, obs, key):
+            net = eqx.combine(params, static)
+            o = eqx_ppo.apply_batched(net, carry, obs, key=key)
+            return o.next_state, o.output.actions
+
+        out["eval_return"] = evaluate(
+            env,
+            act,
+            params,
+            network.initialize_state(spec.eval_envs),
+            key=jax.random.key(1234),
+            n_envs=spec.eval_envs,
+            length=EPISODE_LENGTH[spec.env],
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- nnx-ppo
+
+
+class NnxTruncation:
+    """Presents eqx_ppo's time-limit flag the way nnx-ppo reads it.
+
+    eqx_ppo's `EpisodeWrapper` writes `info["truncation"]` (Brax's name);
+    nnx-ppo 0.3.0 reads `info["truncated"]`. Both systems then step the very
+    same env code.
+    """
+
+    def __init__(self, env):
+        self.env = env
+
+    def _mark(self, state):
+        flag = state.info["truncation"].astype(bool)
+        return state.replace(info={**state.info, "truncated": flag})
+
+    def reset(self, key):
+        return self._mark(self.env.reset(key))
+
+    def step(self, state, action):
+        return self._mark(self.env.step(state, action))
+
+    @property
+    def observation_size(self):
+        return self.env.observation_size
+
+    @property
+    def action_size(self):
+        return self.env.action_size
+
+
+def nnx_network(spec: Spec, obs_size: int, action_size: int):
+    from flax import nnx
+    from nnx_ppo.networks.adapter import PPOAdapter
+    from nnx_ppo.networks.containers import Sequential
+    from nnx_ppo.networks.factories import make_mlp_actor_critic, make_mlp_layers
+    from nnx_ppo.networks.normalizer import Normalizer
+    from nnx_ppo.networks.recurrent import LSTM
+    from nnx_ppo.networks.sampling_layers import NormalTanhSampler
+
+    rngs = nnx.Rngs(spec.seed)
+    if spec.policy == "mlp":
+        return make_mlp_actor_critic(
+            obs_size,
+            action_size,
+            list(spec.hidden),
+            list(spec.hidden),
+            rngs,
+            activation="swish",
+            entropy_weight=spec.entropy_weight,
+        )
+    kernel_init = nnx.initializers.variance_scaling(1.0, "fan_in", "uniform")
+
+    def port(out_size):
+        lstm = LSTM(obs_size, spec.lstm_size, rngs, kernel_init=kernel_init)
+        mlp = make_mlp_layers(
+            [spec.lstm_size, *spec.hidden, out_size],
+            rngs,
+            nnx.swish,
+            activation_last_layer=False,
+            kernel_init=kernel_init,
+        )
+        return [lstm, *mlp]
+
+    sampler = NormalTanhSampler(
+        rngs, entropy_weight=spec.entropy_weight, min_std=0.1, std_scale=1.0
+    )
+    adapter = PPOAdapter(
+        action=Sequential([*port(2 * action_size), sampler]),
+        value=Sequential(port(1)),
+    )
+    return Sequential([Normalizer(obs_size), adapter])
+
+
+def run_nnx(spec: Spec) -> dict[str, Any]:
+    import jax
+    from flax import nnx
+    from nnx_ppo.algorithms import config as nnx_config, ppo as nnx_ppo
+
+    base = eqx_env(spec.env)
+    env = NnxTruncation(base)
+    timer = Boundaries(spec)
+    network = nnx_network(spec, env.observation_size, env.action_size)
+    config = nnx_config.TrainConfig(
+        ppo=nnx_config.PPOConfig(
+            n_envs=spec.n_envs,
+            rollout_length=spec.rollout_length,
+            total_steps=spec.run_steps,
+            gae_lambda=spec.gae_lambda,
+            discounting_factor=spec.discount,
+            clip_range=spec.clip_range,
+            learning_rate=spec.learning_rate,
+            n_epochs=spec.n_epochs,
+            n_minibatches=spec.n_minibatches,
+        ),
+        eval=nnx_config.EvalConfig(enabled=False),
+        seed=spec.seed,
+        checkpoint_every_steps=10**15,
+    )
+    nnx_ppo.train_ppo(
+        env, network, config, log_fn=lambda metrics, step: timer.mark(int(step))
+    )
+    out = timer.summary()
+    out["peak_rss_mb"] = peak_rss_mb()  # training only, before evaluation
+    if spec.evaluate:
+        network.eval()
+        graphdef, state = nnx.split(network)
+
+        def act(state, carry, obs, key):
+            del key
+            o = nnx.merge(graphdef, state)(carry, obs)
+            return o.next_state, o.output.actions
+
+        out["eval_return"] = evaluate(
+            base,
+            act,
+            state,
+            network.initialize_state(spec.eval_envs),
+            key=jax.random.key(1234),
+            n_envs=spec.eval_envs,
+            length=EPISODE_LENGTH[spec.env],
+        )
+    return out
+
+
+# ------------------------------------------------------------------------- Brax
+
+
+def run_brax(spec: Spec) -> dict[str, Any]:
+    if spec.policy != "mlp":
+        raise ValueError("Brax PPO has no recurrent policy")
+    install_brax_shim()
+    import jax
+    from brax.training.agents.ppo import networks as brax_networks, train as brax_ppo
+
+    env = raw_env(spec.env)
+    timer = Boundaries(spec)
+    make_networks = functools.partial(
+        brax_networks.make_ppo_networks,
+        policy_hidden_layer_sizes=spec.hidden,
+        value_hidden_layer_sizes=spec.hidden,
+        activation=jax.nn.swish,
+    )
+    make_policy, params, _ = brax_ppo.train(
+        env,
+        num_timesteps=spec.run_steps,
+        num_envs=spec.n_envs,
+        episode_length=EPISODE_LENGTH[spec.env],
+        unroll_length=spec.rollout_length,
+        batch_size=spec.n_envs // spec.n_minibatches,
+        num_minibatches=spec.n_minibatches,
+        num_updates_per_batch=spec.n_epochs,
+        num_evals=spec.n_chunks + 1,
+        run_evals=False,
+        normalize_observations=True,
+        network_factory=make_networks,
+        learning_rate=spec.learning_rate,
+        entropy_cost=spec.entropy_weight,
+        discounting=spec.discount,
+        gae_lambda=spec.gae_lambda,
+        clipping_epsilon=spec.clip_range,
+        vf_loss_coefficient=1.0,
+        normalize_advantage=True,
+        seed=spec.seed,
+        progress_fn=lambda step, metrics: timer.mark(int(step)),
+    )
+    out = timer.summary()
+    out["peak_rss_mb"] = peak_rss_mb()  # training only, before evaluation
+    if spec.evaluate:
+
+        def act(params, carry, obs, key):
+            return carry, make_policy(params, deterministic=True)(obs, key)[0]
+
+        out["eval_return"] = evaluate(
+            eqx_env(spec.env),
+            act,
+            params,
+            (),
+            key=jax.random.key(1234),
+            n_envs=spec.eval_envs,
+            length=EPISODE_LENGTH[spec.env],
+        )
+    return out
+
+
+RUNNERS = {"eqx": run_eqx, "nnx": run_nnx, "brax": run_brax}
+
+
+def main() -> None:
+    spec = Spec.from_json(sys.argv[1])
+    out = RUNNERS[spec.system](spec)
+    out["peak_rss_with_eval_mb"] = peak_rss_mb()
+    out["system"] = spec.system
+    emit(out)
+
+
+if __name__ == "__main__":
+    main()

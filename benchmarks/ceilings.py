@@ -1,0 +1,142 @@
+"""Throughput ceilings of eqx_ppo's pieces on this machine.
+
+`python -m benchmarks.ceilings '<Spec json>'` (run by `compare`) times, each as
+its own compiled program, with compile time excluded:
+
+- `env_only`: `rollout_length` steps of `n_envs` envs with random actions: the
+  env's own speed, the upper bound of any trainer.
+- `rollout`: eqx_ppo's rollout (network forward, sampling, auto-reset).
+- `update`: `ppo_step` on a fixed rollout: the `n_epochs * n_minibatches`
+  gradient steps (loss replay, GAE, Adam) and the statistics update.
+- `ppo_step`: one whole iteration (rollout + update + statistics), one
+  compiled call per iteration.
+
+All are reported as env-steps per second of training, i.e. `n_envs *
+rollout_length` divided by the time of one call, so they compare directly
+with the training throughput: `1/ppo_step ~ 1/rollout + 1/update`.
+The update swaps `eqx_ppo.ppo._step.rollout` for the fixed rollout while
+`ppo_step` is traced, so it always times the engine's current update code.
+"""
+
+import sys
+import time
+from typing import Any
+
+from ._common import Spec, emit, eqx_env, peak_rss_mb
+
+
+def _time(fn, *args, repeats: int = 5, inner: int = 5) -> dict[str, float]:
+    """Compile seconds, and median wall and CPU milliseconds per call, of `fn`.
+
+    CPU time counts every thread of this process; on a machine shared with
+    other work it moves much less than wall time.
+    """
+    import jax
+
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    jax.block_until_ready(compiled(*args))
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(inner):
+            out = compiled(*args)
+        jax.block_until_ready(out)
+        wall.append((time.perf_counter() - t0) / inner)
+        cpu.append((time.process_time() - c0) / inner)
+    return {
+        "compile_s": compile_s,
+        "ms": sorted(wall)[repeats // 2] * 1e3,
+        "cpu_ms": sorted(cpu)[repeats // 2] * 1e3,
+    }
+
+
+def measure(spec: Spec) -> dict[str, Any]:
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    import eqx_ppo
+    from eqx_ppo.nn import trainable
+    from eqx_ppo.ppo import _step
+    from eqx_ppo.ppo._rollout import StepCarry, rollout
+    from eqx_ppo.ppo._step import ppo_step
+
+    from ._worker import eqx_config, eqx_network
+
+    env = eqx_env(spec.env)
+    config = eqx_config(spec).ppo
+    network = eqx_network(spec, env, jax.random.key(spec.seed))
+    state = eqx.filter_jit(eqx_ppo.ppo_init)(
+        env, network, config, key=jax.random.key(spec.seed + 1)
+    )
+    steps = spec.n_envs * spec.rollout_length
+    out: dict[str, Any] = {}
+
+    def record(name, fn, *args):
+        timing = _time(fn, *args)
+        out[name] = {"sps": steps / timing["ms"] * 1e3, **timing}
+
+    @jax.jit
+    def env_only(env_state, key):
+        def step(s, k):
+            actions = jax.random.uniform(
+                k, (spec.n_envs, env.action_size), minval=-1.0, maxval=1.0
+            )
+            s = jax.vmap(env.step)(s, actions)
+            return s, s.reward
+
+        return jax.lax.scan(step, env_state, jax.random.split(key, spec.rollout_length))
+
+    record("env_only", env_only, state.env_state, jax.random.key(0))
+
+    @eqx.filter_jit
+    def rollout_only(state):
+        return rollout(
+            env,
+            state.network,
+            StepCarry(state.env_state, state.net_state),
+            state.key,
+            length=spec.rollout_length,
+            reset_mode=config.reset_mode,
+            keep_terminal_obs=config.truncation == "bootstrap",
+        )
+
+    record("rollout", rollout_only, state)
+    carry, data = rollout_only(state)
+
+    @eqx.filter_jit
+    def update_only(state, carry, data):
+        # `ppo_step` with its rollout replaced by the given one, so this is
+        # exactly the engine's update (and statistics), however it changes.
+        real = _step.rollout
+        _step.rollout = lambda *args, **kwargs: (carry, data)
+        try:
+            return ppo_step(env, config, state)
+        finally:
+            _step.rollout = real
+
+    record("update", update_only, state, carry, data)
+
+    step = eqx.filter_jit(lambda s: ppo_step(env, config, s))
+    record("ppo_step", step, state)
+    out["n_params"] = int(
+        sum(
+            jnp.size(x)
+            for x in jax.tree.leaves(
+                eqx.filter(state.network, trainable(state.network))
+            )
+        )
+    )
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def main() -> None:
+    spec = Spec.from_json(sys.argv[1])
+    emit(measure(spec))
+
+
+if __name__ == "__main__":
+    main()
