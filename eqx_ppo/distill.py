@@ -42,7 +42,6 @@ from typing import Any, ClassVar, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import optax
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
@@ -53,7 +52,7 @@ from .ppo._config import EvalConfig, PPOConfig, VideoConfig
 from .ppo._loss import replay_policy
 from .ppo._rollout import StepCarry, env_keys, rollout
 from .ppo._sharding import check_mesh, gather_envs, pmean
-from .ppo._step import _is_finite, make_optimizer, minibatch_indices
+from .ppo._step import _is_finite, gradient_phase, make_optimizer
 from .ppo._train import (
     NetworkOrFactory,
     TrainResult,
@@ -536,28 +535,15 @@ def distill_step(
             outputs, regularization, config.logging_level, axis_name=axis_name
         )
 
-    grad_fn = jax.grad(minibatch_loss, has_aux=True)
-
-    def update(c, indices):
-        p, opt_state = c
-        grads, metrics = grad_fn(p, *indices)
-        grads = pmean(grads, axis_name)
-        if LoggingLevel.GRAD_NORM in config.logging_level:
-            metrics["grad_norm"] = optax.global_norm(grads)
-        # optax mixes Python floats with int32 step counts (see ppo_step).
-        with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = optimizer.update(grads, opt_state, p)
-        return (optax.apply_updates(p, updates), opt_state), metrics
-
-    indices = minibatch_indices(
+    params, opt_state, loss_metrics = gradient_phase(
+        minibatch_loss,
+        params,
+        state.opt_state,
+        optimizer,
         shuffle_key,
-        jnp.shape(data.done)[1],
-        config.n_epochs,
-        config.n_minibatches,
-        axis_name,
-    )
-    (params, opt_state), loss_metrics = jax.lax.scan(
-        update, (params, state.opt_state), indices
+        n_local_envs=jnp.shape(data.done)[1],
+        config=config,
+        axis_name=axis_name,
     )
     all_data = gather_envs(data._replace(key=None), axis_name)._replace(key=data.key)
     student = eqx.combine(params, static).update_statistics(all_data.extras["student"])

@@ -155,6 +155,46 @@ def _is_finite(tree: PyTree) -> Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def gradient_phase(
+    minibatch_loss: Callable[..., tuple[Array, dict[str, Any]]],
+    params: PyTree,
+    opt_state: PyTree,
+    optimizer: optax.GradientTransformation,
+    key: PRNGKeyArray,
+    *,
+    n_local_envs: int,
+    config: Any,
+    axis_name: str | None = None,
+) -> tuple[PyTree, PyTree, dict[str, Any]]:
+    """`n_epochs * n_minibatches` optimiser steps over env minibatches.
+
+    `minibatch_loss(params, idx, env_ids)` returns `(loss, metrics)` for the
+    envs `idx` (local positions) whose global ids are `env_ids`. Gradients are
+    averaged over `axis_name` when running on a mesh. Shared by PPO and
+    distillation; `config` supplies `n_epochs`, `n_minibatches` and
+    `logging_level`.
+    """
+    grad_fn = jax.grad(minibatch_loss, has_aux=True)
+
+    def update(c, indices):
+        p, opt_state = c
+        grads, metrics = grad_fn(p, *indices)
+        grads = pmean(grads, axis_name)
+        if LoggingLevel.GRAD_NORM in config.logging_level:
+            metrics["grad_norm"] = optax.tree.norm(grads)
+        # optax mixes Python floats with int32 step counts; keep it working
+        # when a user (or our test suite) enables strict dtype promotion.
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = optimizer.update(grads, opt_state, p)
+        return (optax.apply_updates(p, updates), opt_state), metrics
+
+    indices = minibatch_indices(
+        key, n_local_envs, config.n_epochs, config.n_minibatches, axis_name
+    )
+    (params, opt_state), metrics = jax.lax.scan(update, (params, opt_state), indices)
+    return params, opt_state, metrics
+
+
 def ppo_step(
     env: Any,
     config: PPOConfig,
@@ -203,29 +243,15 @@ def ppo_step(
             axis_name=axis_name,
         )
 
-    grad_fn = jax.grad(minibatch_loss, has_aux=True)
-
-    def update(c, indices):
-        p, opt_state = c
-        grads, metrics = grad_fn(p, *indices)
-        grads = pmean(grads, axis_name)
-        if LoggingLevel.GRAD_NORM in config.logging_level:
-            metrics["grad_norm"] = optax.tree.norm(grads)
-        # optax mixes Python floats with int32 step counts; keep it working
-        # when a user (or our test suite) enables strict dtype promotion.
-        with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = optimizer.update(grads, opt_state, p)
-        return (optax.apply_updates(p, updates), opt_state), metrics
-
-    indices = minibatch_indices(
+    params, opt_state, loss_metrics = gradient_phase(
+        minibatch_loss,
+        params,
+        state.opt_state,
+        optimizer,
         shuffle_key,
-        jnp.shape(data.done)[1],
-        config.n_epochs,
-        config.n_minibatches,
-        axis_name,
-    )
-    (params, opt_state), loss_metrics = jax.lax.scan(
-        update, (params, state.opt_state), indices
+        n_local_envs=jnp.shape(data.done)[1],
+        config=config,
+        axis_name=axis_name,
     )
     all_data = gather_envs(data._replace(key=None), axis_name)._replace(key=data.key)
     network = eqx.combine(params, static).update_statistics(all_data.extras)
