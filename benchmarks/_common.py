@@ -203,9 +203,10 @@ class Boundaries:
     """Wall-clock times at chunk ends, from a training callback.
 
     `mark(step)` records the wall and process CPU times when `step` (env steps
-    of one seed) closes a chunk. `summary()` turns them into steady-state throughput (from the end of
-    the first chunk to the end of the last) and compile time (the first chunk's
-    time minus what running it would cost at the steady rate).
+    of one seed) closes a chunk. `summary()` turns them into steady-state
+    throughput (from the end of the first chunk to the end of the last) and
+    compile time (the first chunk's time minus what running it would cost at
+    the steady rate).
     """
 
     def __init__(self, spec: Spec):
@@ -313,7 +314,17 @@ def machine() -> dict[str, Any]:
 def versions() -> dict[str, str]:
     from importlib import metadata
 
-    out = {}
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+        ).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    out = {"eqx_ppo_commit": commit or "unknown"}
     for name in ("eqx_ppo", "jax", "equinox", "optax", "brax", "flax", "nnx-ppo"):
         try:
             out[name] = metadata.version(name)
