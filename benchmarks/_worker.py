@@ -92,13 +92,15 @@ def eqx_config(spec: Spec):
     )
 
 
-def run_eqx(spec: Spec) -> dict[str, Any]:
+def run_eqx(spec: Spec, env: Any = None) -> dict[str, Any]:
+    """Train with eqx_ppo; pass `env` to reuse one env object (and so the
+    compiled chunk) across runs in one process."""
     import equinox as eqx
     import jax
 
     import eqx_ppo
 
-    env = eqx_env(spec.env)
+    env = eqx_env(spec.env) if env is None else env
     timer = Boundaries(spec)
     result = eqx_ppo.train_ppo(
         env,
