@@ -55,6 +55,10 @@ class Recorder(AbstractStatefulModule):
 
     layer: AbstractStatefulModule
 
+    @property
+    def uses_key(self) -> bool:
+        return self.layer.uses_key
+
     def __call__(
         self,
         state: State,

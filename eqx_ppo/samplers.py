@@ -110,7 +110,7 @@ class NormalTanhSampler(AbstractStatefulModule):
       `entropy = sum(H[N(mean, std)] + log|d tanh(z)/dz|)`, reparameterised so
       its gradient reaches `mean` and `std`.
 
-    The key is split once into an action key and an entropy key. `extras` is
+    Both noises come from one draw of shape `[2, action]` from `key`. `extras` is
     `raw` (pre-`tanh`); in replay the stored `raw` is scored instead of a new
     sample. Metrics: `mu` (the mean) and `sigma` (the std). In inference mode
     `raw = mean`, and without a key the entropy estimate uses `z = mean`.
@@ -141,19 +141,15 @@ class NormalTanhSampler(AbstractStatefulModule):
     ) -> StatefulModuleOutput:
         del state
         _require_key("NormalTanhSampler", key, self.inference)
-        action_key, entropy_key = split_key(key, 2)
         mean, std = _mean_and_std("NormalTanhSampler", x, self.min_std, self.std_scale)
-        if self.inference:
-            sampled = mean
+        if key is None:
+            action_noise = entropy_noise = jnp.zeros_like(mean)
         else:
-            sampled = mean + std * jax.random.normal(action_key, mean.shape)
+            action_noise, entropy_noise = jax.random.normal(key, (2, *mean.shape))
+        sampled = mean if self.inference else mean + std * action_noise
         raw = jax.lax.stop_gradient(sampled if extras is None else extras)
         log_likelihood = jnp.sum(_normal_logpdf(raw, mean, std) - _tanh_log_det(raw))
 
-        if entropy_key is None:
-            entropy_noise = jnp.zeros_like(mean)
-        else:
-            entropy_noise = jax.random.normal(entropy_key, mean.shape)
         z = mean + std * jax.lax.stop_gradient(entropy_noise)
         entropy = jnp.sum(_normal_entropy(std) + _tanh_log_det(z))
         return _sampler_output(

@@ -20,7 +20,7 @@ from eqx_ppo.nn import (
     StatefulModuleOutput,
     apply_batched,
 )
-from eqx_ppo.nn._module import split_key, zero_loss
+from eqx_ppo.nn._module import zero_loss
 
 
 def single_head(key, obs_size=5, action_size=3):
@@ -43,9 +43,10 @@ def test_single_head_output_shapes_and_lifting(getkey):
     assert out.output.actions.shape == (3,)
     assert out.output.loglikelihoods.shape == ()
     assert out.output.value_estimates.shape == ()  # (1,) squeezed
-    # The action port gets the first of two keys; the adapter lifts its fields.
-    action_key, _ = split_key(key, 2)
-    port = net.action(net.action.initial_state(), x, key=action_key)
+    # Only the action port draws randomness, so it gets the key itself; the
+    # adapter lifts its fields.
+    assert net.action.uses_key and not net.value.uses_key
+    port = net.action(net.action.initial_state(), x, key=key)
     assert jnp.array_equal(out.output.actions, port.output["action"])
     assert jnp.array_equal(out.output.loglikelihoods, port.output["log_likelihood"])
     value = net.value(net.value.initial_state(), x).output

@@ -20,7 +20,7 @@ from eqx_ppo.nn import (
     StatefulModuleOutput,
     reset_where,
 )
-from eqx_ppo.nn._module import split_key, zero_loss
+from eqx_ppo.nn._module import route_keys, split_key, zero_loss
 
 
 class Affine(AbstractStatefulModule):
@@ -156,6 +156,46 @@ def test_sequential_splits_the_key_by_position(getkey):
     k0, k1 = split_key(key, 2)
     expected = jax.random.normal(k0, (3,)) + jax.random.normal(k1, (3,))
     np.testing.assert_array_equal(out.output, expected)
+
+
+class Quiet(Affine):
+    """An `Affine` that declares it draws no randomness."""
+
+    @property
+    def uses_key(self) -> bool:
+        return False
+
+
+def test_keys_go_only_to_children_that_use_one(getkey):
+    key = getkey()
+    # Two users among four children: one split, in position order; the
+    # deterministic children get None.
+    net = Sequential(
+        [Quiet(jnp.float32(1.0)), Noise(), Quiet(jnp.float32(1.0)), Noise()]
+    )
+    assert route_keys(key, net.layers)[0] is None
+    assert route_keys(key, net.layers)[2] is None
+    out = net(net.initial_state(), jnp.zeros(3), key=key)
+    k1, k3 = jax.random.split(key, 2)
+    expected = jax.random.normal(k1, (3,)) + jax.random.normal(k3, (3,))
+    np.testing.assert_array_equal(out.output, expected)
+    # A single user gets the key itself: no split at all.
+    net = Sequential([Quiet(jnp.float32(1.0)), Noise()])
+    out = net(net.initial_state(), jnp.zeros(3), key=key)
+    np.testing.assert_array_equal(out.output, jax.random.normal(key, (3,)))
+    assert route_keys(None, [Noise(), Noise()]) == [None, None]
+    assert route_keys(key, [Quiet(jnp.float32(1.0))]) == [None]
+
+
+def test_containers_use_a_key_if_any_child_does():
+    quiet, noisy = Quiet(jnp.float32(1.0)), Noise()
+    assert not Sequential([quiet, quiet]).uses_key
+    assert Sequential([quiet, noisy]).uses_key
+    for container in (Parallel, Map, Concat, Merge):
+        assert not container(a=quiet, b=quiet).uses_key
+        assert container(a=quiet, b=noisy).uses_key
+    # A layer that says nothing is assumed to use its key.
+    assert affine(1.0).uses_key
 
 
 def test_named_containers_split_the_key_in_sorted_name_order(getkey):

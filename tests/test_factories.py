@@ -254,3 +254,51 @@ def test_lstm_actor_critic_errors(getkey):
         make_lstm_actor_critic(3, 2, 0, key=getkey())
     with pytest.raises(ValueError, match="discrete=True"):
         make_lstm_actor_critic(3, 0, 4, key=getkey(), discrete=True)
+
+
+def test_only_stochastic_layers_ask_for_a_key(getkey):
+    from eqx_ppo.nn import (
+        GRU,
+        Delay,
+        Filter,
+        NormalSampler,
+        Scale,
+        VariationalBottleneck,
+    )
+
+    deterministic = [
+        Dense(3, 2, key=getkey()),
+        LSTM(3, 4, key=getkey()),
+        GRU(3, 4, key=getkey()),
+        Normalizer(3),
+        Delay(jnp.zeros(3), 2),
+        Flattener(),
+        Splitter(a=1, b=2),
+        Filter({"a": "a"}),
+        Scale(2.0),
+        make_mlp(3, [4], 2, key=getkey()),
+    ]
+    assert not any(layer.uses_key for layer in deterministic)
+    stochastic = [
+        NormalTanhSampler(0.0),
+        NormalSampler(0.0),
+        CategoricalSampler(0.0, 3),
+        VariationalBottleneck(3, 2, key=getkey()),
+        make_mlp_actor_critic(3, 2, [4], [4], key=getkey()),
+        make_lstm_actor_critic(3, 2, 4, key=getkey()),
+    ]
+    assert all(layer.uses_key for layer in stochastic)
+
+
+def test_actor_critic_sampler_gets_the_call_key(getkey):
+    # The sampler is the network's only stochastic layer, so it draws from the
+    # key the network was called with: no splits anywhere on the way.
+    net = make_mlp_actor_critic(3, 2, [4], [4], key=getkey())
+    x, key = jax.random.normal(getkey(), (3,)), getkey()
+    out = net(net.initial_state(), x, key=key)
+    normalized = net.layers[0](net.layers[0].initial_state(), x).output
+    actor = net.layers[1].action
+    trunk = Sequential(actor.layers[:-1])
+    params = trunk(trunk.initial_state(), normalized).output
+    sampled = actor.layers[-1]((), params, key=key).output["action"]
+    np.testing.assert_array_equal(out.output.actions, sampled)

@@ -13,7 +13,7 @@ from ..nn._module import (
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
-    split_key,
+    route_keys,
     zero_loss,
 )
 
@@ -144,6 +144,10 @@ class PopulationGraph(AbstractStatefulModule):
         }
         return dataclasses.replace(self, transforms=transforms)
 
+    @property
+    def uses_key(self) -> bool:
+        return any(t.uses_key for t in self.transforms.values())
+
     def __call__(
         self,
         state: State,
@@ -159,7 +163,11 @@ class PopulationGraph(AbstractStatefulModule):
         """
         populations = {pop.name: pop for pop in self.populations}
         keys = dict(
-            zip(self.transforms, split_key(key, len(self.transforms)), strict=True)
+            zip(
+                self.transforms,
+                route_keys(key, list(self.transforms.values())),
+                strict=True,
+            )
         )
         buffers = state["buffers"]
         activity: dict[str, Float[Array, " size"]] = {}

@@ -27,6 +27,7 @@ from ._module import (
     StatefulModuleOutput as StatefulModuleOutput,
     apply_batched as apply_batched,
     reset_where as reset_where,
+    route_keys as route_keys,
     trainable as trainable,
 )
 from ._normalizer import (

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from ._module import AbstractStatefulModule, State, StatefulModuleOutput, split_key
+from ._module import AbstractStatefulModule, State, StatefulModuleOutput, route_keys
 
 
 class PPONetworkOutput(NamedTuple):
@@ -42,6 +42,24 @@ def _squeeze_value(value: Array) -> Float[Array, ""]:
     return jnp.reshape(value, ())
 
 
+def ppo_output(samples: Any, values: Any) -> PPONetworkOutput:
+    """One env's action-port and value-port outputs, packaged as `PPOAdapter` does."""
+    nodes = jax.tree.leaves(samples, is_leaf=_is_sampler_dict)
+    if not nodes or not all(_is_sampler_dict(node) for node in nodes):
+        raise TypeError(
+            "`PPOAdapter`: the action port must output a sampler dict "
+            "`{'action', 'log_likelihood'}` or a pytree of them, got "
+            f"{jax.tree.structure(samples)}; end the action port with a sampler."
+        )
+    return PPONetworkOutput(
+        actions=jax.tree.map(lambda d: d["action"], samples, is_leaf=_is_sampler_dict),
+        loglikelihoods=jax.tree.map(
+            lambda d: d["log_likelihood"], samples, is_leaf=_is_sampler_dict
+        ),
+        value_estimates=jax.tree.map(_squeeze_value, values),
+    )
+
+
 class PPOAdapter(AbstractStatefulModule):
     """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
 
@@ -53,7 +71,7 @@ class PPOAdapter(AbstractStatefulModule):
     scalar, or a dict of them (one value head per reward key).
 
     State, extras and metrics are dicts `{"action": ..., "value": ...}`; the
-    key is split between the ports, action first.
+    key goes to the ports that use one, as containers route it (action first).
 
     **Arguments:**
 
@@ -78,6 +96,10 @@ class PPOAdapter(AbstractStatefulModule):
                     f"got {type(port).__name__}."
                 )
 
+    @property
+    def uses_key(self) -> bool:
+        return self.action.uses_key or self.value.uses_key
+
     def __call__(
         self,
         state: dict[str, State],
@@ -88,29 +110,12 @@ class PPOAdapter(AbstractStatefulModule):
     ) -> StatefulModuleOutput:
         if extras is None:
             extras = {"action": None, "value": None}
-        action_key, value_key = split_key(key, 2)
+        action_key, value_key = route_keys(key, [self.action, self.value])
         action_out = self.action(state["action"], x, extras["action"], key=action_key)
         value_out = self.value(state["value"], x, extras["value"], key=value_key)
-        samples = action_out.output
-        nodes = jax.tree.leaves(samples, is_leaf=_is_sampler_dict)
-        if not nodes or not all(_is_sampler_dict(node) for node in nodes):
-            raise TypeError(
-                "`PPOAdapter`: the action port must output a sampler dict "
-                "`{'action', 'log_likelihood'}` or a pytree of them, got "
-                f"{jax.tree.structure(samples)}; end the action port with a sampler."
-            )
-        output = PPONetworkOutput(
-            actions=jax.tree.map(
-                lambda d: d["action"], samples, is_leaf=_is_sampler_dict
-            ),
-            loglikelihoods=jax.tree.map(
-                lambda d: d["log_likelihood"], samples, is_leaf=_is_sampler_dict
-            ),
-            value_estimates=jax.tree.map(_squeeze_value, value_out.output),
-        )
         return StatefulModuleOutput(
             next_state={"action": action_out.next_state, "value": value_out.next_state},
-            output=output,
+            output=ppo_output(action_out.output, value_out.output),
             regularization_loss=action_out.regularization_loss
             + value_out.regularization_loss,
             metrics={"action": action_out.metrics, "value": value_out.metrics},

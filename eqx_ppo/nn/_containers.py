@@ -6,10 +6,11 @@ Every container routes the five per-call channels the same way:
   positions for [`eqx_ppo.nn.Sequential`][], the child names for the named
   containers. `extras=None` hands `None` to every child.
 - The regularisation losses of the children are summed.
-- `key` is split once with `split_key` into one key per child, in the order
-  the children are stored (positions for `Sequential`, sorted names for the
-  named containers), so each child sees the same noise whether it is called
-  eagerly, under `jit`, or in loss replay.
+- `key` goes only to the children whose `uses_key` is set, by `route_keys`:
+  a single such child gets `key` itself, several get one split of it, in the
+  order the children are stored (positions for `Sequential`, sorted names for
+  the named containers), so each child sees the same noise whether it is
+  called eagerly, under `jit`, or in loss replay.
 
 **Key order.** Named containers store their children sorted by name. JAX
 flattens dicts in sorted-key order, so this is the only order that survives a
@@ -29,7 +30,7 @@ from ._module import (
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
-    split_key,
+    route_keys,
     zero_loss,
 )
 
@@ -81,7 +82,7 @@ def _run_children(
 ) -> tuple[dict, dict, Float[Array, ""], dict, dict]:
     """Call every child on its own input; collect each channel into a dict."""
     extras = _child_extras(extras, children)
-    keys = split_key(key, len(children))
+    keys = route_keys(key, list(children.values()))
     next_state, outputs, metrics, new_extras = {}, {}, {}, {}
     loss = zero_loss()
     for (name, child), child_key in zip(children.items(), keys, strict=True):
@@ -148,6 +149,10 @@ class Sequential(AbstractStatefulModule):
     def __len__(self) -> int:
         return len(self.layers)
 
+    @property
+    def uses_key(self) -> bool:
+        return any(layer.uses_key for layer in self.layers)
+
     def __call__(
         self,
         state: dict[int, State],
@@ -157,7 +162,7 @@ class Sequential(AbstractStatefulModule):
         key: PRNGKeyArray | None = None,
     ) -> StatefulModuleOutput:
         extras = _child_extras(extras, range(len(self.layers)))
-        keys = split_key(key, len(self.layers))
+        keys = route_keys(key, self.layers)
         next_state, metrics, new_extras = {}, {}, {}
         loss = zero_loss()
         for i, (layer, layer_key) in enumerate(zip(self.layers, keys, strict=True)):
@@ -199,6 +204,10 @@ class _AbstractNamedContainer(AbstractStatefulModule):
 
     def __getitem__(self, name: str) -> AbstractStatefulModule:
         return self.modules[name]
+
+    @property
+    def uses_key(self) -> bool:
+        return any(child.uses_key for child in self.modules.values())
 
     def initial_state(self) -> dict[str, State]:
         return {name: child.initial_state() for name, child in self.modules.items()}

@@ -89,6 +89,10 @@ class Delay(AbstractStatefulModule):
             "idx": jnp.zeros((), jnp.int32),
         }
 
+    @property
+    def uses_key(self) -> bool:
+        return False
+
     def __call__(
         self,
         state: DelayState,

@@ -155,6 +155,10 @@ class Dense(AbstractStatefulModule):
         self.in_size = in_size
         self.out_size = out_size
 
+    @property
+    def uses_key(self) -> bool:
+        return False
+
     def __call__(
         self,
         state: State,

@@ -31,6 +31,7 @@ nnx-ppo recording workflow keeps its length.
 """
 
 import abc
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -89,6 +90,17 @@ class AbstractStatefulModule(eqx.Module):
         - `key`: a PRNG key; stochastic layers require it (except in inference
           mode), deterministic layers ignore it.
         """
+
+    @property
+    def uses_key(self) -> bool:
+        """Whether a call may draw randomness from `key`.
+
+        Containers hand keys only to the children that use one (see
+        [`eqx_ppo.nn.route_keys`][]), so deterministic layers cost no key
+        split. `True` is always safe and is the default; deterministic layers
+        override it with `False`.
+        """
+        return True
 
     def initial_state(self) -> State:
         """The carry of one env at the start of an episode."""
@@ -158,6 +170,28 @@ def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:
     if key is None:
         return [None] * n
     return list(jax.random.split(key, n))
+
+
+def route_keys(
+    key: PRNGKeyArray | None, children: Sequence[AbstractStatefulModule]
+) -> list[PRNGKeyArray | None]:
+    """One key per child, for the children whose `uses_key` is set.
+
+    Children that use no key get `None`. A single user gets `key` itself; more
+    users get one split of it, in order. Every container routes keys this way,
+    so a network with one stochastic layer (e.g. its sampler) spends no key
+    splits at all.
+    """
+    users = [i for i, child in enumerate(children) if child.uses_key]
+    keys: list[PRNGKeyArray | None] = [None] * len(children)
+    if key is None or not users:
+        return keys
+    if len(users) == 1:
+        keys[users[0]] = key
+        return keys
+    for i, child_key in zip(users, jax.random.split(key, len(users)), strict=True):
+        keys[i] = child_key
+    return keys
 
 
 def reset_where(

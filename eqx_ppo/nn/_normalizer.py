@@ -164,6 +164,10 @@ class Normalizer(AbstractStatefulModule):
             stats.m2,
         )
 
+    @property
+    def uses_key(self) -> bool:
+        return False
+
     def __call__(
         self,
         state: State,

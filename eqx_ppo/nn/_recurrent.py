@@ -153,6 +153,10 @@ class LSTM(AbstractStatefulModule):
             return (zeros, zeros)
         return (self.initial_h, self.initial_c)
 
+    @property
+    def uses_key(self) -> bool:
+        return False
+
     def __call__(
         self,
         state: LSTMState,
@@ -273,6 +277,10 @@ class GRU(AbstractStatefulModule):
         if self.initial_h is None:
             return jnp.zeros(self.hidden_size, jnp.float32)
         return self.initial_h
+
+    @property
+    def uses_key(self) -> bool:
+        return False
 
     def __call__(
         self,

@@ -46,6 +46,10 @@ class Splitter(AbstractStatefulModule):
                 )
         self.sizes = tuple(sizes.items())
 
+    @property
+    def uses_key(self) -> bool:
+        return False
+
     def __call__(
         self,
         state: tuple[()],
@@ -114,6 +118,10 @@ class Flattener(AbstractStatefulModule):
                 "preserve_levels must be >= 0."
             )
 
+    @property
+    def uses_key(self) -> bool:
+        return False
+
     def __call__(
         self,
         state: tuple[()],
@@ -181,6 +189,10 @@ class Filter(AbstractStatefulModule):
                 )
         self.spec = tuple(spec.items())
 
+    @property
+    def uses_key(self) -> bool:
+        return False
+
     def __call__(
         self,
         state: tuple[()],
@@ -207,6 +219,10 @@ class Scale(AbstractStatefulModule):
 
     def __init__(self, factor: float):
         self.factor = float(factor)
+
+    @property
+    def uses_key(self) -> bool:
+        return False
 
     def __call__(
         self,
