@@ -280,6 +280,10 @@ class _SamplerProbe(AbstractStatefulModule):
 
     layer: AbstractStatefulModule
 
+    @property
+    def uses_key(self) -> bool:
+        return self.layer.uses_key
+
     def __call__(
         self,
         state: State,
@@ -522,14 +526,11 @@ def distill_step(
     optimizer = make_optimizer(ppo_config)
     params, static = eqx.partition(state.student, trainable(state.student))
 
-    def minibatch_loss(p, idx, env_ids):
-        sliced = jax.tree.map(lambda x: x[:, idx], replay_data._replace(key=None))
+    def minibatch_loss(p, idx):
         outputs, regularization = replay_policy(
             eqx.combine(p, static),
             jax.tree.map(lambda x: x[idx], state.student_state),
-            sliced._replace(key=data.key),
-            env_ids,
-            n_envs=config.n_envs,
+            jax.tree.map(lambda x: x[:, idx], replay_data),
         )
         return distillation_loss(
             outputs, regularization, config.logging_level, axis_name=axis_name
@@ -545,7 +546,7 @@ def distill_step(
         config=config,
         axis_name=axis_name,
     )
-    all_data = gather_envs(data._replace(key=None), axis_name)._replace(key=data.key)
+    all_data = gather_envs(data._replace(key=None), axis_name)
     student = eqx.combine(params, static).update_statistics(all_data.extras["student"])
     metrics = _iteration_metrics(config, loss_metrics, all_data, params)
     new_state = DistillationState(

@@ -148,14 +148,11 @@ def test_replay_reproduces_rollout_exactly(getkey, stateful):
     config = small_config()
     net = make_net(getkey(), stateful=stateful)
     state, carry, data = _rollout(net, config, getkey())
-    idx = jnp.arange(config.n_envs)
     rep = replay(
         net,
         state.net_state,
         data,
         carry.env_state.obs,
-        idx,
-        n_envs=config.n_envs,
         bootstrap_truncation=False,
     )
     np.testing.assert_array_equal(rep.output.loglikelihoods, data.output.loglikelihoods)
@@ -174,21 +171,15 @@ def test_replay_of_env_subset_equals_slice_of_full_replay(getkey):
         state.net_state,
         data,
         carry.env_state.obs,
-        jnp.arange(config.n_envs),
-        n_envs=config.n_envs,
         bootstrap_truncation=True,
     )
     idx = jnp.array([5, 2, 7])
-    sliced = jax.tree.map(lambda x: x[:, idx], data._replace(key=None))._replace(
-        key=data.key
-    )
+    sliced = jax.tree.map(lambda x: x[:, idx], data)
     sub = replay(
         net,
         jax.tree.map(lambda x: x[idx], state.net_state),
         sliced,
         carry.env_state.obs[idx],
-        idx,
-        n_envs=config.n_envs,
         bootstrap_truncation=True,
     )
     # Same noise and carries; only matmul batch sizes differ (float rounding).
@@ -207,14 +198,11 @@ def test_bootstrap_uses_terminal_value(getkey):
     config = small_config()
     net = make_net(getkey())
     state, carry, data = _rollout(net, config, getkey())
-    idx = jnp.arange(config.n_envs)
     drop = replay(
         net,
         state.net_state,
         data,
         carry.env_state.obs,
-        idx,
-        n_envs=config.n_envs,
         bootstrap_truncation=False,
     )
     boot = replay(
@@ -222,8 +210,6 @@ def test_bootstrap_uses_terminal_value(getkey):
         state.net_state,
         data,
         carry.env_state.obs,
-        idx,
-        n_envs=config.n_envs,
         bootstrap_truncation=True,
     )
     same = ~data.truncated
@@ -281,9 +267,13 @@ def test_statistics_are_not_trained_but_updated(getkey):
     state = ppo_init(env, net, config, key=k2)
     new, _ = eqx.filter_jit(ppo_step)(env, config, state)
     # The optimiser state covers only trainable leaves: no statistics in it.
-    n_params = len(jax.tree.leaves(eqx.filter(net, nn.trainable(net))))
-    # Adam: mu and nu per parameter, plus its count and the schedule's count.
-    assert len(jax.tree.leaves(state.opt_state)) == 2 * n_params + 2
+    # Adam runs on all parameters flattened into one vector: mu and nu hold
+    # exactly the trainable entries.
+    n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(net, nn.trainable(net))))
+    n_arrays = sum(x.size for x in jax.tree.leaves(eqx.filter(net, eqx.is_array)))
+    adam = state.opt_state[0]
+    assert adam.mu.shape == adam.nu.shape == (n_params,)
+    assert n_params < n_arrays  # the normaliser's statistics are left out
     # Statistics changed only through update_statistics: the normaliser now
     # holds the rollout's observation count (n_envs * rollout_length samples).
     assert float(state.network.layers[0].statistics.count) == 0.0
@@ -441,3 +431,55 @@ def test_ppo_run_is_a_scan_of_ppo_step_and_vmaps_over_lr(getkey):
         strict=True,
     ):
         np.testing.assert_allclose(a[1], b, rtol=1e-5, atol=1e-6)
+
+
+def test_layerwise_replay_equals_a_stepwise_scan(getkey):
+    # A recurrent net with a stochastic layer (keys) inside a recurrent port and
+    # carries in both ports: the replay runs the stateless layers over all
+    # steps at once and scans only the LSTMs; a plain scan of the whole network
+    # over time, resetting on done, is the reference.
+    from eqx_ppo.ppo._loss import _replay_sequence
+    from eqx_ppo.ppo._rollout import apply_network, reset_carry
+
+    k = jax.random.split(getkey(), 8)
+    actor = nn.Sequential(
+        [
+            nn.LSTM(3, 8, key=k[0]),
+            nn.VariationalBottleneck(8, 4, key=k[1], kl_weight=0.1),
+            nn.Dense(4, 4, key=k[2]),
+            nn.NormalTanhSampler(0.01),
+        ]
+    )
+    critic = nn.Sequential(
+        [nn.Dense(3, 8, key=k[3]), nn.LSTM(8, 8, key=k[4]), nn.Dense(8, 1, key=k[5])]
+    )
+    net = nn.Sequential([nn.Normalizer(3), nn.PPOAdapter(action=actor, value=critic)])
+    length, n = 7, 5
+    obs = jax.random.normal(k[6], (length, n, 3))
+    done = jax.random.bernoulli(k[7], 0.3, (length, n))
+    keys = jax.random.split(getkey(), (length, n))
+    state0 = jax.tree.map(
+        lambda x: x + 0.1, net.initialize_state(n)
+    )  # a non-initial carry
+
+    def scan(extras):
+        def step(carry, xs):
+            o, e, kk, d = xs
+            out = apply_network(net, carry, o, e, kk)
+            next_carry = reset_carry(net, d, out.next_state)
+            return next_carry, (out.output, out.regularization_loss, out.extras)
+
+        return jax.lax.scan(step, state0, (obs, extras, keys, done))
+
+    _, (_, _, extras) = scan(None)
+    ref_last, (ref_out, ref_reg, _) = scan(extras)
+    last, out, reg = eqx.filter_jit(_replay_sequence)(
+        net, state0, obs, extras, keys, done
+    )
+    for a, b in zip(
+        jax.tree.leaves((out, reg, last)),
+        jax.tree.leaves((ref_out, ref_reg, ref_last)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert float(jnp.std(reg)) > 0  # the KL term varies per step and env

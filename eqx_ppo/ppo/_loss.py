@@ -11,19 +11,20 @@ nnx-ppo does), so later minibatches and epochs see fresher value estimates
 than the rollout's.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Key, PyTree
 
 from ..logging import LoggingLevel
-from ..nn._adapter import PPONetworkOutput
-from ..nn._module import AbstractStatefulModule, State
+from ..nn._adapter import PPOAdapter, PPONetworkOutput, ppo_output
+from ..nn._containers import Sequential, _child_extras
+from ..nn._module import AbstractStatefulModule, State, route_keys
 from ._config import PPOConfig
 from ._gae import gae
-from ._rollout import Transition, apply_network, env_keys, reset_carry
+from ._rollout import Transition, apply_network, reset_carry
 from ._sharding import mean, pmean, variance
 
 
@@ -35,16 +36,79 @@ class Replay(NamedTuple):
     next_values: PyTree[Float[Array, "time env"]]
 
 
-def _subset_keys(
-    keys: Key[Array, " time"], n_envs: int, idx: Int[Array, " m"]
-) -> Key[Array, "time m"]:
-    return jax.vmap(lambda k: env_keys(k, n_envs)[idx])(keys)
-
-
-def _value_key(key: PRNGKeyArray, tag: int) -> PRNGKeyArray:
+def _value_keys(keys: Key[Array, "..."], tag: int) -> Key[Array, "..."]:
     # Value-only calls (bootstrap values) use keys derived from, but distinct
-    # from, the step's key, so replay of any env subset stays reproducible.
-    return jax.random.fold_in(key, tag)
+    # from, each env's step key, so replay of any env subset stays reproducible.
+    flat = jnp.ravel(keys)
+    return jax.vmap(lambda k: jax.random.fold_in(k, tag))(flat).reshape(keys.shape)
+
+
+def _replay_sequence(
+    module: AbstractStatefulModule,
+    state0: State,
+    xs: Any,
+    extras: Any,
+    keys: Key[Array, "time m"] | None,
+    done: Bool[Array, "time m"],
+) -> tuple[State, Any, Float[Array, "time m"]]:
+    """Run `module` over `[T, M]` inputs from carry `state0`, resetting on `done`.
+
+    Returns the last carry, the `[T, M]` outputs and regularisation. A module
+    without a carry runs once over all `T * M` steps; `Sequential` and
+    `PPOAdapter` are replayed child by child (keys routed exactly as their
+    `__call__` routes them), so only their recurrent children are scanned over
+    time and every other layer runs as one big batch. Anything else with a
+    carry is scanned whole.
+    """
+    if not jax.tree.leaves(state0):
+        out = jax.vmap(lambda x, e, k: apply_network(module, state0, x, e, k))(
+            xs, extras, keys
+        )
+        return state0, out.output, out.regularization_loss
+    if type(module) is Sequential:
+        keys = _route_batched_keys(keys, module.layers)
+        extras = _child_extras(extras, range(len(module.layers)))
+        last, regularization, x = {}, jnp.zeros(done.shape, jnp.float32), xs
+        for i, layer in enumerate(module.layers):
+            last[i], x, reg = _replay_sequence(
+                layer, state0[i], x, extras[i], keys[i], done
+            )
+            regularization = regularization + reg
+        return last, x, regularization
+    if type(module) is PPOAdapter:
+        action_keys, value_keys = _route_batched_keys(
+            keys, [module.action, module.value]
+        )
+        extras = _child_extras(extras, ["action", "value"])
+        last_action, samples, action_reg = _replay_sequence(
+            module.action, state0["action"], xs, extras["action"], action_keys, done
+        )
+        last_value, values, value_reg = _replay_sequence(
+            module.value, state0["value"], xs, extras["value"], value_keys, done
+        )
+        output = jax.vmap(jax.vmap(ppo_output))(samples, values)
+        last = {"action": last_action, "value": last_value}
+        return last, output, action_reg + value_reg
+
+    def step(carry, inputs):
+        x, e, k, d = inputs
+        out = apply_network(module, carry, x, e, k)
+        next_carry = reset_carry(module, d, out.next_state)
+        return next_carry, (out.output, out.regularization_loss)
+
+    last, (outputs, regularization) = jax.lax.scan(
+        step, state0, (xs, extras, keys, done)
+    )
+    return last, outputs, regularization
+
+
+def _route_batched_keys(
+    keys: Key[Array, "time m"] | None, children: Sequence[AbstractStatefulModule]
+) -> list[Key[Array, "time m"] | None]:
+    """`route_keys` for every `[T, M]` step at once."""
+    if keys is None:
+        return [None] * len(children)
+    return jax.vmap(jax.vmap(lambda k: route_keys(k, children)))(keys)
 
 
 def _replay_steps(
@@ -58,31 +122,32 @@ def _replay_steps(
 
     Returns the carry after the last step, the per-step outputs and
     regularisation, and (when `terminal_keys` is given) the values of the
-    terminal observations.
+    terminal observations, which need the pre-reset carry of every step: then
+    the whole network is scanned step by step.
     """
-    length = data.done.shape[0]
-    bootstrap_truncation = terminal_keys is not None
+    if terminal_keys is None:
+        last_state, outputs, regularization = _replay_sequence(
+            network, state0, data.obs, data.extras, keys, data.done
+        )
+        return last_state, outputs, regularization, None
     if not jax.tree.leaves(state0):
         # No carry: one call over all T*M steps instead of T sequential ones.
         per_step = jax.vmap(lambda o, e, k: apply_network(network, state0, o, e, k))
         out = per_step(data.obs, data.extras, keys)
-        terminal_values = (
-            per_step(data.terminal_obs, None, terminal_keys).output.value_estimates
-            if bootstrap_truncation
-            else None
+        terminal = per_step(data.terminal_obs, None, terminal_keys)
+        return (
+            state0,
+            out.output,
+            out.regularization_loss,
+            (terminal.output.value_estimates),
         )
-        return state0, out.output, out.regularization_loss, terminal_values
 
     def step(carry, xs):
         obs, extras, k, tk, done, terminal_obs = xs
         out = apply_network(network, carry, obs, extras, k)
-        terminal_value = (
-            apply_network(
-                network, out.next_state, terminal_obs, None, tk
-            ).output.value_estimates
-            if bootstrap_truncation
-            else None
-        )
+        terminal_value = apply_network(
+            network, out.next_state, terminal_obs, None, tk
+        ).output.value_estimates
         next_carry = reset_carry(network, done, out.next_state)
         return next_carry, (out.output, out.regularization_loss, terminal_value)
 
@@ -90,7 +155,6 @@ def _replay_steps(
         step,
         state0,
         (data.obs, data.extras, keys, terminal_keys, data.done, data.terminal_obs),
-        length=length,
     )
     return last_state, outputs, regularization, terminal_values
 
@@ -100,23 +164,17 @@ def replay(
     state0: State,
     data: Transition,
     final_obs: PyTree[Array],
-    idx: Int[Array, " m"],
     *,
-    n_envs: int,
     bootstrap_truncation: bool,
 ) -> Replay:
-    """Replay envs `idx` of `data` (already sliced to `[T, M]`) from carry `state0`."""
-    keys = _subset_keys(data.key, n_envs, idx)
-    last_keys = env_keys(_value_key(data.key[-1], 1), n_envs)[idx]
-    terminal_keys = _subset_keys(
-        jax.vmap(lambda k: _value_key(k, 2))(data.key), n_envs, idx
-    )
+    """Replay a minibatch of envs: `data` sliced to `[T, M]`, from carry `state0`.
+
+    The envs' own keys come with `data.key`, so any subset replays exactly.
+    """
+    last_keys = _value_keys(data.key[-1], 1)
+    terminal_keys = _value_keys(data.key, 2) if bootstrap_truncation else None
     last_state, outputs, regularization, terminal_values = _replay_steps(
-        network,
-        state0,
-        data,
-        keys,
-        terminal_keys if bootstrap_truncation else None,
+        network, state0, data, data.key, terminal_keys
     )
     last_values = apply_network(
         network, last_state, final_obs, None, last_keys
@@ -139,19 +197,14 @@ def replay_policy(
     network: AbstractStatefulModule,
     state0: State,
     data: Transition,
-    idx: Int[Array, " m"],
-    *,
-    n_envs: int,
 ) -> tuple[PPONetworkOutput, Float[Array, "time env"]]:
-    """Replay envs `idx` of `data` like [`replay`][], without value bootstrapping.
+    """Replay a minibatch like [`replay`][], without value bootstrapping.
 
     Returns the per-step outputs and regularisation `[T, M]`. Losses that need
     no advantages (distillation) use it; feeding other `extras` than the
     rollout's scores other actions under the same noise and carries.
     """
-    _, outputs, regularization, _ = _replay_steps(
-        network, state0, data, _subset_keys(data.key, n_envs, idx), None
-    )
+    _, outputs, regularization, _ = _replay_steps(network, state0, data, data.key, None)
     return outputs, regularization
 
 
@@ -178,7 +231,6 @@ def ppo_loss(
     state0: State,
     data: Transition,
     final_obs: PyTree[Array],
-    idx: Int[Array, " m"],
     config: PPOConfig,
     *,
     axis_name: str | None = None,
@@ -190,8 +242,8 @@ def ppo_loss(
     keys, the critic term is `0.5 * mean((V - (V_stopgrad + A))^2)`, and
     advantages are normalised per minibatch when `normalize_advantages`.
 
-    `idx` are the global env ids of the minibatch (they select the replay
-    keys). Under `jax.shard_map` with `axis_name`, `data` holds this device's
+    `data` is the minibatch, sliced to `[T, M]`. Under `jax.shard_map` with
+    `axis_name`, `data` holds this device's
     share of the minibatch: advantages are normalised with the moments of the
     whole minibatch and the metrics are whole-minibatch values, while `total`
     stays this device's loss (its gradient is averaged by the caller).
@@ -201,8 +253,6 @@ def ppo_loss(
         state0,
         data,
         final_obs,
-        idx,
-        n_envs=config.n_envs,
         bootstrap_truncation=config.truncation == "bootstrap",
     )
     values = rep.output.value_estimates

@@ -23,14 +23,15 @@ from ._sharding import shard_env_keys
 class Transition(NamedTuple):
     """One rollout step for every env; the rollout stacks it to `[T, B, ...]`.
 
-    `key` is the step's network key (one per step, shape `[]`); env `i` used
-    `jax.random.split(key, n_envs)[i]`, so a replay of any env subset
-    reproduces every stochastic layer exactly. In a sharded run `i` is the
-    global env id, so the keys do not depend on the number of devices.
+    `key` holds the network key each env used at this step (`[env]`, from
+    `env_keys` of the step's key), so a replay of any env subset reproduces
+    every stochastic layer exactly by slicing it like any other field. In a
+    sharded run env `i` gets the key of global env `i`, so the keys do not
+    depend on the number of devices.
     """
 
     obs: PyTree[Array]
-    key: PRNGKeyArray
+    key: Key[Array, " env"]
     output: PPONetworkOutput
     reward: PyTree[Float[Array, " env"]]
     done: Bool[Array, " env"]
@@ -173,15 +174,14 @@ def rollout(
 
     def step(c: StepCarry, xs):
         step_key, reset_key = xs
-        out = apply_network(
-            network, c.net_state, c.env_state.obs, None, keys_of(step_key)
-        )
+        net_keys = keys_of(step_key)
+        out = apply_network(network, c.net_state, c.env_state.obs, None, net_keys)
         _check_output(out.output, c.env_state.reward)
         next_env = _step_envs(env, c.env_state, out.output.actions)
         done = jnp.asarray(next_env.done).astype(bool)
         transition = Transition(
             obs=c.env_state.obs,
-            key=step_key,
+            key=net_keys,
             output=out.output,
             reward=next_env.reward,
             done=done,

@@ -17,6 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 
 from ..logging import LoggingLevel, reduce_metric
@@ -24,7 +25,7 @@ from ..nn._module import AbstractStatefulModule, State, trainable
 from ._config import PPOConfig
 from ._loss import ppo_loss
 from ._rollout import StepCarry, env_keys, rollout
-from ._sharding import env_offset, gather_envs, pmean
+from ._sharding import gather_envs, pmean
 
 
 class TrainingState(eqx.Module):
@@ -84,7 +85,28 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     if config.weight_decay is not None:
         links.append(optax.add_decayed_weights(config.weight_decay))
     links.append(optax.scale_by_learning_rate(_learning_rate(config)))
-    return optax.chain(*links)
+    return _raveled(optax.chain(*links))
+
+
+def _raveled(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner` applied to all leaves raveled into one vector.
+
+    A network has tens of small parameter arrays; one vector makes each update
+    a handful of large fused ops instead of a handful per leaf. This is what
+    `optax.flatten` does, written out because that fails on networks without
+    parameters.
+    """
+
+    def init(params):
+        return inner.init(ravel_pytree(params)[0])
+
+    def update(updates, state, params=None):
+        flat, unravel = ravel_pytree(updates)
+        flat_params = None if params is None else ravel_pytree(params)[0]
+        flat, state = inner.update(flat, state, flat_params)
+        return unravel(flat), state
+
+    return optax.GradientTransformation(init, update)
 
 
 def ppo_init(
@@ -125,25 +147,20 @@ def minibatch_indices(
     n_epochs: int,
     n_minibatches: int,
     axis_name: str | None = None,
-) -> tuple[Int[Array, "update m"], Int[Array, "update m"]]:
-    """The minibatches of one iteration as (local indices, global env ids).
+) -> Int[Array, "update m"]:
+    """The minibatches of one iteration: env positions, one row per update.
 
-    Without `axis_name` both are the same permutations of all `n_envs` envs.
-    Under `jax.shard_map`, `n_envs` is this device's count and each device
-    permutes only its own envs, with its own key (`fold_in(key, device)`), so
+    Without `axis_name`, permutations of all `n_envs` envs. Under
+    `jax.shard_map`, `n_envs` is this device's count and each device permutes
+    only its own envs, with its own key (`fold_in(key, device)`), so
     minibatching moves no data between devices. Global minibatch `j` is the
     union of every device's local minibatch `j`: it holds exactly
     `n_envs / n_minibatches` envs of each device, a sample stratified by device
     rather than a uniform one. Every env is still used once per epoch.
     """
-    if axis_name is None:
-        idx = _permutations(key, n_envs, n_epochs, n_minibatches)
-        return idx, idx
-    device = jax.lax.axis_index(axis_name)
-    local = _permutations(
-        jax.random.fold_in(key, device), n_envs, n_epochs, n_minibatches
-    )
-    return local, local + env_offset(n_envs, axis_name)
+    if axis_name is not None:
+        key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+    return _permutations(key, n_envs, n_epochs, n_minibatches)
 
 
 def _is_finite(tree: PyTree) -> Array:
@@ -168,17 +185,17 @@ def gradient_phase(
 ) -> tuple[PyTree, PyTree, dict[str, Any]]:
     """`n_epochs * n_minibatches` optimiser steps over env minibatches.
 
-    `minibatch_loss(params, idx, env_ids)` returns `(loss, metrics)` for the
-    envs `idx` (local positions) whose global ids are `env_ids`. Gradients are
-    averaged over `axis_name` when running on a mesh. Shared by PPO and
+    `minibatch_loss(params, idx)` returns `(loss, metrics)` for the envs at
+    positions `idx` of this device's batch. Gradients are averaged over
+    `axis_name` when running on a mesh. Shared by PPO and
     distillation; `config` supplies `n_epochs`, `n_minibatches` and
     `logging_level`.
     """
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
 
-    def update(c, indices):
+    def update(c, idx):
         p, opt_state = c
-        grads, metrics = grad_fn(p, *indices)
+        grads, metrics = grad_fn(p, idx)
         grads = pmean(grads, axis_name)
         if LoggingLevel.GRAD_NORM in config.logging_level:
             metrics["grad_norm"] = optax.tree.norm(grads)
@@ -230,15 +247,12 @@ def ppo_step(
     optimizer = make_optimizer(config)
     params, static = eqx.partition(state.network, trainable(state.network))
 
-    def minibatch_loss(p, idx, env_ids):
-        sliced = jax.tree.map(lambda x: x[:, idx], data._replace(key=None))
-        sliced = sliced._replace(key=data.key)
+    def minibatch_loss(p, idx):
         return ppo_loss(
             eqx.combine(p, static),
             jax.tree.map(lambda x: x[idx], state.net_state),
-            sliced,
+            jax.tree.map(lambda x: x[:, idx], data),
             jax.tree.map(lambda x: x[idx], final_obs),
-            env_ids,
             config,
             axis_name=axis_name,
         )
@@ -253,7 +267,7 @@ def ppo_step(
         config=config,
         axis_name=axis_name,
     )
-    all_data = gather_envs(data._replace(key=None), axis_name)._replace(key=data.key)
+    all_data = gather_envs(data._replace(key=None), axis_name)
     network = eqx.combine(params, static).update_statistics(all_data.extras)
     metrics = _iteration_metrics(config, loss_metrics, all_data, params)
     if config.check_finite:
@@ -277,26 +291,34 @@ def scan_steps(
     length: int,
     n_active: Int[Array, ""] | None = None,
 ) -> tuple[Any, dict[str, Array]]:
-    """`length` calls of `step` in one `lax.scan`; metrics stacked on a new axis.
+    """`length` calls of `step` in one loop; metrics stacked on a new axis.
 
-    Only the array leaves of `state` are scanned (the rest is static). Steps at
-    positions `>= n_active` are skipped (their metrics are zeros), which lets
-    one compiled scan serve runs that stop early.
+    Only the array leaves of `state` are carried (the rest is static). With
+    `n_active`, only the first `n_active` steps run (a `fori_loop` with a traced
+    bound writing into preallocated metric buffers; the rest stay zeros), which
+    lets one compiled program serve chunks of any length up to `length`.
     """
     dynamic, static = eqx.partition(state, eqx.is_array)
-    _, metrics_shape = eqx.filter_eval_shape(step, state)
-    zeros = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics_shape)
 
     def run(d):
         new, metrics = step(eqx.combine(d, static))
         return eqx.filter(new, eqx.is_array), metrics
 
-    def body(d, i):
-        if n_active is None:
-            return run(d)
-        return jax.lax.cond(i < n_active, run, lambda d: (d, zeros), d)
+    if n_active is None:
+        dynamic, metrics = jax.lax.scan(lambda d, _: run(d), dynamic, length=length)
+        return eqx.combine(dynamic, static), metrics
 
-    dynamic, metrics = jax.lax.scan(body, dynamic, jnp.arange(length))
+    _, metrics_shape = eqx.filter_eval_shape(step, state)
+    buffers = jax.tree.map(
+        lambda m: jnp.zeros((length, *m.shape), m.dtype), metrics_shape
+    )
+
+    def body(i, carry):
+        d, buffers = carry
+        d, metrics = run(d)
+        return d, jax.tree.map(lambda b, m: b.at[i].set(m), buffers, metrics)
+
+    dynamic, metrics = jax.lax.fori_loop(0, n_active, body, (dynamic, buffers))
     return eqx.combine(dynamic, static), metrics
 
 
