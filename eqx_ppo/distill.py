@@ -45,14 +45,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from .logging import LoggingLevel, reduce_metric
+from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
 from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput, trainable
-from .ppo._config import EvalConfig, PPOConfig, VideoConfig
+from .ppo._config import EvalConfig, PPOConfig, VideoConfig, check_iteration_settings
 from .ppo._loss import replay_policy
 from .ppo._rollout import StepCarry, env_keys, rollout
 from .ppo._sharding import check_mesh, gather_envs, pmean
-from .ppo._step import _is_finite, gradient_phase, make_optimizer
+from .ppo._step import _is_finite, gradient_phase, iteration_metrics, make_optimizer
 from .ppo._train import (
     NetworkOrFactory,
     TrainResult,
@@ -62,11 +62,6 @@ from .ppo._train import (
     run_training,
 )
 from .recording import is_leaf_layer
-
-_CHOICES = {
-    "lr_schedule": ("constant", "linear", "cosine"),
-    "reset_mode": ("cached", "fresh"),
-}
 
 
 class DistillationConfig(eqx.Module):
@@ -118,37 +113,7 @@ class DistillationConfig(eqx.Module):
     )
 
     def __check_init__(self):
-        for name in (
-            "n_envs",
-            "rollout_length",
-            "total_steps",
-            "n_epochs",
-            "n_minibatches",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"DistillationConfig({name}={value!r}): {name} must be a "
-                    "positive int."
-                )
-        if self.n_envs % self.n_minibatches:
-            raise ValueError(
-                f"DistillationConfig(n_envs={self.n_envs}, n_minibatches="
-                f"{self.n_minibatches}): n_envs must be divisible by n_minibatches "
-                "because minibatches split the env axis."
-            )
-        for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise ValueError(
-                    f"DistillationConfig({name}={getattr(self, name)!r}): expected "
-                    f"one of {choices}."
-                )
-        for name in ("gradient_clipping", "weight_decay"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(
-                    f"DistillationConfig({name}={value}): must be >= 0 or None."
-                )
+        check_iteration_settings(self)
         if self.logging_percentiles is not None and not isinstance(
             self.logging_percentiles, tuple
         ):
@@ -548,7 +513,17 @@ def distill_step(
     )
     all_data = gather_envs(data._replace(key=None), axis_name)
     student = eqx.combine(params, static).update_statistics(all_data.extras["student"])
-    metrics = _iteration_metrics(config, loss_metrics, all_data, params)
+    metrics = iteration_metrics(
+        config,
+        loss_metrics,
+        all_data,
+        params,
+        net_prefix="student",
+        rollout_outputs=False,
+    )
+    if config.check_finite:
+        metrics["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
+        metrics["debug/finite_obs"] = _is_finite(all_data.obs)
     new_state = DistillationState(
         student=student,
         opt_state=opt_state,
@@ -585,36 +560,6 @@ def distillation_loss(
         metrics["losses/distillation_nll"] = pmean(nll, axis_name)
         metrics["losses/regularization"] = pmean(reg, axis_name)
     return total, metrics
-
-
-def _iteration_metrics(
-    config: DistillationConfig, loss_metrics: dict, data: Any, params: PyTree
-) -> dict[str, Array]:
-    level, pct = config.logging_level, config.logging_percentiles
-    out: dict[str, Array] = {}
-    for name, value in loss_metrics.items():
-        if name != "loss/total":
-            reduce_metric(out, name, value, pct)
-    if LoggingLevel.ENV_METRICS in level:
-        reduce_metric(out, "env", data.env_metrics, pct)
-    if LoggingLevel.NETWORK_METRICS in level:
-        reduce_metric(out, "student", data.net_metrics, pct)
-    if LoggingLevel.ROLLOUT_STATS in level:
-        reduce_metric(out, "rollout_batch/reward", data.reward, pct)
-        reduce_metric(out, "rollout_batch/action", data.output.actions, pct)
-        out["rollout_batch/done_rate"] = jnp.mean(data.done.astype(jnp.float32))
-        out["rollout_batch/truncation_rate"] = jnp.mean(
-            data.truncated.astype(jnp.float32)
-        )
-    if LoggingLevel.ROLLOUT_OBS in level:
-        reduce_metric(out, "rollout_batch/obs", data.obs, pct)
-    if LoggingLevel.WEIGHTS in level:
-        weights = jnp.concatenate([jnp.ravel(w) for w in jax.tree.leaves(params)])
-        reduce_metric(out, "weights", weights, pct)
-    if config.check_finite:
-        out["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
-        out["debug/finite_obs"] = _is_finite(data.obs)
-    return out
 
 
 def init_distillation_state(

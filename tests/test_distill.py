@@ -241,3 +241,17 @@ def test_config_errors():
         DistillationConfig(lr_schedule="step")
     with pytest.raises(ValueError, match="n_seeds"):
         DistillationTrainConfig(n_seeds=0)
+
+
+@pytest.mark.parametrize("config", [eqx_ppo.PPOConfig, DistillationConfig])
+def test_iteration_settings_are_checked_alike(config):
+    name = config.__name__
+    with pytest.raises(ValueError, match=rf"{name}\(n_envs=True\): n_envs must be"):
+        config(n_envs=True)
+    with pytest.raises(ValueError, match=rf"{name}\(n_envs=10.*e\.g\. n_envs=8"):
+        config(n_envs=10, n_minibatches=4)
+    with pytest.raises(ValueError, match=rf"{name}\(weight_decay=-1.0\): must be >= 0"):
+        config(weight_decay=-1.0)
+    # Under the runtime type checker the Literal hint may fire first.
+    with pytest.raises((ValueError, TypeError), match="reset_mode"):
+        config(reset_mode="never")

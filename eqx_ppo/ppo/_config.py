@@ -126,34 +126,8 @@ class PPOConfig(eqx.Module):
         self.critic_loss_weight = critic_loss_weight
 
     def __check_init__(self):
-        for name in (
-            "n_envs",
-            "rollout_length",
-            "total_steps",
-            "n_epochs",
-            "n_minibatches",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"PPOConfig({name}={value!r}): {name} must be a positive int."
-                )
-        if self.n_envs % self.n_minibatches:
-            raise ValueError(
-                f"PPOConfig(n_envs={self.n_envs}, n_minibatches="
-                f"{self.n_minibatches}): n_envs must be divisible by n_minibatches "
-                "because minibatches split the env axis. Choose e.g. n_envs="
-                f"{self.n_minibatches * max(1, self.n_envs // self.n_minibatches)}."
-            )
-        _check_choice("lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
+        check_iteration_settings(self)
         _check_choice("truncation", self.truncation, ("drop", "bootstrap"))
-        _check_choice("reset_mode", self.reset_mode, ("cached", "fresh"))
-        for name, value in (
-            ("gradient_clipping", self.gradient_clipping),
-            ("weight_decay", self.weight_decay),
-        ):
-            if value is not None and value < 0:
-                raise ValueError(f"PPOConfig({name}={value}): must be >= 0 or None.")
         bounds = {
             "learning_rate": (0.0, None),
             "clip_range": (0.0, None),
@@ -185,9 +159,47 @@ class PPOConfig(eqx.Module):
         return -(-self.total_steps // self.steps_per_iteration)
 
 
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+def _check_choice(
+    name: str, value: Any, choices: tuple[str, ...], config: str = "PPOConfig"
+) -> None:
     if value not in choices:
-        raise ValueError(f"PPOConfig({name}={value!r}): expected one of {choices}.")
+        raise ValueError(f"{config}({name}={value!r}): expected one of {choices}.")
+
+
+def check_iteration_settings(config: Any) -> None:
+    """The checks `PPOConfig` and `DistillationConfig` share: positive int
+    sizes, env minibatches that divide `n_envs`, a known schedule and reset
+    mode, and non-negative optional clipping and weight decay."""
+    kind = type(config).__name__
+    for name in (
+        "n_envs",
+        "rollout_length",
+        "total_steps",
+        "n_epochs",
+        "n_minibatches",
+    ):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{kind}({name}={value!r}): {name} must be a positive int."
+            )
+    if config.n_envs % config.n_minibatches:
+        raise ValueError(
+            f"{kind}(n_envs={config.n_envs}, n_minibatches={config.n_minibatches}): "
+            "n_envs must be divisible by n_minibatches because minibatches split "
+            "the env axis. Choose e.g. n_envs="
+            f"{config.n_minibatches * max(1, config.n_envs // config.n_minibatches)}."
+        )
+    choices = {
+        "lr_schedule": ("constant", "linear", "cosine"),
+        "reset_mode": ("cached", "fresh"),
+    }
+    for name, allowed in choices.items():
+        _check_choice(name, getattr(config, name), allowed, kind)
+    for name in ("gradient_clipping", "weight_decay"):
+        value = getattr(config, name)
+        if value is not None and value < 0:
+            raise ValueError(f"{kind}({name}={value}): must be >= 0 or None.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -269,7 +269,7 @@ def ppo_step(
     )
     all_data = gather_envs(data._replace(key=None), axis_name)
     network = eqx.combine(params, static).update_statistics(all_data.extras)
-    metrics = _iteration_metrics(config, loss_metrics, all_data, params)
+    metrics = iteration_metrics(config, loss_metrics, all_data, params)
     if config.check_finite:
         metrics["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
         metrics["debug/finite_obs"] = _is_finite(all_data.obs)
@@ -342,19 +342,32 @@ def ppo_run(
     return scan_steps(lambda s: ppo_step(env, config, s), state, n_iterations)
 
 
-def _iteration_metrics(
-    config: PPOConfig, loss_metrics: dict, data: Any, params: PyTree
+def iteration_metrics(
+    config: Any,
+    loss_metrics: dict,
+    data: Any,
+    params: PyTree,
+    *,
+    net_prefix: str = "net",
+    rollout_outputs: bool = True,
 ) -> dict[str, Array]:
+    """An iteration's scalar metrics, chosen by `config.logging_level`.
+
+    Shared by PPO and distillation: the gradient phase's loss metrics (their
+    mean over updates, or percentiles), then the rollout's env and network
+    metrics (the latter under `net_prefix`), batch statistics and weights.
+    `rollout_outputs` adds the rollout's log-likelihoods and values
+    (`ACTOR_EXTRA`, `CRITIC_EXTRA`).
+    """
     level, pct = config.logging_level, config.logging_percentiles
     out: dict[str, Array] = {}
     for name, value in loss_metrics.items():
-        if name == "loss/total":
-            continue
-        reduce_metric(out, name, value, pct)
+        if name != "loss/total":
+            reduce_metric(out, name, value, pct)
     if LoggingLevel.ENV_METRICS in level:
         reduce_metric(out, "env", data.env_metrics, pct)
     if LoggingLevel.NETWORK_METRICS in level:
-        reduce_metric(out, "net", data.net_metrics, pct)
+        reduce_metric(out, net_prefix, data.net_metrics, pct)
     if LoggingLevel.ROLLOUT_STATS in level:
         reduce_metric(out, "rollout_batch/reward", data.reward, pct)
         reduce_metric(out, "rollout_batch/action", data.output.actions, pct)
@@ -364,9 +377,9 @@ def _iteration_metrics(
         )
     if LoggingLevel.ROLLOUT_OBS in level:
         reduce_metric(out, "rollout_batch/obs", data.obs, pct)
-    if LoggingLevel.ACTOR_EXTRA in level:
+    if rollout_outputs and LoggingLevel.ACTOR_EXTRA in level:
         reduce_metric(out, "loglikelihood", data.output.loglikelihoods, pct)
-    if LoggingLevel.CRITIC_EXTRA in level:
+    if rollout_outputs and LoggingLevel.CRITIC_EXTRA in level:
         reduce_metric(out, "losses/predicted_value", data.output.value_estimates, pct)
     if LoggingLevel.WEIGHTS in level:
         weights = jnp.concatenate([jnp.ravel(w) for w in jax.tree.leaves(params)])
