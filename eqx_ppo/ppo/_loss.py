@@ -134,13 +134,10 @@ def _replay_steps(
         # No carry: one call over all T*M steps instead of T sequential ones.
         per_step = jax.vmap(lambda o, e, k: apply_network(network, state0, o, e, k))
         out = per_step(data.obs, data.extras, keys)
-        terminal = per_step(data.terminal_obs, None, terminal_keys)
-        return (
-            state0,
-            out.output,
-            out.regularization_loss,
-            (terminal.output.value_estimates),
-        )
+        terminal_values = per_step(
+            data.terminal_obs, None, terminal_keys
+        ).output.value_estimates
+        return state0, out.output, out.regularization_loss, terminal_values
 
     def step(carry, xs):
         obs, extras, k, tk, done, terminal_obs = xs
