@@ -1,16 +1,21 @@
-"""Paste the latest result tables into `benchmarks/README.md`.
+"""Paste the latest results into `benchmarks/README.md` and the top-level README.
 
     python -m benchmarks.report
 
-Replaces the text between the `<!-- results:start -->` and
-`<!-- results:end -->` markers with `results/<name>.md` for every result file
-that exists, in a fixed order, so the README always shows what the scripts
-last measured.
+In `benchmarks/README.md`, replaces the text between `<!-- results:start -->`
+and `<!-- results:end -->` with `results/<name>.md` for every result file that
+exists, in a fixed order. In `README.md`, replaces the text between
+`<!-- benchmarks:start -->` and `<!-- benchmarks:end -->` with a summary built
+from the JSON results: the `inverted_pendulum` table and the paired ratios of
+every comparison. Both READMEs then show what the scripts last measured.
 """
 
+import json
 from pathlib import Path
+from typing import Any
 
-from ._common import RESULTS
+from ._common import RESULTS, SYSTEM_NAMES, median, spread
+from .multiseed import _paired
 
 ORDER = (
     "compare_inverted_pendulum_mlp",
@@ -19,24 +24,87 @@ ORDER = (
     "multiseed",
     "scaling",
 )
-START, END = "<!-- results:start -->", "<!-- results:end -->"
+HERE = Path(__file__).resolve().parent
+
+
+def _replace(path: Path, start: str, end: str, body: str) -> None:
+    text = path.read_text()
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} markers")
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    path.write_text(f"{head}{start}\n{body}\n{end}{tail}")
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _ratios(result: dict[str, Any]) -> str:
+    return ", ".join(
+        f"eqx_ppo / {SYSTEM_NAMES[other]} **{median(paired):.2f}**"
+        for other, paired in result["summary"]["eqx_over"].items()
+        if paired
+    )
+
+
+def summary() -> str:
+    """The top-level README's benchmark section, from the JSON results."""
+    lines = []
+    pendulum = _load("compare_inverted_pendulum_mlp")
+    if pendulum is not None:
+        lines += [
+            "| system | steady env-steps/s | compile + first chunk (s) "
+            "| peak RSS (MiB) | final eval return |",
+            "|---|---|---|---|---|",
+        ]
+        for system in pendulum["systems"]:
+            s = pendulum["summary"][system]
+            if not s.get("sps"):
+                continue
+            lines.append(
+                f"| {SYSTEM_NAMES[system]} | {spread(s['sps'])} "
+                f"| {spread(s['compile_s'])} | {median(s['peak_rss_mb']):,.0f} "
+                f"| {spread(s.get('eval_return', []))} |"
+            )
+        lines += ["", "Paired throughput ratios (median over repetitions):", ""]
+    for name, label in (
+        ("compare_inverted_pendulum_mlp", "`inverted_pendulum`, 4x32 MLP"),
+        ("compare_move_to_center_mlp", "`move_to_center`, 4x32 MLP"),
+        ("compare_move_to_center_lstm", "`move_to_center`, LSTM(32) + 2x32 MLP"),
+    ):
+        result = _load(name)
+        if result is not None:
+            lines.append(f"- {label}: {_ratios(result)}")
+    multiseed = _load("multiseed")
+    if multiseed is not None:
+        runs, s = multiseed["runs"], multiseed["seeds"]
+        lines.append(
+            f"- {s} seeds x {multiseed['envs_per_seed']} envs in one vmapped "
+            f"program: **{median(_paired(runs, 'vmapped', 'single', 'sps')):.2f}**"
+            f" of one {s * multiseed['envs_per_seed']}-env run's throughput, "
+            f"{median(_paired(runs, 'vmapped', 'sequential', 'sps')):.2f}x "
+            f"{s} sequential runs"
+        )
+    return "\n".join(lines) if lines else "_No results yet._"
 
 
 def main() -> None:
-    readme = Path(__file__).resolve().parent / "README.md"
-    text = readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme} has no {START} ... {END} markers")
     parts = [
         (RESULTS / f"{name}.md").read_text().strip()
         for name in ORDER
         if (RESULTS / f"{name}.md").exists()
     ]
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
     body = "\n\n".join(parts) if parts else "_No results yet._"
-    readme.write_text(f"{head}{START}\n{body}\n{END}{tail}")
-    print(f"updated {readme} with {len(parts)} result tables")
+    _replace(HERE / "README.md", "<!-- results:start -->", "<!-- results:end -->", body)
+    _replace(
+        HERE.parent / "README.md",
+        "<!-- benchmarks:start -->",
+        "<!-- benchmarks:end -->",
+        summary(),
+    )
+    print(f"updated {HERE / 'README.md'} ({len(parts)} tables) and README.md")
 
 
 if __name__ == "__main__":
