@@ -172,6 +172,9 @@ def _is_finite(tree: PyTree) -> Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+_UPDATE_UNROLL = 2
+
+
 def gradient_phase(
     minibatch_loss: Callable[..., tuple[Array, dict[str, Any]]],
     params: PyTree,
@@ -208,7 +211,15 @@ def gradient_phase(
     indices = minibatch_indices(
         key, n_local_envs, config.n_epochs, config.n_minibatches, axis_name
     )
-    (params, opt_state), metrics = jax.lax.scan(update, (params, opt_state), indices)
+    # Two updates per loop iteration let XLA overlap each update's
+    # parameter-independent work (minibatch gathers, key and input handling)
+    # with the previous update's serial chain. `benchmarks.ceilings`,
+    # `ppo_step` ms (compile s): move_to_center 35.5 (3.1) -> 29.9 (3.4),
+    # inverted_pendulum 51.2 (8.6) -> 49.4 (8.8); unrolling 4 gains little
+    # more and compiles ~1.5 s longer.
+    (params, opt_state), metrics = jax.lax.scan(
+        update, (params, opt_state), indices, unroll=_UPDATE_UNROLL
+    )
     return params, opt_state, metrics
 
 
