@@ -52,7 +52,7 @@ from .ppo._config import EvalConfig, PPOConfig, VideoConfig, check_iteration_set
 from .ppo._loss import replay_policy
 from .ppo._rollout import StepCarry, env_keys, rollout
 from .ppo._sharding import check_mesh, gather_envs, pmean
-from .ppo._step import _is_finite, gradient_phase, iteration_metrics, make_optimizer
+from .ppo._step import gradient_phase, iteration_metrics, make_optimizer
 from .ppo._train import (
     NetworkOrFactory,
     TrainResult,
@@ -521,9 +521,6 @@ def distill_step(
         net_prefix="student",
         rollout_outputs=False,
     )
-    if config.check_finite:
-        metrics["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
-        metrics["debug/finite_obs"] = _is_finite(all_data.obs)
     new_state = DistillationState(
         student=student,
         opt_state=opt_state,

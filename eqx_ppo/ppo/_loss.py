@@ -125,19 +125,18 @@ def _replay_steps(
     terminal observations, which need the pre-reset carry of every step: then
     the whole network is scanned step by step.
     """
-    if terminal_keys is None:
+    if terminal_keys is None or not jax.tree.leaves(state0):
         last_state, outputs, regularization = _replay_sequence(
             network, state0, data.obs, data.extras, keys, data.done
         )
-        return last_state, outputs, regularization, None
-    if not jax.tree.leaves(state0):
-        # No carry: one call over all T*M steps instead of T sequential ones.
-        per_step = jax.vmap(lambda o, e, k: apply_network(network, state0, o, e, k))
-        out = per_step(data.obs, data.extras, keys)
-        terminal_values = per_step(
-            data.terminal_obs, None, terminal_keys
-        ).output.value_estimates
-        return state0, out.output, out.regularization_loss, terminal_values
+        terminal_values = None
+        if terminal_keys is not None:
+            # No carry: the terminal observations are just more inputs.
+            _, terminal, _ = _replay_sequence(
+                network, state0, data.terminal_obs, None, terminal_keys, data.done
+            )
+            terminal_values = terminal.value_estimates
+        return last_state, outputs, regularization, terminal_values
 
     def step(carry, xs):
         obs, extras, k, tk, done, terminal_obs = xs

@@ -281,9 +281,6 @@ def ppo_step(
     all_data = gather_envs(data._replace(key=None), axis_name)
     network = eqx.combine(params, static).update_statistics(all_data.extras)
     metrics = iteration_metrics(config, loss_metrics, all_data, params)
-    if config.check_finite:
-        metrics["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
-        metrics["debug/finite_obs"] = _is_finite(all_data.obs)
     new_state = TrainingState(
         network=network,
         opt_state=opt_state,
@@ -368,7 +365,8 @@ def iteration_metrics(
     mean over updates, or percentiles), then the rollout's env and network
     metrics (the latter under `net_prefix`), batch statistics and weights.
     `rollout_outputs` adds the rollout's log-likelihoods and values
-    (`ACTOR_EXTRA`, `CRITIC_EXTRA`).
+    (`ACTOR_EXTRA`, `CRITIC_EXTRA`). With `config.check_finite`, also whether
+    the loss and the observations were finite (`debug/finite_*`).
     """
     level, pct = config.logging_level, config.logging_percentiles
     out: dict[str, Array] = {}
@@ -395,4 +393,7 @@ def iteration_metrics(
     if LoggingLevel.WEIGHTS in level:
         weights = jnp.concatenate([jnp.ravel(w) for w in jax.tree.leaves(params)])
         reduce_metric(out, "weights", weights, pct)
+    if config.check_finite:
+        out["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
+        out["debug/finite_obs"] = _is_finite(data.obs)
     return out
