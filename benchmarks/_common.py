@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -357,10 +358,28 @@ def spread(values: list[float]) -> str:
     return f"{_fmt(statistics.median(values))} [{_fmt(lo)}, {_fmt(hi)}]"
 
 
-def write_results(name: str, payload: dict[str, Any], markdown: str) -> Path:
-    """Write `results/<name>.json` and `results/<name>.md`; return the md path."""
+def publish(
+    name: str,
+    result: dict[str, Any],
+    render: Callable[[dict[str, Any]], str],
+    started: dict[str, Any],
+) -> None:
+    """Stamp `result` with `started` (`machine()` read when the script began,
+    so its load average is the machine's before the benchmark), the package
+    versions and the finish time; write `results/<name>.json` and
+    `results/<name>.md` (the tables `render` makes of it) and print the tables.
+    """
+    result = {
+        **result,
+        "machine": started,
+        "versions": versions(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    text = render(result)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     path = RESULTS / f"{name}.md"
-    path.write_text(markdown)
-    return path
+    path.write_text(text)
+    print()
+    print(text)
+    print(f"written: {path} (+ .json)")

@@ -69,21 +69,27 @@ def eqx_network(spec: Spec, env, key):
     )
 
 
+def ppo_settings(spec: Spec) -> dict[str, Any]:
+    """The PPO settings of `spec` under the names eqx_ppo's and nnx-ppo's
+    `PPOConfig` share, so both systems are configured from one place."""
+    return dict(
+        n_envs=spec.n_envs,
+        rollout_length=spec.rollout_length,
+        total_steps=spec.run_steps,
+        gae_lambda=spec.gae_lambda,
+        discounting_factor=spec.discount,
+        clip_range=spec.clip_range,
+        learning_rate=spec.learning_rate,
+        n_epochs=spec.n_epochs,
+        n_minibatches=spec.n_minibatches,
+    )
+
+
 def eqx_config(spec: Spec):
     import eqx_ppo
 
     return eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
-            n_envs=spec.n_envs,
-            rollout_length=spec.rollout_length,
-            total_steps=spec.run_steps,
-            gae_lambda=spec.gae_lambda,
-            discounting_factor=spec.discount,
-            clip_range=spec.clip_range,
-            learning_rate=spec.learning_rate,
-            n_epochs=spec.n_epochs,
-            n_minibatches=spec.n_minibatches,
-        ),
+        ppo=eqx_ppo.PPOConfig(**ppo_settings(spec)),
         eval=eqx_ppo.EvalConfig(enabled=False),
         seed=spec.seed,
         n_seeds=spec.n_seeds,
@@ -220,17 +226,7 @@ def run_nnx(spec: Spec) -> dict[str, Any]:
     timer = Boundaries(spec)
     network = nnx_network(spec, env.observation_size, env.action_size)
     config = nnx_config.TrainConfig(
-        ppo=nnx_config.PPOConfig(
-            n_envs=spec.n_envs,
-            rollout_length=spec.rollout_length,
-            total_steps=spec.run_steps,
-            gae_lambda=spec.gae_lambda,
-            discounting_factor=spec.discount,
-            clip_range=spec.clip_range,
-            learning_rate=spec.learning_rate,
-            n_epochs=spec.n_epochs,
-            n_minibatches=spec.n_minibatches,
-        ),
+        ppo=nnx_config.PPOConfig(**ppo_settings(spec)),
         eval=nnx_config.EvalConfig(enabled=False),
         seed=spec.seed,
         checkpoint_every_steps=10**15,

@@ -13,17 +13,15 @@ Printed and written to `benchmarks/results/compare_<env>_<policy>.{json,md}`.
 
 import argparse
 import dataclasses
-import time
 from typing import Any
 
 from ._common import (
     SYSTEM_NAMES,
     Spec,
     machine,
+    publish,
     run_worker,
     spread,
-    versions,
-    write_results,
 )
 
 
@@ -57,9 +55,6 @@ def run(
         "systems": systems,
         "reps": reps,
         "runs": runs,
-        "machine": machine(),
-        "versions": versions(),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if ceilings:
         result["ceilings"] = run_worker(
@@ -201,13 +196,10 @@ def main(argv: list[str] | None = None) -> None:
         hidden=(32, 32, 32, 32) if args.policy == "mlp" else (32, 32),
     )
     print(f"compare: {args.env}, {args.policy}, systems {systems}, {args.reps} reps")
+    started = machine()
     result = run(base, systems, args.reps, ceilings=not args.no_ceilings)
-    text = markdown(result)
     name = args.name or f"compare_{args.env}_{args.policy}"
-    path = write_results(name, result, text)
-    print()
-    print(text)
-    print(f"written: {path} (+ .json)")
+    publish(name, result, markdown, started)
 
 
 if __name__ == "__main__":

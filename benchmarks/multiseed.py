@@ -26,10 +26,9 @@ from ._common import (
     machine,
     median,
     peak_rss_mb,
+    publish,
     run_worker,
     spread,
-    versions,
-    write_results,
 )
 
 
@@ -102,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
     print(f"multiseed: {s} seeds x {n} envs vs {s * n} envs, {args.env}")
+    started = machine()
     runs: list[dict[str, Any]] = []
     for rep in range(args.reps):
         names = list(variants) + ([] if args.no_sequential else ["sequential"])
@@ -132,15 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         "envs_per_seed": n,
         "spec": dataclasses.asdict(per_seed),
         "runs": runs,
-        "machine": machine(),
-        "versions": versions(),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    text = markdown(result)
-    path = write_results("multiseed", result, text)
-    print()
-    print(text)
-    print(f"written: {path} (+ .json)")
+    publish("multiseed", result, markdown, started)
 
 
 def _paired(runs, a: str, b: str, key: str) -> list[float]:

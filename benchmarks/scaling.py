@@ -18,7 +18,6 @@ Written to `benchmarks/results/scaling.*`.
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from ._common import (
@@ -30,9 +29,8 @@ from ._common import (
     eqx_env,
     machine,
     peak_rss_mb,
+    publish,
     run_worker,
-    versions,
-    write_results,
 )
 
 N_ENVS = (64, 256, 1024)
@@ -103,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-flat", action="store_true")
     args = parser.parse_args(argv)
     systems = args.systems.split(",")
+    started = machine()
 
     grid = [(n, 20) for n in N_ENVS] + [(256, r) for r in ROLLOUTS if r != 20]
     points: list[dict[str, Any]] = []
@@ -142,15 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         "systems": systems,
         "points": points,
         "flatness": flatness,
-        "machine": machine(),
-        "versions": versions(),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    text = markdown(result)
-    path = write_results("scaling", result, text)
-    print()
-    print(text)
-    print(f"written: {path} (+ .json)")
+    publish("scaling", result, markdown, started)
 
 
 def markdown(result: dict[str, Any]) -> str:
