@@ -139,17 +139,20 @@ def raw_env(name: str):
     return KeepInfo(envs.make(name, episode_length=None))
 
 
-def evaluate(env, act, policy, init_carry, *, key, n_envs: int, length: int) -> float:
+def evaluate(env, act, policy, init_carry, spec: Spec) -> float:
     """Mean undiscounted return of one deterministic episode per env.
 
-    The same function (same env object, same keys) scores every system, so
-    returns are comparable. `act(policy, carry, obs, key) -> (carry, actions)`
-    works on a batch of envs; `policy` is its array pytree. Each env counts the
-    rewards up to and including its first `done`; envs are never reset.
+    The same function scores every system, on `spec.eval_envs` envs for the
+    env's episode length with one fixed key, so returns are comparable.
+    `act(policy, carry, obs, key) -> (carry, actions)` works on a batch of
+    envs; `policy` is its array pytree. Each env counts the rewards up to and
+    including its first `done`; envs are never reset.
     """
     import equinox as eqx
     import jax
     import jax.numpy as jnp
+
+    n_envs, length = spec.eval_envs, EPISODE_LENGTH[spec.env]
 
     @eqx.filter_jit
     def run(policy, carry, key):
@@ -172,7 +175,7 @@ def evaluate(env, act, policy, init_carry, *, key, n_envs: int, length: int) -> 
         )
         return jnp.mean(total)
 
-    return float(run(policy, init_carry, key))
+    return float(run(policy, init_carry, jax.random.key(1234)))
 
 
 # ------------------------------------------------------------------------ memory

@@ -133,9 +133,7 @@ def run_eqx(spec: Spec, env: Any = None) -> dict[str, Any]:
             act,
             params,
             network.initialize_state(spec.eval_envs),
-            key=jax.random.key(1234),
-            n_envs=spec.eval_envs,
-            length=EPISODE_LENGTH[spec.env],
+            spec,
         )
     return out
 
@@ -217,7 +215,6 @@ def nnx_network(spec: Spec, obs_size: int, action_size: int):
 
 
 def run_nnx(spec: Spec) -> dict[str, Any]:
-    import jax
     from flax import nnx
     from nnx_ppo.algorithms import config as nnx_config, ppo as nnx_ppo
 
@@ -250,9 +247,7 @@ def run_nnx(spec: Spec) -> dict[str, Any]:
             act,
             state,
             network.initialize_state(spec.eval_envs),
-            key=jax.random.key(1234),
-            n_envs=spec.eval_envs,
-            length=EPISODE_LENGTH[spec.env],
+            spec,
         )
     return out
 
@@ -310,9 +305,7 @@ def run_brax(spec: Spec) -> dict[str, Any]:
             act,
             params,
             (),
-            key=jax.random.key(1234),
-            n_envs=spec.eval_envs,
-            length=EPISODE_LENGTH[spec.env],
+            spec,
         )
     return out
 
