@@ -52,6 +52,42 @@ def _time(fn, *args, repeats: int = 5, inner: int = 5) -> dict[str, float]:
     }
 
 
+def rollout_step(env, config):
+    """`state -> (carry, data)`: eqx_ppo's rollout from a training state, as
+    `ppo_step` runs it."""
+    from eqx_ppo.ppo._rollout import StepCarry, rollout
+
+    def collect(state):
+        return rollout(
+            env,
+            state.network,
+            StepCarry(state.env_state, state.net_state),
+            state.key,
+            length=config.rollout_length,
+            reset_mode=config.reset_mode,
+            keep_terminal_obs=config.truncation == "bootstrap",
+        )
+
+    return collect
+
+
+def update_step(env, config):
+    """`(state, carry, data) -> ppo_step(...)` with the rollout replaced by the
+    given `(carry, data)`: exactly the engine's update (and statistics step),
+    however it changes."""
+    from eqx_ppo.ppo import _step
+
+    def update(state, carry, data):
+        real = _step.rollout
+        _step.rollout = lambda *args, **kwargs: (carry, data)
+        try:
+            return _step.ppo_step(env, config, state)
+        finally:
+            _step.rollout = real
+
+    return update
+
+
 def measure(spec: Spec) -> dict[str, Any]:
     import equinox as eqx
     import jax
@@ -59,8 +95,6 @@ def measure(spec: Spec) -> dict[str, Any]:
 
     import eqx_ppo
     from eqx_ppo.nn import trainable
-    from eqx_ppo.ppo import _step
-    from eqx_ppo.ppo._rollout import StepCarry, rollout
     from eqx_ppo.ppo._step import ppo_step
 
     from ._worker import eqx_config, eqx_network
@@ -91,33 +125,11 @@ def measure(spec: Spec) -> dict[str, Any]:
 
     record("env_only", env_only, state.env_state, jax.random.key(0))
 
-    @eqx.filter_jit
-    def rollout_only(state):
-        return rollout(
-            env,
-            state.network,
-            StepCarry(state.env_state, state.net_state),
-            state.key,
-            length=spec.rollout_length,
-            reset_mode=config.reset_mode,
-            keep_terminal_obs=config.truncation == "bootstrap",
-        )
-
+    rollout_only = eqx.filter_jit(rollout_step(env, config))
     record("rollout", rollout_only, state)
     carry, data = rollout_only(state)
 
-    @eqx.filter_jit
-    def update_only(state, carry, data):
-        # `ppo_step` with its rollout replaced by the given one, so this is
-        # exactly the engine's update (and statistics), however it changes.
-        real = _step.rollout
-        _step.rollout = lambda *args, **kwargs: (carry, data)
-        try:
-            return ppo_step(env, config, state)
-        finally:
-            _step.rollout = real
-
-    record("update", update_only, state, carry, data)
+    record("update", eqx.filter_jit(update_step(env, config)), state, carry, data)
 
     step = eqx.filter_jit(lambda s: ppo_step(env, config, s))
     record("ppo_step", step, state)

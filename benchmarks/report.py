@@ -4,7 +4,9 @@
 
 In `benchmarks/README.md`, replaces the text between `<!-- results:start -->`
 and `<!-- results:end -->` with `results/<name>.md` for every result file that
-exists, in a fixed order. In `README.md`, replaces the text between
+exists, in a fixed order, and between `<!-- profile:start -->` and
+`<!-- profile:end -->` every `results/profile_*.md` (`benchmarks.profile`). In
+`README.md`, replaces the text between
 `<!-- benchmarks:start -->` and `<!-- benchmarks:end -->` with a summary built
 from the JSON results: the `inverted_pendulum` table and the paired ratios of
 every comparison. Both READMEs then show what the scripts last measured.
@@ -98,13 +100,23 @@ def main() -> None:
     ]
     body = "\n\n".join(parts) if parts else "_No results yet._"
     _replace(HERE / "README.md", "<!-- results:start -->", "<!-- results:end -->", body)
+    profiles = [p.read_text().strip() for p in sorted(RESULTS.glob("profile_*.md"))]
+    _replace(
+        HERE / "README.md",
+        "<!-- profile:start -->",
+        "<!-- profile:end -->",
+        "\n\n".join(profiles) if profiles else "_No profiles yet._",
+    )
     _replace(
         HERE.parent / "README.md",
         "<!-- benchmarks:start -->",
         "<!-- benchmarks:end -->",
         summary(),
     )
-    print(f"updated {HERE / 'README.md'} ({len(parts)} tables) and README.md")
+    print(
+        f"updated {HERE / 'README.md'} ({len(parts)} tables, {len(profiles)} "
+        "profiles) and README.md"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,258 @@
+"""Where eqx_ppo's time goes: a per-op profile of one compiled program.
+
+    python -m benchmarks.profile --env move_to_center [--policy lstm]
+        [--part update|ppo_step] [--seeds 16 --n-envs 64]
+
+Compiles the update alone (`ppo_step` on a fixed rollout, as `ceilings` times
+it) or a whole `ppo_step`, vmapped over `--seeds` training states when more
+than one, traces a few calls with `jax.profiler`, and attributes every XLA op
+that ran to the innermost eqx_ppo source line it was traced from (read from
+the compiled HLO's stack frames) and to its op kind (`dot`, `ynn_fusion`,
+`copy`, ...). Printed and written to
+`results/profile_<env>_<policy>_<part>_<seeds>x<n_envs>.{json,md}`;
+`benchmarks.report` pastes every such table into `benchmarks/README.md`.
+
+Two totals frame the tables: the op time per call (summed over threads) and
+the share of the wall time in which at least one thread was running an op.
+Op time close to the wall time with a high busy share means the program is a
+chain of dependent ops: it gets faster only with fewer or shorter ops on that
+chain, not with more parallel work.
+"""
+
+import argparse
+import collections
+import dataclasses
+import gzip
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ._common import Spec, eqx_env, machine, publish
+
+_TRACED_CALLS = 3
+_NOT_LEAF = {"while", "call", "conditional", "parameter", "tuple", "constant"}
+
+
+def _program(spec: Spec, part: str):
+    """The jitted function and its arguments (array leaves only)."""
+    import equinox as eqx
+    import jax
+
+    import eqx_ppo
+    from eqx_ppo.ppo._step import ppo_step
+
+    from ._worker import eqx_config, eqx_network
+    from .ceilings import rollout_step, update_step
+
+    env = eqx_env(spec.env)
+    config = eqx_config(spec).ppo
+
+    def init(key):
+        network = eqx_network(spec, env, key)
+        return eqx_ppo.ppo_init(env, network, config, key=jax.random.fold_in(key, 1))
+
+    if part == "update":
+        body, collect = update_step(env, config), rollout_step(env, config)
+
+        def make_args(key):
+            state = init(key)
+            return (state, *collect(state))
+
+    else:
+
+        def body(state):
+            return ppo_step(env, config, state)
+
+        def make_args(key):
+            return (init(key),)
+
+    fn = body
+    if spec.n_seeds > 1:
+        fn, make_args = eqx.filter_vmap(body), eqx.filter_vmap(make_args)
+        key = jax.random.split(jax.random.key(spec.seed), spec.n_seeds)
+    else:
+        key = jax.random.key(spec.seed)
+    args = eqx.filter_jit(make_args)(key)
+    dynamic, static = eqx.partition(args, eqx.is_array)
+    jitted = jax.jit(lambda d: fn(*eqx.combine(d, static)))
+    return jitted, dynamic
+
+
+def _stack_frames(hlo: str) -> dict[int, str]:
+    """Stack frame id -> innermost eqx_ppo `file:line (function)` on it."""
+    tables: dict[str, dict[int, str]] = {}
+    name = None
+    for line in hlo[hlo.find("\nFileNames") :].splitlines():
+        if re.fullmatch(r"[A-Za-z]+", line):
+            name = line
+            tables[name] = {}
+        elif name and (m := re.match(r"(\d+) (.*)", line)):
+            tables[name][int(m.group(1))] = m.group(2)
+
+    def fields(text: str) -> dict[str, int]:
+        return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", text)}
+
+    files = {k: v.strip('"') for k, v in tables.get("FileNames", {}).items()}
+    functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
+    locations = {}
+    for k, v in tables.get("FileLocations", {}).items():
+        f = fields(v)
+        path = files[f["file_name_id"]]
+        if "/eqx_ppo/" in path:
+            short = path[path.rindex("/eqx_ppo/") + 1 :]
+            function = functions.get(f["function_name_id"], "?")
+            function = function.replace("<locals>.", "")
+            locations[k] = f"{short}:{f['line']} ({function})"
+    frames = {k: fields(v) for k, v in tables.get("StackFrames", {}).items()}
+    out = {}
+    for frame_id in frames:
+        seen, current = set(), frame_id
+        while current in frames and current not in seen:
+            seen.add(current)
+            where = locations.get(frames[current]["file_location_id"])
+            if where is not None:
+                out[frame_id] = where
+                break
+            current = frames[current].get("parent_frame_id", 0)
+    return out
+
+
+def _instructions(hlo: str) -> dict[str, tuple[str, str]]:
+    """HLO instruction name -> (op kind, eqx_ppo source) for every leaf op.
+
+    Ops of a backward pass (under `transpose(...)` in their op name) are
+    marked as such, so a layer's forward and backward cost show separately.
+    """
+    frames = _stack_frames(hlo)
+    out = {}
+    pattern = r"^\s*(?:ROOT )?%([\w.\-]+) = .*? ([a-z][\w\-]*)\((.*)$"
+    for m in re.finditer(pattern, hlo, re.M):
+        name, opcode, rest = m.groups()
+        if opcode in _NOT_LEAF:
+            continue
+        frame = re.search(r"stack_frame_id=(\d+)", rest)
+        source = (
+            frames.get(int(frame.group(1)), "outside eqx_ppo")
+            if frame
+            else "no stack frame (loop copies)"
+        )
+        if "transpose(" in (re.search(r'op_name="([^"]*)"', rest) or [""])[0]:
+            source += ", backward"
+        out[name] = (re.sub(r"\.\d+$", "", name), source)
+    return out
+
+
+def _trace_events(directory: str) -> list[dict[str, Any]]:
+    (path,) = Path(directory).rglob("*.trace.json.gz")
+    with gzip.open(path) as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Time covered by the union of `(start, end)` intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def profile(spec: Spec, part: str, top: int) -> dict[str, Any]:
+    import jax
+
+    jitted, args = _program(spec, part)
+    t0 = time.perf_counter()
+    compiled = jitted.lower(args).compile()
+    compile_s = time.perf_counter() - t0
+    ops = _instructions(compiled.as_text())
+    jax.block_until_ready(compiled(args))
+    walls = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(args))
+        walls.append((time.perf_counter() - t0) * 1e3)
+    with tempfile.TemporaryDirectory() as directory:
+        with jax.profiler.trace(directory, create_perfetto_trace=True):
+            for _ in range(_TRACED_CALLS):
+                jax.block_until_ready(compiled(args))
+        events = [e for e in _trace_events(directory) if e["name"] in ops]
+    by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    by_kind: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for e in events:
+        kind, source = ops[e["name"]]
+        for table, key in ((by_source, source), (by_kind, kind)):
+            table[key][0] += 1 / _TRACED_CALLS
+            table[key][1] += e["dur"] / 1e3 / _TRACED_CALLS
+    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events]
+    span = max(b for _, b in intervals) - min(a for a, _ in intervals)
+
+    def rows(table):
+        ranked = sorted(table.items(), key=lambda kv: -kv[1][1])[:top]
+        return [{"name": k, "ops": round(n), "ms": ms} for k, (n, ms) in ranked]
+
+    return {
+        "spec": dataclasses.asdict(spec),
+        "part": part,
+        "compile_s": compile_s,
+        "wall_ms": sorted(walls)[len(walls) // 2],
+        "op_ms": sum(ms for _, ms in by_kind.values()),
+        "ops": round(sum(n for n, _ in by_kind.values())),
+        "busy_share": _busy_us(intervals) / span,
+        "by_source": rows(by_source),
+        "by_kind": rows(by_kind),
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    spec = result["spec"]
+    seeds = f"{spec['n_seeds']} seeds x " if spec["n_seeds"] > 1 else ""
+    lines = [
+        f"#### Profile: `{spec['env']}`, {spec['policy']} policy, "
+        f"{result['part']} ({seeds}{spec['n_envs']} envs x "
+        f"{spec['rollout_length']} steps)",
+        "",
+        f"{result['wall_ms']:.1f} ms wall per call; {result['op_ms']:.1f} ms of "
+        f"op time in {result['ops']:,} op executions; at least one op running "
+        f"{100 * result['busy_share']:.0f}% of the traced time.",
+    ]
+    for key, what in (("by_source", "eqx_ppo source"), ("by_kind", "XLA op")):
+        lines += ["", f"| {what} | op time (ms) | share | ops |", "|---|---|---|---|"]
+        for row in result[key]:
+            lines.append(
+                f"| `{row['name']}` | {row['ms']:.2f} "
+                f"| {100 * row['ms'] / result['op_ms']:.0f}% | {row['ops']:,} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--env",
+        default="move_to_center",
+        choices=["inverted_pendulum", "move_to_center"],
+    )
+    parser.add_argument("--policy", default="mlp", choices=["mlp", "lstm"])
+    parser.add_argument("--part", default="update", choices=["update", "ppo_step"])
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--n-envs", type=int, default=256)
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args(argv)
+    spec = Spec(
+        env=args.env, policy=args.policy, n_envs=args.n_envs, n_seeds=args.seeds
+    )
+    started = machine()
+    result = profile(spec, args.part, args.top)
+    name = f"profile_{args.env}_{args.policy}_{args.part}_{args.seeds}x{args.n_envs}"
+    publish(name, result, markdown, started)
+
+
+if __name__ == "__main__":
+    main()
