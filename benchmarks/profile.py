@@ -137,9 +137,10 @@ def _instructions(hlo: str) -> dict[str, tuple[str, str]]:
         source = (
             frames.get(int(frame.group(1)), "outside eqx_ppo")
             if frame
-            else "no stack frame (loop copies)"
+            else "no stack frame (copies XLA inserted)"
         )
-        if "transpose(" in (re.search(r'op_name="([^"]*)"', rest) or [""])[0]:
+        op_name = re.search(r'op_name="([^"]*)"', rest)
+        if op_name and "transpose(" in op_name.group(1):
             source += ", backward"
         out[name] = (re.sub(r"\.\d+$", "", name), source)
     return out

@@ -87,7 +87,8 @@ def summary() -> str:
             f"program: **{median(_paired(runs, 'vmapped', 'single', 'sps')):.2f}**"
             f" of one {s * multiseed['envs_per_seed']}-env run's throughput, "
             f"{median(_paired(runs, 'vmapped', 'sequential', 'sps')):.2f}x "
-            f"{s} sequential runs"
+            f"{s} sequential runs (end to end, compilation included: "
+            f"{median(_paired(runs, 'vmapped', 'sequential', 'end_to_end_sps')):.2f}x)"
         )
     return "\n".join(lines) if lines else "_No results yet._"
 
