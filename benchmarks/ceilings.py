@@ -25,8 +25,11 @@ from typing import Any
 from ._common import Spec, emit, eqx_env, peak_rss_mb
 
 
-def _time(fn, *args, repeats: int = 5, inner: int = 5) -> dict[str, float]:
-    """Compile seconds, and median wall and CPU milliseconds per call, of `fn`.
+def compile_and_time(
+    fn, *args, repeats: int = 5, inner: int = 5
+) -> tuple[Any, dict[str, float]]:
+    """Compile the jitted `fn` for `args`; return the compiled function and its
+    compile seconds and median wall and CPU milliseconds per call.
 
     CPU time counts every thread of this process; on a machine shared with
     other work it moves much less than wall time.
@@ -45,7 +48,7 @@ def _time(fn, *args, repeats: int = 5, inner: int = 5) -> dict[str, float]:
         jax.block_until_ready(out)
         wall.append((time.perf_counter() - t0) / inner)
         cpu.append((time.process_time() - c0) / inner)
-    return {
+    return compiled, {
         "compile_s": compile_s,
         "ms": sorted(wall)[repeats // 2] * 1e3,
         "cpu_ms": sorted(cpu)[repeats // 2] * 1e3,
@@ -109,7 +112,7 @@ def measure(spec: Spec) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def record(name, fn, *args):
-        timing = _time(fn, *args)
+        _, timing = compile_and_time(fn, *args)
         out[name] = {"sps": steps / timing["ms"] * 1e3, **timing}
 
     @jax.jit
