@@ -239,10 +239,10 @@ def ppo_loss(
     advantages are normalised per minibatch when `normalize_advantages`.
 
     `data` is the minibatch, sliced to `[T, M]`. Under `jax.shard_map` with
-    `axis_name`, `data` holds this device's
-    share of the minibatch: advantages are normalised with the moments of the
-    whole minibatch and the metrics are whole-minibatch values, while `total`
-    stays this device's loss (its gradient is averaged by the caller).
+    `axis_name`, `data` holds this device's share of the minibatch: advantages
+    are normalised with the moments of the whole minibatch and the metrics are
+    whole-minibatch values, while `total` stays this device's loss (its
+    gradient is averaged by the caller).
     """
     rep = replay(
         network,
