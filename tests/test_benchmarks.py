@@ -1,0 +1,129 @@
+"""The benchmark scripts' own logic: profile attribution, pairing, formatting.
+
+The benchmarks themselves need Brax, flax and nnx-ppo and minutes of machine
+time; these tests cover the parts whose breakage would silently corrupt the
+published numbers, on hand-made inputs and on a real compiled program.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from benchmarks._common import spread
+from benchmarks.multiseed import _paired
+from benchmarks.profile import _busy_us, _instructions, markdown
+from eqx_ppo.nn import Dense
+
+_HLO = """\
+HloModule m
+
+ENTRY %main.1 (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %dot.7 = f32[4]{0} dot(%p, %p), metadata={op_name="jit(f)/dot" stack_frame_id=3}
+  %multiply_fusion.2 = f32[4]{0} fusion(%dot.7), kind=kLoop, calls=%c, \
+metadata={op_name="jit(f)/transpose(jvp(mul))" stack_frame_id=2}
+  %copy.9 = f32[4]{0} copy(%multiply_fusion.2)
+  %while.4 = (s32[]) while(%t), condition=%cond, body=%body, \
+metadata={op_name="jit(f)/while" stack_frame_id=3}
+  ROOT %add.5 = f32[4]{0} add(%copy.9, %p), metadata={op_name="jit(f)/add" \
+stack_frame_id=4}
+}
+
+FileNames
+1 "/site-packages/jax/_src/numpy/lax_numpy.py"
+2 "/repo/eqx_ppo/nn/_dense.py"
+3 "/repo/eqx_ppo/ppo/_loss.py"
+
+FunctionNames
+1 "dot"
+2 "Dense.__call__"
+3 "ppo_loss.<locals>.surrogate"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=10 end_line=10 column=1 end_column=2}
+2 {file_name_id=2 function_name_id=2 line=173 end_line=173 column=1 end_column=2}
+3 {file_name_id=3 function_name_id=3 line=283 end_line=283 column=1 end_column=2}
+
+StackFrames
+1 {file_location_id=2}
+2 {file_location_id=3}
+3 {file_location_id=1 parent_frame_id=1}
+4 {file_location_id=1}
+"""
+
+
+def test_instructions_attribute_ops_to_the_innermost_eqx_ppo_frame():
+    ops = _instructions(_HLO)
+    # frame 3 is a jax frame whose parent (frame 1) is Dense.__call__ line 173
+    assert ops["dot.7"] == ("dot", "eqx_ppo/nn/_dense.py:173 (Dense.__call__)")
+    # `<locals>.` dropped; `transpose(` in the op name marks the backward pass
+    assert ops["multiply_fusion.2"] == (
+        "multiply_fusion",
+        "eqx_ppo/ppo/_loss.py:283 (ppo_loss.surrogate), backward",
+    )
+    assert ops["copy.9"] == ("copy", "no stack frame (copies XLA inserted)")
+    # frame 4 has only a jax location and no parent
+    assert ops["add.5"] == ("add", "outside eqx_ppo")
+    # a while loop's event spans its body's ops, which count themselves
+    assert "while.4" not in ops
+
+
+def test_instructions_read_a_real_compiled_program():
+    layer = Dense(3, 4, activation="tanh", key=jax.random.key(0))
+
+    def loss(layer, x):
+        return jnp.sum(jax.vmap(lambda v: layer((), v).output)(x))
+
+    params, static = eqx.partition(layer, eqx.is_array)
+    fn = jax.jit(lambda p, x: jax.grad(loss)(eqx.combine(p, static), x))
+    text = fn.lower(params, jnp.ones((5, 3))).compile().as_text()
+    sources = {source for _, source in _instructions(text).values()}
+    dense = [s for s in sources if s.startswith("eqx_ppo/nn/_dense.py:")]
+    assert dense, sources
+    assert all("(Dense.__call__)" in s for s in dense)
+    assert any(s.endswith(", backward") for s in dense)
+
+
+def test_busy_time_is_the_union_of_intervals():
+    # [0, 3] (two overlapping ops) + [5, 6] + [6, 7] (touching) = 3 + 2
+    assert _busy_us([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (6.0, 7.0)]) == 5.0
+    assert _busy_us([(0.0, 4.0), (1.0, 2.0)]) == 4.0
+
+
+def test_profile_markdown_rows_and_shares():
+    result = {
+        "spec": {"env": "e", "policy": "mlp", "n_seeds": 2, "n_envs": 8},
+        "part": "update",
+        "wall_ms": 3.0,
+        "op_ms": 4.0,
+        "ops": 1234,
+        "busy_share": 0.75,
+        "by_source": [{"name": "a.py:1 (f)", "ms": 3.0, "ops": 7}],
+        "by_kind": [{"name": "dot", "ms": 1.0, "ops": 1234}],
+    }
+    result["spec"]["rollout_length"] = 20
+    text = markdown(result)
+    assert "(2 seeds x 8 envs x 20 steps)" in text
+    assert "4.0 ms of op time in 1,234 op executions" in text
+    assert "running 75% of the traced time" in text
+    assert "| `a.py:1 (f)` | 3.00 | 75% | 7 |" in text
+    assert "| `dot` | 1.00 | 25% | 1,234 |" in text
+
+
+def test_paired_ratios_match_repetitions_and_skip_errors():
+    runs = [
+        {"rep": 0, "variant": "a", "sps": 90.0},
+        {"rep": 0, "variant": "b", "sps": 100.0},
+        {"rep": 1, "variant": "b", "sps": 50.0},
+        {"rep": 1, "variant": "a", "sps": 40.0},
+        {"rep": 2, "variant": "a", "sps": 1.0},
+        {"rep": 2, "variant": "b", "error": "crashed"},
+    ]
+    assert _paired(runs, "a", "b", "sps") == [0.9, 0.8]
+
+
+def test_spread_formats_median_and_range():
+    assert spread([3.0, 1.0, 2.0]) == "2.00 [1.00, 3.00]"
+    assert spread([1500.0, 2500.0, 2000.0]) == "2,000 [1,500, 2,500]"
+    assert spread([12.345]) == "12.3"
+    assert spread([float("nan")]) == "n/a"
