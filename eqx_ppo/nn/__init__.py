@@ -14,7 +14,11 @@ from ._containers import (
     Sequential as Sequential,
 )
 from ._delay import Delay as Delay
-from ._dense import Dense as Dense, get_activation as get_activation
+from ._dense import (
+    Dense as Dense,
+    get_activation as get_activation,
+    orthogonal as orthogonal,
+)
 from ._factories import (
     make_lstm_actor_critic as make_lstm_actor_critic,
     make_mlp as make_mlp,

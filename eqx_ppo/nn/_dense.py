@@ -78,6 +78,34 @@ def check_vector(layer: str, x: Any, size: int) -> None:
         )
 
 
+def orthogonal(scale: float = 1.0) -> Initializer:
+    """`jax.nn.initializers.orthogonal(scale)`, safe to `vmap` on CPU.
+
+    Under `jax.vmap` (e.g. a network factory vmapped over seeds) JAX's
+    initialiser becomes one batched QR custom call per matrix. XLA:CPU runs
+    independent calls concurrently on its intra-op thread pool, and each
+    batched LAPACK call then waits for sub-tasks on that same pool: with as
+    many concurrent QRs as pool threads (two on a 2-core machine), every
+    thread waits and the program hangs. Here a vmapped call loops over the
+    batch instead (`jax.lax.map`), one unbatched QR at a time. The values are
+    exactly those of `jax.nn.initializers.orthogonal`.
+    """
+    base = jax.nn.initializers.orthogonal(scale)
+
+    def init(key: PRNGKeyArray, shape: tuple[int, ...], dtype: Any = jnp.float32):
+        @jax.custom_batching.custom_vmap
+        def one(k):
+            return base(k, shape, dtype)
+
+        @one.def_vmap
+        def _one_per_key(axis_size, in_batched, k):
+            return jax.lax.map(one, k), True
+
+        return one(key)
+
+    return init
+
+
 def init_param(
     name: str, init: Initializer, key: PRNGKeyArray, shape: tuple[int, ...]
 ) -> Float[Array, "..."]:

@@ -8,7 +8,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._dense import Initializer, check_size, check_vector, get_activation, init_param
+from ._dense import (
+    Initializer,
+    check_size,
+    check_vector,
+    get_activation,
+    init_param,
+    orthogonal,
+)
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 
 Activation = str | Callable[[Array], Array]
@@ -40,7 +47,7 @@ def _defaults(
 ) -> tuple[Initializer, Initializer, Initializer]:
     return (
         jax.nn.initializers.lecun_normal() if kernel_init is None else kernel_init,
-        jax.nn.initializers.orthogonal() if recurrent_init is None else recurrent_init,
+        orthogonal() if recurrent_init is None else recurrent_init,
         jax.nn.initializers.zeros if bias_init is None else bias_init,
     )
 

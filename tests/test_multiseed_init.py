@@ -1,0 +1,95 @@
+"""Multi-seed initialisation: the vmapped network factory must not deadlock.
+
+On a 2-core CPU, `jax.nn.initializers.orthogonal` under `vmap` became one
+batched QR per recurrent kernel; XLA:CPU ran two of them at once on its
+two-thread intra-op pool, each waiting for sub-tasks on that same pool, and
+`train_ppo(..., TrainConfig(n_seeds=4))` with an LSTM(256) hung forever in
+its init. `eqx_ppo.nn.orthogonal` loops over the batch instead.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+
+from eqx_ppo import nn
+
+_HANG_REPRO = textwrap.dedent(
+    """
+    import eqx_ppo
+
+    env = eqx_ppo.envs.make("recall")
+    config = eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=8, rollout_length=16, total_steps=128, n_minibatches=1
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        n_seeds=4,
+        progress=False,
+    )
+    result = eqx_ppo.train_ppo(
+        env,
+        lambda k: eqx_ppo.make_lstm_actor_critic(2, 1, lstm_size=256, key=k),
+        config,
+    )
+    print("trained", result.total_steps)
+    """
+)
+
+
+def test_multi_seed_lstm_init_finishes():
+    # ~15 s normally; the deadlock never ended. A subprocess, so a regression
+    # fails this test instead of hanging the suite.
+    done = subprocess.run(
+        [sys.executable, "-c", _HANG_REPRO],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "trained 128" in done.stdout
+
+
+def test_orthogonal_gives_jax_values_unbatched_and_vmapped():
+    init = nn.orthogonal()
+    reference = jax.nn.initializers.orthogonal()
+    keys = jax.random.split(jax.random.key(0), 3)
+    one = init(keys[1], (6, 6))
+    np.testing.assert_array_equal(one, reference(keys[1], (6, 6)))
+    q = np.asarray(one)
+    np.testing.assert_allclose(q @ q.T, np.eye(6), atol=1e-5)
+    # Vmapped (and nested), every slice is that key's unbatched matrix: the
+    # same QR on the same shape, looped.
+    batched = jax.jit(jax.vmap(lambda k: init(k, (6, 4))))(keys)
+    nested = jax.jit(jax.vmap(jax.vmap(lambda k: init(k, (6, 4)))))(keys.reshape(1, 3))
+    for i, k in enumerate(keys):
+        expected = jax.jit(lambda k: reference(k, (6, 4)))(k)
+        np.testing.assert_allclose(batched[i], expected, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(nested[0, i], expected, rtol=1e-6, atol=1e-7)
+
+
+def _qr_operand_shapes(jaxpr) -> list[tuple[int, ...]]:
+    from jax.extend.core import jaxprs_in_params
+
+    shapes = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "qr":
+            shapes.append(eqn.invars[0].aval.shape)
+        for sub in jaxprs_in_params(eqn.params):
+            shapes += _qr_operand_shapes(sub)
+    return shapes
+
+
+def test_vmapped_recurrent_init_runs_no_batched_qr():
+    """The deadlock needs batched QR calls; the default init makes none."""
+    keys = jax.random.split(jax.random.key(0), 3)
+    ours = jax.make_jaxpr(jax.vmap(lambda k: nn.LSTM(4, 5, key=k).recurrent_kernel))
+    shapes = _qr_operand_shapes(ours(keys).jaxpr)
+    assert shapes and all(s == (5, 5) for s in shapes), shapes
+    # JAX's own initialiser does batch them: what this test guards against.
+    theirs = jax.make_jaxpr(
+        jax.vmap(lambda k: jax.nn.initializers.orthogonal()(k, (5, 5)))
+    )
+    assert (3, 5, 5) in _qr_operand_shapes(theirs(keys).jaxpr)
