@@ -61,6 +61,15 @@ from .ppo._train import (
     init_seeds,
     run_training,
 )
+from .ppo._validate import (
+    check_callbacks,
+    check_config_types,
+    check_finite,
+    check_initial_state,
+    check_key,
+    check_percentiles,
+    check_positive_ints,
+)
 from .recording import is_leaf_layer
 
 
@@ -85,8 +94,9 @@ class DistillationConfig(eqx.Module):
     - `lr_schedule`: `"constant"`, `"linear"` or `"cosine"` (to 0 at
       `total_steps`).
     - `reset_mode`: `"cached"` or `"fresh"` env resets, as in `PPOConfig`.
-    - `check_finite`: raise, naming the iteration, on a non-finite loss or
-      observation.
+    - `check_finite`: stop, naming what and the iteration, on non-finite
+      observations, rewards, losses or parameters (on by default, as in
+      `PPOConfig`).
     - `logging_level`, `logging_percentiles`: see [`eqx_ppo.LoggingLevel`][].
       `LOSSES` logs `losses/distillation_nll` and `losses/regularization`;
       `NETWORK_METRICS` logs the student's metrics under `student/...`.
@@ -103,7 +113,7 @@ class DistillationConfig(eqx.Module):
         static=True, default="constant"
     )
     reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
-    check_finite: bool = eqx.field(static=True, default=False)
+    check_finite: bool = eqx.field(static=True, default=True)
     logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
     logging_percentiles: tuple[int | float, ...] | None = eqx.field(
         static=True, default=None
@@ -114,13 +124,7 @@ class DistillationConfig(eqx.Module):
 
     def __check_init__(self):
         check_iteration_settings(self)
-        if self.logging_percentiles is not None and not isinstance(
-            self.logging_percentiles, tuple
-        ):
-            raise ValueError(
-                "DistillationConfig(logging_percentiles="
-                f"{self.logging_percentiles!r}): expected a tuple or None."
-            )
+        check_percentiles("DistillationConfig", self.logging_percentiles)
         lr = self.learning_rate
         if not isinstance(lr, jax.core.Tracer):
             if lr.ndim != 0:
@@ -128,6 +132,7 @@ class DistillationConfig(eqx.Module):
                     f"DistillationConfig(learning_rate=array of shape {lr.shape}): "
                     "it is a scalar. To sweep it, build configs inside `jax.vmap`."
                 )
+            check_finite("DistillationConfig", "learning_rate", float(lr))
             if float(lr) < 0:
                 raise ValueError(
                     f"DistillationConfig(learning_rate={float(lr)}): must be >= 0."
@@ -187,17 +192,12 @@ class DistillationTrainConfig:
     progress: bool = True
 
     def __post_init__(self):
-        for name in ("n_seeds", "checkpoint_every_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"DistillationTrainConfig({name}={getattr(self, name)}): "
-                    "must be >= 1."
-                )
-        if self.log_every_steps is not None and self.log_every_steps < 1:
-            raise ValueError(
-                f"DistillationTrainConfig(log_every_steps={self.log_every_steps}): "
-                "must be >= 1."
-            )
+        check_config_types(
+            self, distillation=DistillationConfig, eval=EvalConfig, video=VideoConfig
+        )
+        check_positive_ints(self, "n_seeds", "checkpoint_every_steps")
+        if self.log_every_steps is not None:
+            check_positive_ints(self, "log_every_steps")
 
 
 class DistillationState(eqx.Module):
@@ -433,6 +433,7 @@ def distill_init(
     structure, matching samplers) and raises a `ValueError` saying what
     differs otherwise.
     """
+    check_key("distill_init", key)
     reset_key, key = jax.random.split(key)
     env_state = jax.vmap(env.reset)(env_keys(reset_key, config.n_envs))
     teacher = eqx.nn.inference_mode(teacher)
@@ -574,7 +575,7 @@ def init_distillation_state(
     """
 
     def one(init_key, train_key):
-        network = _build_network(student, init_key)
+        network = _build_network(student, init_key, "train_distillation(student=...)")
         return distill_init(env, teacher, network, config.distillation, key=train_key)
 
     return init_seeds(one, config.seed, config.n_seeds)
@@ -618,6 +619,12 @@ def train_distillation(
     `DistillationState`.
     """
     config = DistillationTrainConfig() if config is None else config
+    check_callbacks(
+        "train_distillation",
+        log_fn=log_fn,
+        video_fn=video_fn,
+        checkpoint_fn=checkpoint_fn,
+    )
     if mesh is not None:
         check_mesh(
             mesh,
@@ -625,6 +632,11 @@ def train_distillation(
             config.distillation.n_minibatches,
             where="train_distillation",
         )
+    check_initial_state(
+        "train_distillation",
+        initial_state,
+        lambda: init_distillation_state(env, teacher, student, config),
+    )
     state = (
         init_distillation_state(env, teacher, student, config)
         if initial_state is None

@@ -118,7 +118,8 @@ class NormalTanhSampler(AbstractStatefulModule):
     **Arguments:**
 
     - `entropy_weight`: weight of the entropy bonus.
-    - `min_std`: floor added to the softplus std, `>= 0`.
+    - `min_std`: floor added to the softplus std, `>= 0`. The default 1e-3 is
+      nnx-ppo's; the factories (`make_mlp_actor_critic`, ...) pass 0.1.
     - `std_scale`: multiplier applied after the floor, `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
@@ -174,7 +175,8 @@ class NormalSampler(AbstractStatefulModule):
     **Arguments:**
 
     - `entropy_weight`: weight of the entropy bonus.
-    - `min_std`: floor added to the softplus std, `>= 0`.
+    - `min_std`: floor added to the softplus std, `>= 0`. The default 1e-3 is
+      nnx-ppo's; the factories (`make_mlp_actor_critic`, ...) pass 0.1.
     - `std_scale`: multiplier applied after the floor, `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """

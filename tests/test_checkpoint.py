@@ -445,7 +445,7 @@ def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
     )
     with pytest.raises(
         ckpt.CheckpointError,
-        match=r"(?s)ppo.gradient_clipping: saved None, given 1.0.*"
+        match=r"(?s)ppo.gradient_clipping: saved 0.5, given 1.0.*"
         r"ppo.learning_rate: saved 9.99.*given 0.001",
     ):
         ckpt.load_checkpoint(path, env=env, networks=networks, config=faster)

@@ -295,7 +295,10 @@ def make_mlp_actor_critic(
     - `normalize_obs`: put a running [`eqx_ppo.nn.Normalizer`][] first.
     - `initializer_scale`: variance scale of the kernel initialiser.
     - `entropy_weight`: weight of every sampler's entropy bonus.
-    - `min_std`, `std_scale`: the Gaussian samplers' std floor and scale.
+    - `min_std`, `std_scale`: the Gaussian samplers' std floor and scale. The
+      factories' floor, 0.1, is higher than `NormalTanhSampler`'s own default
+      (1e-3, nnx-ppo's): it keeps exploration alive on small tasks; pass
+      `min_std=1e-3` for the sampler's default.
     - `discrete`: use [`eqx_ppo.nn.CategoricalSampler`][]s (integer actions).
     """
 

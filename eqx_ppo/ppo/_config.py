@@ -9,6 +9,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from ..logging import LoggingLevel
+from ._validate import (
+    check_config_types,
+    check_finite,
+    check_percentiles,
+    check_positive_ints,
+)
 
 
 def _is_concrete(x: Any) -> bool:
@@ -19,13 +25,27 @@ def _coefficient() -> Any:
     return eqx.field(converter=lambda v: jnp.asarray(v, jnp.float32))
 
 
+def _optional_coefficient() -> Any:
+    """A coefficient that `None` switches off (a different program); any value
+    switches it on as a float32 array, so sweeping the value does not recompile."""
+    return eqx.field(
+        converter=lambda v: None if v is None else jnp.asarray(v, jnp.float32)
+    )
+
+
 class PPOConfig(eqx.Module):
     """The PPO algorithm's settings.
 
     Structural fields (sizes, counts, flags) are static: they fix array shapes
     and the compiled program. Coefficients (`learning_rate`, `clip_range`,
-    `discounting_factor`, `gae_lambda`, `critic_loss_weight`) are float32
-    arrays, so changing one does not recompile and `jax.vmap` can sweep them.
+    `discounting_factor`, `gae_lambda`, `critic_loss_weight`, and `target_kl`
+    and `value_clip_range` when set) are float32 arrays, so changing one does
+    not recompile and `jax.vmap` can sweep them.
+
+    The defaults are the stable ones CleanRL and Stable-Baselines3 users
+    expect: global-norm gradient clipping at 0.5 and non-finite checks on.
+    See the FAQ, "Why did my run collapse?", for the guards and when to use
+    them.
 
     **Arguments:**
 
@@ -35,10 +55,27 @@ class PPOConfig(eqx.Module):
       iteration).
     - `n_epochs`, `n_minibatches`: passes over the rollout and minibatches per
       pass; minibatches split the *env* axis, each replaying whole sequences.
+    - `learning_rate`: Adam(W) step size, scaled by `lr_schedule`.
+    - `clip_range`: the surrogate's ratio clip `epsilon`.
+    - `discounting_factor`, `gae_lambda`: GAE's `gamma` and `lambda`.
+    - `critic_loss_weight`: weight of the value loss, which is
+      `0.5 * mean((V - target)^2)`: the `0.5` is inside, so
+      `critic_loss_weight=0.5` matches Brax's `vf_loss_coefficient=0.5` and
+      CleanRL's `vf_coef=0.5`, and the default 1.0 weighs it twice as much.
     - `normalize_advantages`: standardise advantages per minibatch.
     - `combine_advantages`: sum per-reward-key advantages into one advantage
       for every action log-likelihood (multi-head rewards).
-    - `gradient_clipping`: global-norm clip, or `None`.
+    - `gradient_clipping`: global-norm clip (default 0.5, as in CleanRL and
+      Stable-Baselines3), or `None` for none.
+    - `target_kl`: stop the epoch loop early once a minibatch's approximate
+      KL divergence from the rollout policy (`mean((r - 1) - log r)`, `r` the
+      probability ratio) exceeds `1.5 * target_kl`: that minibatch and every
+      later one of the iteration skip their update (Stable-Baselines3's rule).
+      `None` (default) never stops. The fraction of skipped updates is logged
+      as `losses/kl_stopped`.
+    - `value_clip_range`: clip the value loss as CleanRL's `clip_vloss`:
+      `max((V - t)^2, (V_old + clip(V - V_old, -c, c) - t)^2)`, with `V_old`
+      the rollout's value. `None` (default) for the plain squared error.
     - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam.
     - `lr_schedule`: `"constant"`, `"linear"` (to 0 at `total_steps`) or
       `"cosine"` (to 0 at `total_steps`).
@@ -49,8 +86,11 @@ class PPOConfig(eqx.Module):
       drawn once per iteration (one `env.reset` per env per iteration);
       `"fresh"` calls `env.reset` with a new key at every step (costly for
       physics envs, exact episode-start diversity).
-    - `check_finite`: raise, naming the iteration, if a loss or observation is
-      non-finite (a debug option; costs a little speed).
+    - `check_finite`: stop training with a `FloatingPointError` that names
+      what became non-finite (the observations or rewards, with the env
+      index; the loss; the updated parameters) and the iteration. On by
+      default: it is one fused reduction per iteration, and nothing
+      non-finite is ever returned or checkpointed.
     - `logging_level`, `logging_percentiles`: see [`eqx_ppo.LoggingLevel`][].
     """
 
@@ -61,14 +101,14 @@ class PPOConfig(eqx.Module):
     n_minibatches: int = eqx.field(static=True, default=4)
     normalize_advantages: bool = eqx.field(static=True, default=True)
     combine_advantages: bool = eqx.field(static=True, default=False)
-    gradient_clipping: float | None = eqx.field(static=True, default=None)
+    gradient_clipping: float | None = eqx.field(static=True, default=0.5)
     weight_decay: float | None = eqx.field(static=True, default=None)
     lr_schedule: Literal["constant", "linear", "cosine"] = eqx.field(
         static=True, default="constant"
     )
     truncation: Literal["drop", "bootstrap"] = eqx.field(static=True, default="drop")
     reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
-    check_finite: bool = eqx.field(static=True, default=False)
+    check_finite: bool = eqx.field(static=True, default=True)
     logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
     logging_percentiles: tuple[int | float, ...] | None = eqx.field(
         static=True, default=None
@@ -78,6 +118,8 @@ class PPOConfig(eqx.Module):
     discounting_factor: Float[Array, ""] = _coefficient()
     gae_lambda: Float[Array, ""] = _coefficient()
     critic_loss_weight: Float[Array, ""] = _coefficient()
+    target_kl: Float[Array, ""] | None = _optional_coefficient()
+    value_clip_range: Float[Array, ""] | None = _optional_coefficient()
 
     def __init__(
         self,
@@ -93,14 +135,16 @@ class PPOConfig(eqx.Module):
         n_epochs: int = 4,
         n_minibatches: int = 4,
         critic_loss_weight: float | Array = 1.0,
-        gradient_clipping: float | None = None,
+        gradient_clipping: float | None = 0.5,
         weight_decay: float | None = None,
         lr_schedule: Literal["constant", "linear", "cosine"] = "constant",
         truncation: Literal["drop", "bootstrap"] = "drop",
         reset_mode: Literal["cached", "fresh"] = "cached",
-        check_finite: bool = False,
+        check_finite: bool = True,
         logging_level: LoggingLevel = LoggingLevel.LOSSES,
         logging_percentiles: tuple[int | float, ...] | None = None,
+        target_kl: float | Array | None = None,
+        value_clip_range: float | Array | None = None,
     ):
         self.n_envs = n_envs
         self.rollout_length = rollout_length
@@ -124,19 +168,26 @@ class PPOConfig(eqx.Module):
         self.discounting_factor = discounting_factor
         self.gae_lambda = gae_lambda
         self.critic_loss_weight = critic_loss_weight
+        self.target_kl = target_kl
+        self.value_clip_range = value_clip_range
 
     def __check_init__(self):
         check_iteration_settings(self)
         _check_choice("truncation", self.truncation, ("drop", "bootstrap"))
+        check_percentiles("PPOConfig", self.logging_percentiles)
         bounds = {
             "learning_rate": (0.0, None),
             "clip_range": (0.0, None),
             "discounting_factor": (0.0, 1.0),
             "gae_lambda": (0.0, 1.0),
             "critic_loss_weight": (0.0, None),
+            "target_kl": (0.0, None),
+            "value_clip_range": (0.0, None),
         }
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
+            if value is None:
+                continue
             if value.ndim != 0 and _is_concrete(value):
                 raise ValueError(
                     f"PPOConfig({name}=array of shape {value.shape}): coefficients "
@@ -144,6 +195,7 @@ class PPOConfig(eqx.Module):
                 )
             if _is_concrete(value) and value.ndim == 0:
                 v = float(value)
+                check_finite("PPOConfig", name, v)
                 if v < low or (high is not None and v > high):
                     upper = "" if high is None else f" and <= {high}"
                     raise ValueError(f"PPOConfig({name}={v}): must be >= {low}{upper}.")
@@ -171,18 +223,9 @@ def check_iteration_settings(config: Any) -> None:
     sizes, env minibatches that divide `n_envs`, a known schedule and reset
     mode, and non-negative optional clipping and weight decay."""
     kind = type(config).__name__
-    for name in (
-        "n_envs",
-        "rollout_length",
-        "total_steps",
-        "n_epochs",
-        "n_minibatches",
-    ):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"{kind}({name}={value!r}): {name} must be a positive int."
-            )
+    check_positive_ints(
+        config, "n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"
+    )
     if config.n_envs % config.n_minibatches:
         raise ValueError(
             f"{kind}(n_envs={config.n_envs}, n_minibatches={config.n_minibatches}): "
@@ -198,7 +241,10 @@ def check_iteration_settings(config: Any) -> None:
         _check_choice(name, getattr(config, name), allowed, kind)
     for name in ("gradient_clipping", "weight_decay"):
         value = getattr(config, name)
-        if value is not None and value < 0:
+        if value is None:
+            continue
+        check_finite(kind, name, value)
+        if value < 0:
             raise ValueError(f"{kind}({name}={value}): must be >= 0 or None.")
 
 
@@ -206,8 +252,10 @@ def check_iteration_settings(config: Any) -> None:
 class EvalConfig:
     """Deterministic evaluation rollouts run by the driver.
 
-    `max_episode_length` steps are run per env without resets; returns count
-    only the steps before each env's first `done`.
+    `max_episode_length` steps are run per env without resets. An env's
+    return sums its rewards up to and including the step whose `done` ended
+    its first episode; later steps count for nothing (see
+    [`eqx_ppo.eval_rollout`][]).
     """
 
     enabled: bool = True
@@ -218,11 +266,8 @@ class EvalConfig:
     logging_percentiles: tuple[int | float, ...] | None = (0, 25, 50, 75, 100)
 
     def __post_init__(self):
-        for name in ("every_steps", "n_envs", "max_episode_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"EvalConfig({name}={getattr(self, name)}): must be >= 1."
-                )
+        check_positive_ints(self, "every_steps", "n_envs", "max_episode_length")
+        check_percentiles("EvalConfig", self.logging_percentiles)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,14 +307,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self):
-        if self.n_seeds < 1:
-            raise ValueError(f"TrainConfig(n_seeds={self.n_seeds}): must be >= 1.")
-        if self.checkpoint_every_steps < 1:
-            raise ValueError(
-                f"TrainConfig(checkpoint_every_steps={self.checkpoint_every_steps}): "
-                "must be >= 1."
-            )
-        if self.log_every_steps is not None and self.log_every_steps < 1:
-            raise ValueError(
-                f"TrainConfig(log_every_steps={self.log_every_steps}): must be >= 1."
-            )
+        check_config_types(self, ppo=PPOConfig, eval=EvalConfig, video=VideoConfig)
+        check_positive_ints(self, "n_seeds", "checkpoint_every_steps")
+        if self.log_every_steps is not None:
+            check_positive_ints(self, "log_every_steps")

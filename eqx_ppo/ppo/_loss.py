@@ -222,6 +222,21 @@ def _advantages_for_loglikelihoods(
     )
 
 
+def value_loss(
+    values: Float[Array, "..."],
+    old_values: Float[Array, "..."],
+    targets: Float[Array, "..."],
+    clip_range: Float[Array, ""] | None,
+) -> Float[Array, ""]:
+    """`0.5 * mean((V - target)^2)`; with `clip_range`, CleanRL's clipped form
+    `0.5 * mean(max((V - t)^2, (V_old + clip(V - V_old, -c, c) - t)^2))`."""
+    error = jnp.square(values - targets)
+    if clip_range is not None:
+        clipped = old_values + jnp.clip(values - old_values, -clip_range, clip_range)
+        error = jnp.maximum(error, jnp.square(clipped - targets))
+    return 0.5 * jnp.mean(error)
+
+
 def ppo_loss(
     network: AbstractStatefulModule,
     state0: State,
@@ -235,8 +250,12 @@ def ppo_loss(
 
     `total = actor + critic_loss_weight * critic + mean(regularisation)`, where
     the actor and critic terms are summed over log-likelihood leaves and reward
-    keys, the critic term is `0.5 * mean((V - (V_stopgrad + A))^2)`, and
-    advantages are normalised per minibatch when `normalize_advantages`.
+    keys, the critic term is `0.5 * mean((V - (V_stopgrad + A))^2)` (clipped
+    around the rollout's values with `value_clip_range`), and advantages are
+    normalised per minibatch when `normalize_advantages`. The metrics always
+    hold `loss/total` and `loss/approx_kl`, the minibatch's approximate KL
+    divergence `mean((r - 1) - log r)` from the rollout policy, summed over
+    log-likelihood leaves (the gradient phase reads it for `target_kl`).
 
     `data` is the minibatch, sliced to `[T, M]`. Under `jax.shard_map` with
     `axis_name`, `data` holds this device's share of the minibatch: advantages
@@ -291,7 +310,10 @@ def ppo_loss(
         policy_advantages,
     )
     critic_losses = jax.tree.map(
-        lambda v, t: 0.5 * jnp.mean(jnp.square(v - t)), values, targets
+        lambda v, old, t: value_loss(v, old, t, config.value_clip_range),
+        values,
+        data.output.value_estimates,
+        targets,
     )
     regularization = jnp.mean(rep.regularization)
     actor = sum(jax.tree.leaves(actor_losses))
@@ -301,12 +323,24 @@ def ppo_loss(
     level = config.logging_level
     # Every device's share of the minibatch has the same size, so the mean of
     # the devices' means is the minibatch mean.
-    metrics: dict[str, Any] = {"loss/total": pmean(total, axis_name)}
+    log_ratios = jax.tree.map(
+        lambda new, old: jax.lax.stop_gradient(new - old),
+        rep.output.loglikelihoods,
+        data.output.loglikelihoods,
+    )
+    approx_kl = sum(
+        mean(jnp.expm1(lr) - lr, axis_name) for lr in jax.tree.leaves(log_ratios)
+    )
+    metrics: dict[str, Any] = {
+        "loss/total": pmean(total, axis_name),
+        "loss/approx_kl": approx_kl,
+    }
     if LoggingLevel.LOSSES in level:
         metrics["losses/actor"] = pmean(actor_losses, axis_name)
         metrics["losses/critic"] = pmean(critic_losses, axis_name)
         metrics["losses/regularization"] = pmean(regularization, axis_name)
     if LoggingLevel.ACTOR_EXTRA in level:
+        metrics["losses/approx_kl"] = approx_kl
         metrics["losses/clipping_fraction"] = jax.tree.map(
             lambda new, old: mean(
                 (jnp.abs(jnp.exp(new - old) - 1.0) > clip).astype(jnp.float32),

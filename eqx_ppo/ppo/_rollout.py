@@ -18,6 +18,7 @@ from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, reset_where
 from ._sharding import shard_env_keys
+from ._validate import check_key, check_step_output
 
 
 class Transition(NamedTuple):
@@ -117,7 +118,8 @@ def _expected_action_shapes(env: Any) -> Any:
 
 
 def _step_envs(env: Any, env_state: Any, actions: Any) -> Any:
-    """`env.step` vmapped, after checking the actions against `env.action_size`."""
+    """`env.step` vmapped, after checking the actions against `env.action_size`;
+    its obs, reward and done are checked against `env_state` (at trace time)."""
     shapes = jax.tree.map(lambda a: tuple(a.shape[1:]), actions)
     expected = _expected_action_shapes(env)
     if expected is not None:
@@ -134,7 +136,9 @@ def _step_envs(env: Any, env_state: Any, actions: Any) -> Any:
                 "Fix: build the network with the env's action_size (for dict "
                 "actions, a `Map` of samplers with the same keys)."
             )
-    return jax.vmap(env.step)(env_state, actions)
+    next_env = jax.vmap(env.step)(env_state, actions)
+    check_step_output(env_state, next_env)
+    return next_env
 
 
 class StepCarry(NamedTuple):
@@ -236,6 +240,7 @@ def eval_rollout(
     `NETWORK_METRICS` / `ENV_METRICS` the per-episode mean of each network /
     env metric, reduced over units and envs (`eval/net/...`, `eval/env/...`).
     """
+    check_key("eval_rollout", key)
     reset_key, net_key = jax.random.split(key)
     env_state = jax.vmap(env.reset)(env_keys(reset_key, n_envs))
     net_state = network.initialize_state(n_envs)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._module import AbstractStatefulModule, State, trainable
@@ -26,6 +26,7 @@ from ._config import PPOConfig
 from ._loss import ppo_loss
 from ._rollout import StepCarry, env_keys, rollout
 from ._sharding import gather_envs, pmean
+from ._validate import check_key
 
 
 class TrainingState(eqx.Module):
@@ -117,6 +118,7 @@ def ppo_init(
     key: PRNGKeyArray,
 ) -> TrainingState:
     """A fresh training state: reset envs, initial carries, optimiser state."""
+    check_key("ppo_init", key)
     reset_key, key = jax.random.split(key)
     env_state = jax.vmap(env.reset)(env_keys(reset_key, config.n_envs))
     params = eqx.filter(network, trainable(network))
@@ -163,13 +165,30 @@ def minibatch_indices(
     return _permutations(key, n_envs, n_epochs, n_minibatches)
 
 
-def _is_finite(tree: PyTree) -> Array:
-    leaves = [
-        jnp.all(jnp.isfinite(x))
+def _inexact_leaves(tree: PyTree) -> list[Array]:
+    return [
+        x
         for x in jax.tree.leaves(tree)
         if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
     ]
+
+
+def _is_finite(tree: PyTree) -> Bool[Array, ""]:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in _inexact_leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def first_nonfinite_env(tree: PyTree[Array]) -> Int[Array, ""]:
+    """The first env index (axis 1 of `[T, B, ...]` leaves) holding a NaN or
+    inf, or -1 when every value is finite."""
+    per_env = [
+        jnp.all(jnp.isfinite(x).reshape(x.shape[0], x.shape[1], -1), axis=(0, 2))
+        for x in _inexact_leaves(tree)
+    ]
+    if not per_env:
+        return jnp.array(-1, jnp.int32)
+    finite = jnp.all(jnp.stack(per_env), axis=0)
+    return jnp.where(jnp.all(finite), -1, jnp.argmin(finite)).astype(jnp.int32)
 
 
 _UPDATE_UNROLL = 2
@@ -185,6 +204,7 @@ def gradient_phase(
     n_local_envs: int,
     config: Any,
     axis_name: str | None = None,
+    target_kl: Float[Array, ""] | None = None,
 ) -> tuple[PyTree, PyTree, dict[str, Any]]:
     """`n_epochs * n_minibatches` optimiser steps over env minibatches.
 
@@ -193,11 +213,17 @@ def gradient_phase(
     `axis_name` when running on a mesh. Shared by PPO and
     distillation; `config` supplies `n_epochs`, `n_minibatches` and
     `logging_level`.
+
+    With `target_kl`, the loss metrics' `loss/approx_kl` (the minibatch's KL
+    from the rollout policy, before its update) stops the loop: from the first
+    minibatch whose KL exceeds `1.5 * target_kl`, no update is applied for the
+    rest of the iteration (the updates are still computed and discarded, so
+    the program keeps one shape under `vmap`).
     """
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
 
     def update(c, idx):
-        p, opt_state = c
+        p, opt_state, stopped = c
         grads, metrics = grad_fn(p, idx)
         grads = pmean(grads, axis_name)
         if LoggingLevel.GRAD_NORM in config.logging_level:
@@ -205,8 +231,18 @@ def gradient_phase(
         # optax mixes Python floats with int32 step counts; keep it working
         # when a user (or our test suite) enables strict dtype promotion.
         with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = optimizer.update(grads, opt_state, p)
-        return (optax.apply_updates(p, updates), opt_state), metrics
+            updates, new_opt_state = optimizer.update(grads, opt_state, p)
+        new_p = optax.apply_updates(p, updates)
+        if target_kl is None:
+            return (new_p, new_opt_state, stopped), metrics
+        stopped = stopped | (metrics["loss/approx_kl"] > 1.5 * target_kl)
+        new_p, new_opt_state = jax.tree.map(
+            lambda old, new: jnp.where(stopped, old, new),
+            (p, opt_state),
+            (new_p, new_opt_state),
+        )
+        metrics["losses/kl_stopped"] = stopped.astype(jnp.float32)
+        return (new_p, new_opt_state, stopped), metrics
 
     indices = minibatch_indices(
         key, n_local_envs, config.n_epochs, config.n_minibatches, axis_name
@@ -217,8 +253,8 @@ def gradient_phase(
     # `ppo_step` ms (compile s): move_to_center 35.5 (3.1) -> 29.9 (3.4),
     # inverted_pendulum 51.2 (8.6) -> 49.4 (8.8); unrolling 4 gains little
     # more and compiles ~1.5 s longer.
-    (params, opt_state), metrics = jax.lax.scan(
-        update, (params, opt_state), indices, unroll=_UPDATE_UNROLL
+    (params, opt_state, _), metrics = jax.lax.scan(
+        update, (params, opt_state, jnp.array(False)), indices, unroll=_UPDATE_UNROLL
     )
     return params, opt_state, metrics
 
@@ -277,6 +313,7 @@ def ppo_step(
         n_local_envs=jnp.shape(data.done)[1],
         config=config,
         axis_name=axis_name,
+        target_kl=config.target_kl,
     )
     all_data = gather_envs(data._replace(key=None), axis_name)
     network = eqx.combine(params, static).update_statistics(all_data.extras)
@@ -365,13 +402,15 @@ def iteration_metrics(
     mean over updates, or percentiles), then the rollout's env and network
     metrics (the latter under `net_prefix`), batch statistics and weights.
     `rollout_outputs` adds the rollout's log-likelihoods and values
-    (`ACTOR_EXTRA`, `CRITIC_EXTRA`). With `config.check_finite`, also whether
-    the loss and the observations were finite (`debug/finite_*`).
+    (`ACTOR_EXTRA`, `CRITIC_EXTRA`). With `config.check_finite`, also the
+    flags the driver stops on (`debug/...`): the first env whose observations
+    or rewards were non-finite (-1 for none), and whether every update's loss
+    and the updated parameters were finite.
     """
     level, pct = config.logging_level, config.logging_percentiles
     out: dict[str, Array] = {}
     for name, value in loss_metrics.items():
-        if name != "loss/total":
+        if not name.startswith("loss/"):
             reduce_metric(out, name, value, pct)
     if LoggingLevel.ENV_METRICS in level:
         reduce_metric(out, "env", data.env_metrics, pct)
@@ -394,6 +433,10 @@ def iteration_metrics(
         weights = jnp.concatenate([jnp.ravel(w) for w in jax.tree.leaves(params)])
         reduce_metric(out, "weights", weights, pct)
     if config.check_finite:
+        out["debug/nonfinite_obs_env"] = first_nonfinite_env(
+            (data.obs, data.terminal_obs)
+        )
+        out["debug/nonfinite_reward_env"] = first_nonfinite_env(data.reward)
         out["debug/finite_loss"] = _is_finite(loss_metrics["loss/total"])
-        out["debug/finite_obs"] = _is_finite(data.obs)
+        out["debug/finite_params"] = _is_finite(params)
     return out

@@ -40,6 +40,12 @@ from ._sharding import (
     to_local,
 )
 from ._step import TrainingState, ppo_init, ppo_step, scan_steps
+from ._validate import (
+    check_callbacks,
+    check_initial_state,
+    check_network,
+    check_network_factory,
+)
 
 NetworkOrFactory = (
     AbstractStatefulModule | Callable[[PRNGKeyArray], AbstractStatefulModule]
@@ -81,13 +87,18 @@ def select_seed(tree: Any, seed_index: int) -> Any:
     return jax.tree.map(lambda x: x[seed_index] if eqx.is_array(x) else x, tree)
 
 
-def _build_network(networks: NetworkOrFactory, key: PRNGKeyArray):
+def _build_network(
+    networks: NetworkOrFactory,
+    key: PRNGKeyArray,
+    where: str = "train_ppo(networks=...)",
+):
     if isinstance(networks, AbstractStatefulModule):
         return networks
     if callable(networks):
-        return networks(key)
+        check_network_factory(networks, where)
+        return check_network(networks(key), where)
     raise TypeError(
-        "train_ppo(networks=...): expected an eqx_ppo network or a function "
+        f"{where}: expected an eqx_ppo network or a function "
         f"`key -> network`; got {type(networks).__name__}."
     )
 
@@ -231,8 +242,14 @@ def train_ppo(
       device, so checkpoints load on any number of devices.
     """
     config = TrainConfig() if config is None else config
+    check_callbacks(
+        "train_ppo", log_fn=log_fn, video_fn=video_fn, checkpoint_fn=checkpoint_fn
+    )
     if mesh is not None:
         check_mesh(mesh, config.ppo.n_envs, config.ppo.n_minibatches, where="train_ppo")
+    check_initial_state(
+        "train_ppo", initial_state, lambda: init_state(env, networks, config)
+    )
     state = (
         init_state(env, networks, config) if initial_state is None else initial_state
     )
@@ -358,7 +375,7 @@ def run_training(
         chunk_metrics = jax.device_get(chunk_metrics)
         elapsed = time.perf_counter() - t0
         if algorithm.check_finite:
-            _raise_if_nonfinite(chunk_metrics, iteration, n_active)
+            _raise_if_nonfinite(chunk_metrics, iteration, n_active, n_seeds)
         for i in range(n_active):
             it = iteration + i + 1
             metrics = _host(chunk_metrics, n_seeds, index=i)
@@ -405,17 +422,52 @@ def _progress(enabled: bool, initial: int, total: int):
     )
 
 
-def _raise_if_nonfinite(chunk_metrics: dict, iteration: int, n_active: int) -> None:
-    for name in ("debug/finite_loss", "debug/finite_obs"):
-        flags = np.asarray(chunk_metrics[name])[..., :n_active]
-        bad = np.nonzero(~flags.reshape(-1, n_active).all(axis=0))[0]
-        if bad.size:
-            what = "loss" if name.endswith("loss") else "observation"
-            raise FloatingPointError(
-                f"Non-finite {what} at iteration {iteration + int(bad[0]) + 1}; "
-                "training stopped before the state was returned or checkpointed. "
-                "Lower the learning rate, enable gradient_clipping, or check the env."
-            )
+_NONFINITE_FIX = {
+    "observation": "The env's `step` returned NaN or inf: check it (run it with "
+    "`jax.config.update('jax_debug_nans', True)`).",
+    "reward": "The env's `step` returned NaN or inf: check it (run it with "
+    "`jax.config.update('jax_debug_nans', True)`).",
+    "loss": "The observations and rewards were finite, so the update diverged: "
+    "lower `learning_rate`, keep `gradient_clipping` on, or set `target_kl`.",
+    "updated parameters": "The loss was finite, so the optimiser step "
+    "overflowed: lower `learning_rate` or `weight_decay`, keep "
+    "`gradient_clipping` on.",
+}
+
+
+def _raise_if_nonfinite(
+    chunk_metrics: dict, iteration: int, n_active: int, n_seeds: int
+) -> None:
+    """Raise for the chunk's first iteration with a non-finite value, naming
+    what (observation, reward, loss, parameters), the env and the seed."""
+
+    def per_iteration(name):
+        flags = np.asarray(chunk_metrics[name])
+        return flags.reshape(n_seeds, -1)[:, :n_active]
+
+    obs_env = per_iteration("debug/nonfinite_obs_env")
+    reward_env = per_iteration("debug/nonfinite_reward_env")
+    checks = [
+        ("observation", obs_env >= 0, obs_env),
+        ("reward", reward_env >= 0, reward_env),
+        ("loss", ~per_iteration("debug/finite_loss"), None),
+        ("updated parameters", ~per_iteration("debug/finite_params"), None),
+    ]
+    bad_iterations = np.stack([bad for _, bad, _ in checks]).any(axis=(0, 1))
+    if not bad_iterations.any():
+        return
+    i = int(np.argmax(bad_iterations))
+    what, bad, env = next(c for c in checks if c[1][:, i].any())
+    seed = int(np.argmax(bad[:, i]))
+    where = "" if env is None else f" from env {int(env[seed, i])}"
+    if n_seeds > 1:
+        where += f" (seed index {seed})"
+    raise FloatingPointError(
+        f"Non-finite {what}{where} at iteration {iteration + i + 1}; training "
+        "stopped, and no state from that iteration on was returned or "
+        f"checkpointed. {_NONFINITE_FIX[what]} To train on regardless, set "
+        "`check_finite=False`."
+    )
 
 
 def _record_video(eval_env, network, config, video_fn, step, n_seeds) -> None:

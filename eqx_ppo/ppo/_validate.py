@@ -1,0 +1,264 @@
+"""Input checks that turn silently-wrong arguments into clear errors.
+
+Every check runs in Python on values, types and shapes: at construction, at
+the start of a call, or at trace time; none adds work to a compiled program.
+Messages follow the library's style, `where(argument=value): what was
+expected, what was seen. Fix: ...`.
+"""
+
+import inspect
+import math
+import numbers
+import os
+import reprlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, PyTree
+
+from ..nn._module import AbstractStatefulModule
+
+_CALLBACK_CALLS = {
+    "log_fn": "log_fn(metrics, step)",
+    "video_fn": "video_fn(video_data)",
+    "checkpoint_fn": "checkpoint_fn(training_state, step)",
+}
+
+
+def _array_spec(x: Any) -> str:
+    """`float32[8, 2]` for an array or a `jax.ShapeDtypeStruct`, else the type."""
+    if eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+def check_finite(kind: str, name: str, value: numbers.Real) -> None:
+    """Raise unless `value` is finite: NaN passes every bound check silently."""
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{kind}({name}={value}): must be finite, got {value}. "
+            f"Fix: pass a finite {name} (check how it was computed)."
+        )
+
+
+def check_positive_ints(config: Any, *names: str) -> None:
+    """Raise unless each field `names` of `config` is an int >= 1 (not a bool)."""
+    kind = type(config).__name__
+    for name in names:
+        value = getattr(config, name)
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if not is_int or value < 1:
+            seen = value if is_int else type(value).__name__
+            raise ValueError(
+                f"{kind}({name}={value!r}): {name} must be a positive int, got "
+                f"{seen}. Fix: pass an int >= 1."
+            )
+
+
+def check_percentiles(kind: str, percentiles: Any) -> None:
+    """Raise unless `percentiles` is `None` or a tuple of numbers in [0, 100]."""
+    if percentiles is None:
+        return
+    where = f"{kind}(logging_percentiles={reprlib.repr(percentiles)})"
+    if not isinstance(percentiles, tuple):
+        raise ValueError(
+            f"{where}: expected a tuple of numbers in [0, 100] or None, got "
+            f"{type(percentiles).__name__}. Fix: pass a tuple, e.g. (5, 50, 95)."
+        )
+    for p in percentiles:
+        is_real = isinstance(p, numbers.Real) and not isinstance(p, bool)
+        if not is_real or not 0 <= p <= 100:
+            raise ValueError(
+                f"{where}: percentiles must be numbers in [0, 100], got {p!r}. "
+                "Fix: use levels such as (5, 50, 95)."
+            )
+
+
+def check_config_types(config: Any, **types: type) -> None:
+    """Raise a `TypeError` if a sub-config field holds another type (e.g. a dict
+    of its arguments instead of the config)."""
+    kind = type(config).__name__
+    for name, cls in types.items():
+        value = getattr(config, name)
+        if not isinstance(value, cls):
+            fix = (
+                f"{kind}({name}={cls.__name__}(**d)) for a dict `d` of its arguments"
+                if isinstance(value, Mapping)
+                else f"pass a {cls.__name__}"
+            )
+            raise TypeError(
+                f"{kind}({name}={reprlib.repr(value)}): expected {cls.__name__}, "
+                f"got {type(value).__name__}. Fix: {fix}."
+            )
+
+
+def check_callbacks(where: str, **callbacks: Any) -> None:
+    """Raise a `TypeError` for a callback that is neither callable nor `None`,
+    before training starts rather than at its first call."""
+    for name, fn in callbacks.items():
+        if fn is not None and not callable(fn):
+            raise TypeError(
+                f"{where}({name}={reprlib.repr(fn)}): expected a function or None, "
+                f"got {type(fn).__name__}. Fix: pass a function called as "
+                f"`{_CALLBACK_CALLS[name]}`, or None."
+            )
+
+
+def check_network_factory(factory: Callable, where: str) -> None:
+    """Raise a `TypeError` unless `factory` can be called with one key."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        name = getattr(factory, "__qualname__", type(factory).__name__)
+        raise TypeError(
+            f"{where}: a network factory must be a function `key -> network`, "
+            f"called with one PRNG key; {name} has the signature {signature}. "
+            "Fix: wrap it, e.g. `lambda key: make_network(..., key=key)`."
+        ) from None
+
+
+def check_network(network: Any, where: str) -> AbstractStatefulModule:
+    """Return `network`, the result of a network factory, if it is a network."""
+    if not isinstance(network, AbstractStatefulModule):
+        raise TypeError(
+            f"{where}: the network factory (`key -> network`) returned a "
+            f"{type(network).__name__}, not an eqx_ppo network. Fix: return the "
+            "network itself, e.g. `make_mlp_actor_critic(..., key=key)`."
+        )
+    return network
+
+
+def check_key(where: str, key: Any) -> None:
+    """Raise a `TypeError` unless `key` is one PRNG key: a typed key
+    (`jax.random.key`) or legacy raw key data (`jax.random.PRNGKey`, uint32)."""
+    if eqx.is_array(key):
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            if key.shape == ():
+                return
+        elif key.dtype == np.uint32 and key.shape in ((2,), (4,)):
+            return
+        value, seen = _array_spec(key), f"a {_array_spec(key)} array"
+    else:
+        value, seen = reprlib.repr(key), type(key).__name__
+    raise TypeError(
+        f"{where}(key={value}): expected a PRNG key such as jax.random.key(0), got "
+        f"{seen}. Fix: pass a single key, e.g. key=jax.random.key(seed) (vmap "
+        "over keys to use several)."
+    )
+
+
+def _per_env(tree: PyTree[Array]) -> list[tuple[str, tuple[int, ...], Any]]:
+    """(path, per-env shape, dtype) of every leaf of an `[env, ...]` pytree."""
+    return [
+        (jax.tree_util.keystr(path), tuple(x.shape[1:]), x.dtype)
+        for path, x in jax.tree_util.tree_leaves_with_path(tree)
+    ]
+
+
+def check_step_output(before: Any, after: Any) -> None:
+    """Raise a `ValueError` if the batched `env.step` output `after` changes the
+    obs, reward or done structure, per-env shapes or dtypes of the state
+    `before` it stepped, or has a reward or done that is not one scalar per env.
+    """
+    for field in ("obs", "reward", "done"):
+        want, got = getattr(before, field), getattr(after, field)
+        fix = (
+            f"Fix: make env.step return {field} of the structure, shape and dtype "
+            "env.reset returns; the rollout carries the env state between steps."
+        )
+        if jax.tree.structure(got) != jax.tree.structure(want):
+            raise ValueError(
+                f"env.step returned {field} with structure {jax.tree.structure(got)}"
+                ", but the state it was given (from env.reset) has "
+                f"{jax.tree.structure(want)}. {fix}"
+            )
+        for (path, shape, dtype), (_, want_shape, want_dtype) in zip(
+            _per_env(got), _per_env(want), strict=True
+        ):
+            if field != "obs" and shape != ():
+                raise ValueError(
+                    f"env.step returned {field}{path} of per-env shape {shape}; "
+                    "expected () (one scalar per env). Fix: return a scalar "
+                    f"{field} per env from env.step, e.g. `jnp.squeeze({field})`."
+                )
+            if (shape, dtype) != (want_shape, want_dtype):
+                raise ValueError(
+                    f"env.step returned {field}{path} of per-env shape {shape} and "
+                    f"dtype {dtype}, but the state it was given (from env.reset) "
+                    f"has shape {want_shape} and dtype {want_dtype}. {fix}"
+                )
+
+
+def _same_leaf(x: Any, spec: jax.ShapeDtypeStruct) -> bool:
+    if not eqx.is_array(x):
+        return False
+    if jnp.issubdtype(spec.dtype, jax.dtypes.prng_key) and x.dtype == np.uint32:
+        return x.shape[:-1] == spec.shape  # legacy raw key data
+    return (x.shape, x.dtype) == (spec.shape, spec.dtype)
+
+
+def _leaf_at(paths: list[str], i: int) -> str:
+    return f"initial_state{paths[i]}" if i < len(paths) else "(no leaf)"
+
+
+def _seed_axis(shape: tuple[int, ...]) -> str:
+    return f"a seed axis of {shape[0]}" if shape else "no seed axis"
+
+
+def check_initial_state(where: str, state: Any, fresh: Callable[[], Any]) -> None:
+    """Raise unless `state` (if not `None`) has the seed count, env count and
+    leaves (paths, shapes, dtypes) of the state `fresh()` builds from the
+    run's network and config. `fresh` is only traced (`eqx.filter_eval_shape`):
+    nothing is compiled or run."""
+    if state is None:
+        return
+    expected = eqx.filter_eval_shape(fresh)
+    prefix = f"{where}(initial_state=...)"
+    fix = "Fix: pass the network and config the state was built with."
+    if type(state) is not type(expected):
+        raise TypeError(
+            f"{prefix}: expected a {type(expected).__name__}, got "
+            f"{type(state).__name__}. {fix}"
+        )
+    seeds, want_seeds = jnp.shape(state.iteration), expected.iteration.shape
+    if seeds != want_seeds:
+        raise ValueError(
+            f"{prefix}: the state has {_seed_axis(seeds)} (on every leaf), but "
+            f"config.n_seeds={want_seeds[0] if want_seeds else 1} expects "
+            f"{_seed_axis(want_seeds)}. Fix: set n_seeds to the state's seed "
+            "count, or resume one seed with `select_seed(state, i)`."
+        )
+    n_envs = jnp.shape(state.env_state.done)[len(seeds)]
+    want_envs = expected.env_state.done.shape[len(seeds)]
+    if n_envs != want_envs:
+        raise ValueError(
+            f"{prefix}: the state's env_state and carries hold {n_envs} envs, but "
+            f"the config's n_envs is {want_envs}. Fix: resume with n_envs={n_envs}, "
+            "the value the state was built with."
+        )
+    got = jax.tree_util.tree_flatten_with_path(state)[0]
+    want = jax.tree_util.tree_flatten_with_path(expected)[0]
+    got_paths = [jax.tree_util.keystr(p) for p, _ in got]
+    want_paths = [jax.tree_util.keystr(p) for p, _ in want]
+    if got_paths != want_paths:
+        i = len(os.path.commonprefix([got_paths, want_paths]))
+        raise ValueError(
+            f"{prefix}: the state's structure differs from a fresh state's "
+            f"(network and optimiser state): its leaf {i} is "
+            f"{_leaf_at(got_paths, i)}, a fresh state's is {_leaf_at(want_paths, i)}. "
+            f"{fix}"
+        )
+    for (path, x), (_, spec) in zip(got, want, strict=True):
+        if isinstance(spec, jax.ShapeDtypeStruct) and not _same_leaf(x, spec):
+            raise ValueError(
+                f"{prefix}: initial_state{jax.tree_util.keystr(path)} is "
+                f"{_array_spec(x)}, but a fresh state has {_array_spec(spec)}. {fix}"
+            )

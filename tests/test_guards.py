@@ -1,0 +1,194 @@
+"""The stability guards: gradient clipping by default, the target-KL early stop,
+value-loss clipping, and non-finite values that stop training by name."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_ppo
+from eqx_ppo import envs, nn
+from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
+from eqx_ppo.ppo._loss import value_loss
+
+
+def _adam_count(state) -> np.ndarray:
+    """How many updates were applied: the optimiser's step counters (Adam's and
+    the schedule's), which agree."""
+    counts = [
+        np.asarray(x)
+        for x in jax.tree.leaves(state.opt_state)
+        if jnp.issubdtype(x.dtype, jnp.integer)
+    ]
+    assert counts and all(np.array_equal(c, counts[0]) for c in counts), counts
+    return counts[0]
+
+
+def _config(**kw):
+    base = dict(n_envs=16, rollout_length=10, n_minibatches=4, n_epochs=4)
+    return eqx_ppo.PPOConfig(**{**base, **kw})
+
+
+def _net(key):
+    return eqx_ppo.make_mlp_actor_critic(2, 2, [16], [16], key=key)
+
+
+ENV = envs.make("move_to_center")
+
+
+def _step(config):
+    key = jax.random.key(0)
+    state = eqx_ppo.ppo_init(ENV, _net(key), config, key=key)
+    return eqx.filter_jit(eqx_ppo.ppo_step)(ENV, config, state)
+
+
+def test_defaults_clip_gradients_and_check_finite():
+    config = eqx_ppo.PPOConfig()
+    assert config.gradient_clipping == 0.5
+    assert config.check_finite
+    assert config.target_kl is None and config.value_clip_range is None
+
+
+def test_target_kl_stops_the_epoch_loop_and_vmaps_without_recompiling():
+    # 16 updates per iteration. A tiny target lets only the first through: its
+    # minibatch is scored by the unchanged policy (KL ~ 0), every later one by
+    # an updated policy.
+    state, metrics = _step(_config(target_kl=1e-7))
+    assert _adam_count(state) == 1
+    np.testing.assert_allclose(metrics["losses/kl_stopped/mean"], 15 / 16)
+    state, metrics = _step(_config(target_kl=1e3))
+    assert _adam_count(state) == 16
+    assert float(metrics["losses/kl_stopped/mean"]) == 0.0
+    state, _ = _step(_config())
+    assert _adam_count(state) == 16
+
+    # A traced coefficient: one program serves every value, also under vmap.
+    def one(target_kl):
+        return _step(_config(target_kl=target_kl))[0]
+
+    states = eqx.filter_vmap(one)(jnp.array([1e-7, 1e3]))
+    np.testing.assert_array_equal(_adam_count(states), [1, 16])
+
+
+def test_value_loss_by_hand():
+    v = jnp.array([1.0, 2.0, 0.0])
+    old = jnp.array([0.0, 2.5, 0.0])
+    t = jnp.array([3.0, 2.0, -1.0])
+    # Unclipped: 0.5 * mean([4, 0, 1]).
+    np.testing.assert_allclose(value_loss(v, old, t, None), 5 / 6)
+    # Clipped at 0.2: V_clip = [0.2, 2.3, 0.0]; squared errors [7.84, 0.09, 1],
+    # the max with the unclipped [4, 0, 1] is [7.84, 0.09, 1].
+    np.testing.assert_allclose(
+        value_loss(v, old, t, jnp.array(0.2)), 0.5 * (7.84 + 0.09 + 1.0) / 3, rtol=1e-6
+    )
+    # A huge range changes nothing.
+    np.testing.assert_allclose(value_loss(v, old, t, jnp.array(1e6)), 5 / 6)
+
+
+def test_value_clip_range_reaches_the_loss():
+    state_a, a = _step(_config(value_clip_range=1e6, n_epochs=1))
+    state_b, b = _step(_config(value_clip_range=1e-6, n_epochs=1))
+    # The first update of both sees unchanged values (identical losses up to
+    # rounding); later ones see values that moved, and a near-zero clip range
+    # scores them against the rollout's values instead.
+    assert not np.allclose(a["losses/critic/mean"], b["losses/critic/mean"])
+
+
+class _NaNEnv(eqx.Module):
+    """move_to_center, with a non-finite observation or reward in one env."""
+
+    what: str = eqx.field(static=True)
+    bad_x: float = eqx.field(static=True, default=0.0)
+
+    def reset(self, key):
+        return ENV.reset(key)
+
+    def step(self, state, action):
+        out = ENV.step(state, action)
+        bad = out.obs[0] > self.bad_x
+        if self.what == "obs":
+            return out.replace(obs=jnp.where(bad, jnp.inf, out.obs))
+        return out.replace(reward=jnp.where(bad, jnp.nan, out.reward))
+
+    observation_size = 2
+    action_size = 2
+
+
+def _train(env, network, n_seeds=1, **ppo):
+    """Train 3 iterations, checkpointing after each; the steps checkpointed."""
+    config = eqx_ppo.TrainConfig(
+        ppo=_config(total_steps=16 * 10 * 3, **ppo),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        n_seeds=n_seeds,
+        checkpoint_every_steps=160,
+        progress=False,
+    )
+    saved = []
+    try:
+        eqx_ppo.train_ppo(
+            env, network, config, checkpoint_fn=lambda s, step: saved.append(step)
+        )
+    except FloatingPointError as e:
+        # Only the initial state was checkpointed, before the bad iteration.
+        assert saved == [0], saved
+        raise e
+    return saved
+
+
+def test_nonfinite_observation_names_the_env_and_stops_before_checkpointing():
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Non-finite observation from env \d+ at iteration 1;.*check it",
+    ):
+        _train(_NaNEnv("obs", bad_x=0.5), _net)
+
+
+def test_nonfinite_reward_names_the_env_and_seed():
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Non-finite reward from env \d+ \(seed index \d\) at iteration 1",
+    ):
+        _train(_NaNEnv("reward", bad_x=0.5), _net, n_seeds=2)
+
+
+class _Kink(nn.AbstractStatefulModule):
+    """Adds `0 * sqrt(|w - 1|)`: finite outputs, a NaN gradient at `w = 1`."""
+
+    w: jax.Array
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        return StatefulModuleOutput(
+            (), x + 0.0 * jnp.sqrt(jnp.abs(self.w - 1.0)), zero_loss(), {}
+        )
+
+
+def _kinked(key):
+    net = _net(key)
+    value = net.layers[1].value
+    return eqx.tree_at(
+        lambda n: n.layers[1].value,
+        net,
+        nn.Sequential([*value.layers, _Kink(jnp.ones(()))]),
+    )
+
+
+def test_nonfinite_parameters_with_a_finite_loss_are_named():
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Non-finite updated parameters at iteration 1;.*optimiser step",
+    ):
+        _train(ENV, _kinked, n_epochs=1, n_minibatches=1)
+
+
+def test_nonfinite_loss_is_named():
+    # Several updates: the first makes the parameters NaN, the next loss is NaN.
+    with pytest.raises(
+        FloatingPointError, match=r"Non-finite loss at iteration 1;.*diverged"
+    ):
+        _train(ENV, _kinked)
+
+
+def test_check_finite_false_trains_on():
+    saved = _train(_NaNEnv("reward", bad_x=0.5), _net, check_finite=False)
+    assert saved == [0, 160, 320, 480]

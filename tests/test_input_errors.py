@@ -1,0 +1,374 @@
+"""Silently-wrong inputs fail early, with a message naming the argument, what
+was expected, what was seen and the fix."""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jaxtyping
+import numpy as np
+import pytest
+from jaxtyping import Array
+
+from eqx_ppo import envs, make_mlp_actor_critic
+from eqx_ppo.distill import (
+    DistillationConfig,
+    DistillationTrainConfig,
+    train_distillation,
+)
+from eqx_ppo.ppo import (
+    EvalConfig,
+    PPOConfig,
+    TrainConfig,
+    eval_rollout,
+    init_state,
+    ppo_init,
+    ppo_step,
+    train_ppo,
+)
+from eqx_ppo.ppo._validate import check_initial_state
+
+ENV = envs.make("move_to_center")
+CONFIG = PPOConfig(n_envs=4, rollout_length=4, total_steps=32, n_minibatches=1)
+TRAIN = TrainConfig(ppo=CONFIG, progress=False)
+
+
+def mlp(key, hidden=(8,)):
+    return make_mlp_actor_critic(2, 2, list(hidden), list(hidden), key=key)
+
+
+@pytest.fixture
+def unchecked():
+    """Turn off the suite's runtime type checker, which would answer a wrongly
+    typed argument first with its own error: these tests check what users see."""
+    previous = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    yield
+    jaxtyping.config.update("jaxtyping_disable", previous)
+
+
+COEFFICIENTS = [
+    "learning_rate",
+    "clip_range",
+    "discounting_factor",
+    "gae_lambda",
+    "critic_loss_weight",
+]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("name", COEFFICIENTS + ["gradient_clipping"])
+def test_non_finite_coefficients_are_rejected(name, value):
+    with pytest.raises(
+        ValueError, match=rf"PPOConfig\({name}={value}\): must be finite, got {value}"
+    ):
+        PPOConfig(**{name: value})
+
+
+def test_non_finite_distillation_learning_rate_is_rejected():
+    with pytest.raises(
+        ValueError, match=r"DistillationConfig\(learning_rate=nan\): must be finite"
+    ):
+        DistillationConfig(learning_rate=float("nan"))
+
+
+@pytest.mark.parametrize(
+    "config", [PPOConfig, EvalConfig, DistillationConfig], ids=lambda c: c.__name__
+)
+@pytest.mark.parametrize(
+    "percentiles, seen", [((50, 150), "150"), ((-5, 50), "-5"), ((50, True), "True")]
+)
+def test_percentiles_must_be_in_0_100(config, percentiles, seen):
+    name = config.__name__
+    with pytest.raises(
+        ValueError,
+        match=rf"{name}\(logging_percentiles=.*\): percentiles must be numbers in "
+        rf"\[0, 100\], got {seen}\. Fix: ",
+    ):
+        config(logging_percentiles=percentiles)
+
+
+def test_eval_percentiles_must_be_a_tuple(unchecked):
+    with pytest.raises(ValueError, match=r"expected a tuple .* got list\. Fix: pass"):
+        EvalConfig(logging_percentiles=[50, 90])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            {"ppo": {"n_envs": 8}},
+            r"TrainConfig\(ppo=\{'n_envs': 8\}\): expected PPOConfig, got dict\. "
+            r"Fix: TrainConfig\(ppo=PPOConfig\(\*\*d\)\) for a dict `d`",
+        ),
+        (
+            {"eval": {"n_envs": 8}},
+            r"TrainConfig\(eval=.*expected EvalConfig.*EvalConfig\(\*\*d\)",
+        ),
+        (
+            {"video": True},
+            r"TrainConfig\(video=True\): expected VideoConfig, got bool\. "
+            r"Fix: pass a VideoConfig",
+        ),
+    ],
+)
+def test_sub_configs_must_be_configs(unchecked, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_distillation_sub_configs_must_be_configs(unchecked):
+    with pytest.raises(
+        TypeError, match=r"DistillationTrainConfig\(distillation=.*\(\*\*d\)"
+    ):
+        DistillationTrainConfig(distillation={"n_envs": 8})
+
+
+@pytest.mark.parametrize(
+    "name, call",
+    [
+        ("log_fn", r"log_fn\(metrics, step\)"),
+        ("video_fn", r"video_fn\(video_data\)"),
+        ("checkpoint_fn", r"checkpoint_fn\(training_state, step\)"),
+    ],
+)
+def test_callbacks_are_checked_before_training(unchecked, name, call):
+    built = []
+
+    def networks(key):
+        built.append(key)
+        return mlp(key)
+
+    with pytest.raises(
+        TypeError,
+        match=rf"train_ppo\({name}='log'\): expected a function or None, got str\. "
+        rf"Fix: pass a function called as `{call}`",
+    ):
+        train_ppo(ENV, networks, TRAIN, **{name: "log"})
+    assert built == []  # nothing was initialised, traced or run
+
+
+@pytest.mark.parametrize(
+    "kwargs, seen",
+    [
+        ({"n_envs": 0}, "got 0"),
+        ({"n_envs": True}, "got bool"),
+        ({"max_episode_length": -1}, "got -1"),
+        ({"every_steps": 1.5}, "got float"),
+    ],
+)
+def test_eval_sizes_must_be_positive_ints(unchecked, kwargs, seen):
+    [(name, value)] = kwargs.items()
+    with pytest.raises(
+        ValueError,
+        match=rf"EvalConfig\({name}={value!r}\): {name} must be a positive int, "
+        rf"{seen}\. Fix: pass an int >= 1",
+    ):
+        EvalConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"n_seeds": 2.0}, {"checkpoint_every_steps": 0}, {"log_every_steps": 0}]
+)
+def test_train_sizes_must_be_positive_ints(unchecked, kwargs):
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=rf"TrainConfig\({name}=.*positive int"):
+        TrainConfig(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def state():
+    return init_state(ENV, mlp, TRAIN)
+
+
+@pytest.mark.parametrize(
+    "networks, config, match",
+    [
+        (
+            functools.partial(mlp, hidden=(16,)),
+            TRAIN,
+            r"initial_state\.network\S*kernel is float32\[2, 8\], but a fresh state "
+            r"has float32\[2, 16\]\. Fix: pass the network and config",
+        ),
+        (
+            functools.partial(mlp, hidden=(8, 8)),
+            TRAIN,
+            r"the state's structure differs from a fresh state's .*its leaf \d+ is "
+            r"initial_state\.network\S*, a fresh state's is initial_state\.network",
+        ),
+        (
+            mlp,
+            TrainConfig(ppo=PPOConfig(n_envs=8, n_minibatches=1), progress=False),
+            r"the state's env_state and carries hold 4 envs, but the config's "
+            r"n_envs is 8\. Fix: resume with n_envs=4",
+        ),
+        (
+            mlp,
+            TrainConfig(ppo=CONFIG, n_seeds=2, progress=False),
+            r"the state has no seed axis .*but config\.n_seeds=2 expects a seed "
+            r"axis of 2\. Fix: set n_seeds",
+        ),
+    ],
+    ids=["leaf-shape", "structure", "n_envs", "n_seeds"],
+)
+def test_initial_state_must_match_networks_and_config(state, networks, config, match):
+    with pytest.raises(
+        ValueError, match=rf"train_ppo\(initial_state=\.\.\.\): {match}"
+    ):
+        train_ppo(ENV, networks, config, initial_state=state)
+
+
+def test_initial_state_seed_axis_must_match(state):
+    two_seeds = jax.tree.map(
+        lambda x: jnp.stack([x, x]) if eqx.is_array(x) else x, state
+    )
+    with pytest.raises(
+        ValueError, match=r"has a seed axis of 2 .*n_seeds=1 expects no seed axis"
+    ):
+        train_ppo(ENV, mlp, TRAIN, initial_state=two_seeds)
+
+
+def test_matching_initial_state_passes_the_check(state):
+    fresh = lambda: init_state(ENV, mlp, TRAIN)  # noqa: E731
+    check_initial_state("train_ppo", state, fresh)
+    legacy = eqx.tree_at(lambda s: s.key, state, jax.random.key_data(state.key))
+    check_initial_state("train_ppo", legacy, fresh)
+
+
+class StepState(eqx.Module):
+    """A minimal Brax-protocol state (the library's `State` would fail the
+    suite's type checker on a bad reward before the library could)."""
+
+    obs: Array
+    reward: Array
+    done: Array
+    metrics: dict = eqx.field(default_factory=dict)
+    info: dict = eqx.field(default_factory=dict)
+
+
+class ShapeEnv(eqx.Module):
+    """Per-env obs `(2,)` from `reset`; `step` returns the given shapes."""
+
+    step_obs: tuple[int, ...] = eqx.field(static=True, default=(2,))
+    reward: tuple[int, ...] = eqx.field(static=True, default=())
+    done: tuple[int, ...] = eqx.field(static=True, default=())
+    observation_size: int = eqx.field(static=True, default=2)
+    action_size: int = eqx.field(static=True, default=2)
+
+    def reset(self, key):
+        return StepState(jnp.zeros(2), jnp.zeros(self.reward), jnp.zeros(self.done))
+
+    def step(self, state, action):
+        return StepState(
+            jnp.zeros(self.step_obs), jnp.zeros(self.reward), jnp.zeros(self.done)
+        )
+
+
+ENV_ERRORS = [
+    (
+        ShapeEnv(step_obs=(3,)),
+        r"env\.step returned obs of per-env shape \(3,\) and dtype float32, but the "
+        r"state it was given \(from env\.reset\) has shape \(2,\) and dtype float32\. "
+        r"Fix: make env\.step return obs",
+    ),
+    (
+        ShapeEnv(reward=(1,)),
+        r"env\.step returned reward of per-env shape \(1,\); expected \(\) \(one "
+        r"scalar per env\)\. Fix: return a scalar reward per env",
+    ),
+    (
+        ShapeEnv(done=(1,)),
+        r"env\.step returned done of per-env shape \(1,\); expected \(\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("env, match", ENV_ERRORS, ids=["obs", "reward", "done"])
+def test_env_step_shapes_are_checked_in_the_rollout(getkey, env, match):
+    state = ppo_init(env, mlp(getkey()), CONFIG, key=getkey())
+    with pytest.raises(ValueError, match=match):
+        eqx.filter_eval_shape(ppo_step, env, CONFIG, state)
+
+
+@pytest.mark.parametrize("env, match", ENV_ERRORS, ids=["obs", "reward", "done"])
+def test_env_step_shapes_are_checked_in_evaluation(getkey, env, match):
+    with pytest.raises(ValueError, match=match):
+        eqx.filter_eval_shape(
+            functools.partial(eval_rollout, n_envs=4, max_episode_length=3),
+            env,
+            mlp(getkey()),
+            getkey(),
+        )
+
+
+def _wrong_signature(size, *, key):
+    return mlp(key)
+
+
+@pytest.mark.parametrize(
+    "networks, match",
+    [
+        (
+            lambda: mlp(jax.random.key(0)),
+            r"a network factory must be a function `key -> network`, called with "
+            r"one PRNG key; <lambda> has the signature \(\)\. Fix: wrap it",
+        ),
+        (
+            _wrong_signature,
+            r"a network factory .* _wrong_signature has the signature "
+            r"\(size, \*, key\)\. Fix: wrap it",
+        ),
+        (
+            lambda key: (mlp(key), None),
+            r"the network factory \(`key -> network`\) returned a tuple, not an "
+            r"eqx_ppo network\. Fix: return the network itself",
+        ),
+    ],
+    ids=["no-key", "other-parameters", "not-a-network"],
+)
+def test_network_factory_must_be_key_to_network(networks, match):
+    with pytest.raises(TypeError, match=rf"train_ppo\(networks=\.\.\.\): {match}"):
+        train_ppo(ENV, networks, TRAIN)
+
+
+def test_student_factory_is_checked_alike(getkey):
+    config = DistillationTrainConfig(
+        distillation=DistillationConfig(n_envs=4, n_minibatches=1), progress=False
+    )
+    with pytest.raises(
+        TypeError, match=r"train_distillation\(student=\.\.\.\): a network factory"
+    ):
+        train_distillation(ENV, mlp(getkey()), lambda: None, config)
+
+
+@pytest.mark.parametrize(
+    "key, seen",
+    [
+        (0, r"key=0\): expected a PRNG key such as jax\.random\.key\(0\), got int"),
+        (np.zeros(3, np.uint32), r"key=uint32\[3\]\): .* got a uint32\[3\] array"),
+        (np.zeros(2, np.float32), r"key=float32\[2\]\): .* got a float32\[2\] array"),
+        (
+            jax.random.split(jax.random.key(0)),
+            r"key=key<fry>\[2\]\): .* got a key<fry>\[2\] array",
+        ),
+    ],
+    ids=["int", "uint32[3]", "float32[2]", "two-keys"],
+)
+def test_keys_must_be_prng_keys(unchecked, getkey, key, seen):
+    net = mlp(getkey())
+    fix = r"\. Fix: pass a single key, e\.g\. key=jax\.random\.key\(seed\)"
+    with pytest.raises(TypeError, match=rf"ppo_init\({seen}{fix}"):
+        ppo_init(ENV, net, CONFIG, key=key)
+    with pytest.raises(TypeError, match=rf"eval_rollout\({seen}{fix}"):
+        eval_rollout(ENV, net, key, n_envs=4, max_episode_length=3)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [jax.random.PRNGKey(0), np.array([0, 1], np.uint32)],
+    ids=["PRNGKey", "numpy-uint32[2]"],
+)
+def test_legacy_uint32_keys_are_accepted(unchecked, getkey, key):
+    state = ppo_init(ENV, mlp(getkey()), CONFIG, key=key)
+    assert state.key.shape == (2,)
