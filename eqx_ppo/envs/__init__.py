@@ -1,5 +1,6 @@
 """The environment protocol, wrappers, auto-reset and built-in pure-JAX envs."""
 
+from ._cartpole import CartPole as CartPole
 from ._counter import Counter as Counter
 from ._dict_env import DictObsAct as DictObsAct
 from ._env import AbstractEnv as AbstractEnv

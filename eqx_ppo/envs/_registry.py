@@ -4,6 +4,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
+from ._cartpole import CartPole
 from ._counter import Counter
 from ._dict_env import DictObsAct
 from ._gymnax import GymnaxAdapter
@@ -16,6 +17,8 @@ from ._wrappers import EpisodeWrapper
 
 # name -> (constructor, default episode limit; None for envs that end by themselves)
 _BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
+    "cartpole": (CartPole, 500),
+    "cartpole_no_velocity": (functools.partial(CartPole, hide_velocity=True), 500),
     "counter": (Counter, None),
     "dict_obs_act": (DictObsAct, 20),
     "move_to_center": (MoveToCenter, 20),
@@ -89,9 +92,10 @@ def make(
     """A ready-to-train env by name.
 
     Built-in names are listed by [`eqx_ppo.envs.registered_names`][]; `kwargs`
-    go to the env's constructor. Envs with no natural end get an
-    [`eqx_ppo.envs.EpisodeWrapper`][]: 10 steps for `parrot`, 20 for
-    `move_to_center`, `dict_obs_act` and `two_arm`, 200 for the pendulums;
+    go to the env's constructor. Envs get an
+    [`eqx_ppo.envs.EpisodeWrapper`][] time limit: 10 steps for `parrot`, 20
+    for `move_to_center`, `dict_obs_act` and `two_arm`, 200 for the
+    pendulums, 500 for the cart-poles (which also end when the pole falls);
     `counter` and `recall` end by themselves.
 
     Other simulators are imported only when asked for:

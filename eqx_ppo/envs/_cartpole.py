@@ -1,0 +1,124 @@
+"""CartPole: gym's CartPole-v1 dynamics with a continuous force, optionally
+without velocities."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._draw import Canvas
+from ._env import AbstractEnv, check_action
+from ._state import State
+
+_GRAVITY = 9.8
+_CART_MASS = 1.0
+_POLE_MASS = 0.1
+_HALF_LENGTH = 0.5
+_TAU = 0.02
+_X_LIMIT = 2.4
+_THETA_LIMIT = 12 * 2 * np.pi / 360
+
+
+class CartPole(AbstractEnv):
+    """Balance a pole on a cart by pushing the cart left or right.
+
+    The physics are gym's `CartPole-v1` (Euler steps of `tau = 0.02` s, cart
+    mass 1, pole mass 0.1, pole half-length 0.5, gravity 9.8); the force is
+    continuous, `force = max_force * clip(action, -1, 1)` (gym's discrete
+    version pushes with `±10`).
+
+    - **Observation**: `[x, x_dot, theta, theta_dot]`, or `[x, theta]` with
+      `hide_velocity=True`.
+    - **Action**: `Float[Array, "1"]` in `[-1, 1]`.
+    - **Reward**: 1 per step, the terminating step included (as in gym).
+    - **Episode end**: termination when `|x| > 2.4` or `|theta| > 12°`;
+      `make("cartpole")` truncates at 500 steps (gym's limit).
+    - **Start**: every state variable `~ U(-0.05, 0.05)`.
+    - **Optimal return**: 500 over 500 steps; a uniformly random force falls
+      after about 26 steps on average.
+    - **Without velocity** (a memory task, POPGym's "stateless cart-pole"): a
+      feed-forward policy sees neither which way the pole falls nor how fast
+      the cart moves; a recurrent one can difference consecutive positions.
+
+    **Arguments:**
+
+    - `hide_velocity`: drop `x_dot` and `theta_dot` from the observation.
+    - `max_force`: the force of action `1` (gym's `force_mag`).
+    """
+
+    hide_velocity: bool = eqx.field(static=True, default=False)
+    max_force: float = eqx.field(static=True, default=10.0)
+
+    def _state(self, physics: Float[Array, "4"], reward, done) -> State:
+        obs = physics[jnp.array([0, 2])] if self.hide_velocity else physics
+        return State(pipeline_state=physics, obs=obs, reward=reward, done=done)
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        physics = jax.random.uniform(key, (4,), jnp.float32, -0.05, 0.05)
+        zero = jnp.zeros((), jnp.float32)
+        return self._state(physics, zero, zero)
+
+    def step(self, state: State, action: Float[Array, " action"]) -> State:
+        action = check_action("CartPole", action, (1,))
+        x, x_dot, theta, theta_dot = state.pipeline_state
+        force = self.max_force * jnp.clip(action[0], -1.0, 1.0)
+        total_mass = _CART_MASS + _POLE_MASS
+        pole_moment = _POLE_MASS * _HALF_LENGTH
+        cos, sin = jnp.cos(theta), jnp.sin(theta)
+        temp = (force + pole_moment * theta_dot**2 * sin) / total_mass
+        theta_acc = (_GRAVITY * sin - cos * temp) / (
+            _HALF_LENGTH * (4.0 / 3.0 - _POLE_MASS * cos**2 / total_mass)
+        )
+        x_acc = temp - pole_moment * theta_acc * cos / total_mass
+        physics = jnp.stack(
+            [
+                x + _TAU * x_dot,
+                x_dot + _TAU * x_acc,
+                theta + _TAU * theta_dot,
+                theta_dot + _TAU * theta_acc,
+            ]
+        )
+        fallen = (jnp.abs(physics[0]) > _X_LIMIT) | (jnp.abs(physics[2]) > _THETA_LIMIT)
+        return self._state(
+            physics, jnp.ones((), jnp.float32), fallen.astype(jnp.float32)
+        )
+
+    @property
+    def observation_size(self) -> int:
+        return 2 if self.hide_velocity else 4
+
+    @property
+    def action_size(self) -> int:
+        return 1
+
+    @property
+    def dt(self) -> float:
+        return _TAU
+
+    def render(
+        self, trajectory: Sequence[Any], height: int = 128, width: int = 128
+    ) -> list[np.ndarray]:
+        """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
+        frames = []
+        for item in trajectory:
+            physics = np.asarray(
+                item.pipeline_state if isinstance(item, State) else item
+            )
+            x, theta = float(physics[0]), float(physics[2])
+            cart = np.array([x, 0.0])
+            tip = cart + 2 * _HALF_LENGTH * np.array([np.sin(theta), np.cos(theta)])
+            canvas = Canvas(height, width, extent=_X_LIMIT + 0.3)
+            canvas.segment(
+                np.array([-_X_LIMIT, 0.0]),
+                np.array([_X_LIMIT, 0.0]),
+                0.02,
+                (160, 160, 160),
+            )
+            canvas.disk(cart, 0.15, (40, 40, 40))
+            canvas.segment(cart, tip, 0.06, (200, 80, 40))
+            frames.append(canvas.image)
+        return frames
