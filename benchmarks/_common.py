@@ -22,7 +22,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 SYSTEMS = ("eqx", "brax", "nnx")
 SYSTEM_NAMES = {"eqx": "eqx_ppo", "brax": "Brax PPO", "nnx": "nnx-ppo 0.3.0"}
-EPISODE_LENGTH = {"inverted_pendulum": 1000, "move_to_center": 20}
+EPISODE_LENGTH = {"inverted_pendulum": 1000, "move_to_center": 20, "cartpole": 500}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,12 @@ class Spec:
     seed: int = 0
     eval_envs: int = 64
     evaluate: bool = True
+    reward_scaling: float = 1.0
+    # Per-system overrides for A/B experiments: eqx_ppo's PPOConfig and factory
+    # keywords, Brax's `ppo.train` keywords.
+    eqx_ppo_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    eqx_network_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    brax_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -96,8 +102,8 @@ def eqx_env(name: str):
 
         raw = brax_envs.get_environment("inverted_pendulum", backend="spring")
         return envs.EpisodeWrapper(raw, EPISODE_LENGTH[name])
-    if name == "move_to_center":
-        return envs.make("move_to_center", episode_length=EPISODE_LENGTH[name])
+    if name in ("move_to_center", "cartpole"):
+        return envs.make(name, episode_length=EPISODE_LENGTH[name])
     raise ValueError(f"unknown benchmark env {name!r}")
 
 

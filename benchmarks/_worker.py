@@ -56,6 +56,7 @@ def eqx_network(spec: Spec, env, key):
             key=key,
             activation="swish",
             entropy_weight=spec.entropy_weight,
+            **spec.eqx_network_options,
         )
     return eqx_ppo.make_lstm_actor_critic(
         env.observation_size,
@@ -89,7 +90,7 @@ def eqx_config(spec: Spec):
     import eqx_ppo
 
     return eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(**ppo_settings(spec)),
+        ppo=eqx_ppo.PPOConfig(**ppo_settings(spec), **spec.eqx_ppo_options),
         eval=eqx_ppo.EvalConfig(enabled=False),
         seed=spec.seed,
         n_seeds=spec.n_seeds,
@@ -108,8 +109,11 @@ def run_eqx(spec: Spec, env: Any = None) -> dict[str, Any]:
 
     env = eqx_env(spec.env) if env is None else env
     timer = Boundaries(spec)
+    train_env = env
+    if spec.reward_scaling != 1.0:
+        train_env = eqx_ppo.envs.RewardScalingWrapper(env, spec.reward_scaling)
     result = eqx_ppo.train_ppo(
-        env,
+        train_env,
         functools.partial(eqx_network, spec, env),
         eqx_config(spec),
         log_fn=lambda metrics, step: timer.mark(step),
@@ -291,7 +295,9 @@ def run_brax(spec: Spec) -> dict[str, Any]:
         vf_loss_coefficient=1.0,
         normalize_advantage=True,
         seed=spec.seed,
+        reward_scaling=spec.reward_scaling,
         progress_fn=lambda step, metrics: timer.mark(int(step)),
+        **spec.brax_options,
     )
     out = timer.summary()
     out["peak_rss_mb"] = peak_rss_mb()  # training only, before evaluation

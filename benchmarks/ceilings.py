@@ -34,11 +34,20 @@ def compile_and_time(
     CPU time counts every thread of this process; on a machine shared with
     other work it moves much less than wall time.
     """
-    import jax
-
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
     compile_s = time.perf_counter() - t0
+    return compiled, {
+        "compile_s": compile_s,
+        **time_calls(compiled, *args, repeats=repeats, inner=inner),
+    }
+
+
+def time_calls(compiled, *args, repeats: int = 5, inner: int = 5) -> dict[str, float]:
+    """Median wall and CPU milliseconds per call of an already compiled
+    function, after one warm-up call."""
+    import jax
+
     jax.block_until_ready(compiled(*args))
     wall, cpu = [], []
     for _ in range(repeats):
@@ -48,8 +57,7 @@ def compile_and_time(
         jax.block_until_ready(out)
         wall.append((time.perf_counter() - t0) / inner)
         cpu.append((time.process_time() - c0) / inner)
-    return compiled, {
-        "compile_s": compile_s,
+    return {
         "ms": sorted(wall)[repeats // 2] * 1e3,
         "cpu_ms": sorted(cpu)[repeats // 2] * 1e3,
     }

@@ -25,6 +25,10 @@ ORDER = (
     "compare_move_to_center_lstm",
     "multiseed",
     "scaling",
+    "stability_before",
+    "stability_after",
+    "quality_cartpole",
+    "guards_move_to_center",
 )
 HERE = Path(__file__).resolve().parent
 
