@@ -25,7 +25,9 @@ def test_full_force_matches_gymnax_discrete_cartpole(getkey):
         a, b = carry
         a = ours.step(a, jnp.where(push == 1, 1.0, -1.0)[None])
         with jax.numpy_dtype_promotion("standard"):
-            obs, b, reward, done, _ = theirs.step_env(jax.random.key(0), b, push, params)
+            obs, b, reward, done, _ = theirs.step_env(
+                jax.random.key(0), b, push, params
+            )
         return (a, b), (a.obs, obs, a.reward, reward, a.done, done)
 
     _, (obs_a, obs_b, r_a, r_b, d_a, d_b) = jax.lax.scan(

@@ -173,8 +173,13 @@ def test_student_converges_to_teacher(getkey):
     probe_key = getkey()
     gap_before = action_gap(env, teacher, student, probe_key)
     logs = []
+    # 120 iterations: at 40, 4 of 12 seeds still had gap_after > 0.25 * gap_before.
     result = train_distillation(
-        env, teacher, student, config(), log_fn=lambda m, s: logs.append(m)
+        env,
+        teacher,
+        student,
+        config(total_steps=8 * 8 * 120),
+        log_fn=lambda m, s: logs.append(m),
     )
     gap_after = action_gap(env, teacher, result.training_state.student, probe_key)
     assert gap_before > 0.2

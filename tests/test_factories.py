@@ -24,6 +24,7 @@ from eqx_ppo.nn import (
     reset_where,
 )
 from eqx_ppo.nn._dense import identity
+from tests._helpers import assert_ulp_close
 
 
 def types(seq: Sequential) -> list[type]:
@@ -199,13 +200,17 @@ def test_lstm_carries_reset_per_env_under_vmap_in_a_jitted_scan(getkey):
     np.testing.assert_array_equal(reset[1]["action"][0][0][0], 0.0)
     np.testing.assert_array_equal(reset[1]["value"][0][1][2], 0.0)
     np.testing.assert_array_equal(reset[1]["action"][0][0][1], h[1])
-    # A reset env behaves like a fresh one: the next step equals the first step.
+    # A reset env behaves like a fresh one: the next step equals the first step
+    # (up to rounding: eager here, compiled in a scan there).
     fresh = apply_batched(net, reset, obs[0], key=keys[0]).output
-    np.testing.assert_array_equal(fresh.actions[0], outputs.actions[0, 0])
-    np.testing.assert_array_equal(
-        fresh.value_estimates[2], outputs.value_estimates[0, 2]
+    first = jax.tree.map(lambda x: x[0], outputs)
+    reset_envs = jnp.array([0, 2])
+    assert_ulp_close(
+        jax.tree.map(lambda x: x[reset_envs], fresh),
+        jax.tree.map(lambda x: x[reset_envs], first),
     )
-    assert not jnp.array_equal(fresh.actions[1], outputs.actions[0, 1])
+    with pytest.raises(AssertionError):
+        assert_ulp_close(fresh.actions[1], first.actions[1])
 
 
 def test_filter_grad_through_a_factory_network(getkey):

@@ -1,7 +1,14 @@
 """PPO learns the probe envs; a recurrent policy solves the memory task.
 
-Seeded, with thresholds well above what a broken learner reaches.
+Every learning test trains several seeds in one vmapped run and asserts on
+the median and on a low quantile of the seeds' final deterministic returns,
+with thresholds set from the distribution `benchmarks/stability.py` measures
+(16 seeds) and a margin, never on one seed's trajectory. The seeds can be
+shifted with `EQX_PPO_TEST_SEED_OFFSET` (e.g. 1000) to check that the tests
+do not depend on the seeds they happen to use.
 """
+
+import os
 
 import equinox as eqx
 import jax
@@ -9,13 +16,28 @@ import numpy as np
 import pytest
 
 import eqx_ppo
+from benchmarks.stability import two_arm_network
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo import rollout
 from eqx_ppo.ppo._rollout import StepCarry
 
+SEED_OFFSET = int(os.environ.get("EQX_PPO_TEST_SEED_OFFSET", "0"))
 
-def _train(env, networks, *, steps, n_envs=64, lr=3e-3, eval_len=20, seed=0, **ppo):
+
+def _train(
+    env,
+    networks,
+    *,
+    steps,
+    n_seeds=8,
+    n_envs=64,
+    lr=3e-3,
+    eval_len=20,
+    seed=0,
+    **ppo,
+):
+    """Final eval results of `n_seeds` seeds trained in one vmapped program."""
     config = eqx_ppo.TrainConfig(
         ppo=eqx_ppo.PPOConfig(
             n_envs=n_envs,
@@ -31,51 +53,63 @@ def _train(env, networks, *, steps, n_envs=64, lr=3e-3, eval_len=20, seed=0, **p
             max_episode_length=eval_len,
             logging_percentiles=None,
         ),
-        seed=seed,
+        seed=seed + SEED_OFFSET,
+        n_seeds=n_seeds,
         progress=False,
     )
-    return eqx_ppo.train_ppo(env, networks, config)
+    return eqx_ppo.train_ppo(env, networks, config).eval_history[-1]
 
 
-def _final(result):
-    return result.eval_history[-1]["eval/episode_reward/mean"]
+def _finals(record, key="eval/episode_reward/mean"):
+    return np.asarray(record[key])
+
+
+def _assert_learned(finals, *, median, low, quantile=25):
+    """The seeds' median beats `median` and their `quantile`-th percentile
+    beats `low`."""
+    m, q = np.median(finals), np.percentile(finals, quantile)
+    assert m > median and q > low, f"median {m:.3g}, p{quantile} {q:.3g}: {finals}"
 
 
 def test_move_to_center_learns():
     env = envs.make("move_to_center")
-    result = _train(
-        env,
-        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [32, 32], [32, 32], key=k),
-        steps=100_000,
+    finals = _finals(
+        _train(
+            env,
+            lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [32, 32], [32, 32], key=k),
+            steps=100_000,
+        )
     )
-    # Optimal -2.0, random about -20.
-    assert _final(result) > -3.0, _final(result)
+    # Optimal -2.0, random about -20; 16 seeds: median -2.15, worst -2.23.
+    _assert_learned(finals, median=-2.6, low=-3.0)
 
 
 def test_parrot_learns():
     env = envs.make("parrot")
     obs = env.observation_size
-    result = _train(
-        env,
-        lambda k: eqx_ppo.make_mlp_actor_critic(obs, obs, [32], [32], key=k),
-        steps=150_000,
-        eval_len=10,
-        gae_lambda=0.0,
-        discounting_factor=0.0,
+    finals = _finals(
+        _train(
+            env,
+            lambda k: eqx_ppo.make_mlp_actor_critic(obs, obs, [32], [32], key=k),
+            steps=150_000,
+            eval_len=10,
+            gae_lambda=0.0,
+            discounting_factor=0.0,
+        )
     )
-    # Optimal 10; a constant action scores about 4.
-    assert _final(result) > 8.0, _final(result)
+    # Optimal 10; a constant action scores about 4; 16 seeds: 9.78 to 9.86.
+    _assert_learned(finals, median=9.0, low=8.0)
 
 
-def _recall(networks, seed):
+def _recall(networks):
     env = envs.make("recall")
-    return _final(
+    return _finals(
         _train(
             env,
             networks,
             steps=60_000,
             eval_len=5,
-            seed=seed,
+            seed=1,
             rollout_length=10,
             lr=1e-2,
         )
@@ -83,53 +117,25 @@ def _recall(networks, seed):
 
 
 def test_recurrent_policy_solves_memory_task_feed_forward_cannot():
-    lstm = _recall(lambda k: eqx_ppo.make_lstm_actor_critic(2, 1, 16, key=k), seed=1)
-    ff = _recall(
-        lambda k: eqx_ppo.make_mlp_actor_critic(2, 1, [16], [16], key=k), seed=1
-    )
+    lstm = _recall(lambda k: eqx_ppo.make_lstm_actor_critic(2, 1, 16, key=k))
+    ff = _recall(lambda k: eqx_ppo.make_mlp_actor_critic(2, 1, [16], [16], key=k))
     # Optimal 5 (cue every step); best feed-forward 1 (only the cued step).
-    assert lstm > 4.0, lstm
-    assert ff < 1.8, ff
+    # 16 LSTM seeds: all 5.0.
+    _assert_learned(lstm, median=4.5, low=4.0)
+    assert np.max(ff) < 1.8, ff
 
 
 def test_dict_obs_actions_and_rewards_end_to_end():
     env = envs.make("two_arm")
-
-    def networks(key):
-        k = iter(jax.random.split(key, 4))
-        return nn.Sequential(
-            [
-                nn.Flattener(),
-                nn.Normalizer(8),
-                nn.PPOAdapter(
-                    action=nn.Sequential(
-                        [
-                            nn.Dense(8, 32, key=next(k), activation="swish"),
-                            nn.Dense(32, 8, key=next(k)),
-                            nn.Splitter(arm1=4, arm2=4),
-                            nn.Map(
-                                arm1=nn.NormalTanhSampler(1e-2, min_std=0.1),
-                                arm2=nn.NormalTanhSampler(1e-2, min_std=0.1),
-                            ),
-                        ]
-                    ),
-                    # One value head per reward key.
-                    value=nn.Sequential(
-                        [
-                            nn.Dense(8, 32, key=next(k), activation="swish"),
-                            nn.Dense(32, 2, key=next(k)),
-                            nn.Splitter(arm1=1, arm2=1),
-                        ]
-                    ),
-                ),
-            ]
-        )
-
-    result = _train(env, networks, steps=120_000)
-    per_key = result.eval_history[-1]
-    # Optimal {"arm1": -2.0, "arm2": -0.4}; random about -20 and -10.
-    assert per_key["eval/episode_reward/arm1/mean"] > -3.5, per_key
-    assert per_key["eval/episode_reward/arm2/mean"] > -1.5, per_key
+    record = _train(env, lambda k: two_arm_network(env, k), steps=120_000)
+    # Optimal {"arm1": -2.0, "arm2": -0.4}; random about -20 and -10. 16 seeds:
+    # total -2.79 to -3.07.
+    _assert_learned(
+        _finals(record, "eval/episode_reward/arm1/mean"), median=-3.0, low=-3.5
+    )
+    _assert_learned(
+        _finals(record, "eval/episode_reward/arm2/mean"), median=-1.0, low=-1.5
+    )
 
 
 def test_counter_carry_resets_with_env():
@@ -214,12 +220,13 @@ def test_brax_inverted_pendulum_learns():
                 key=k,
             ),
             steps=300_000,
+            n_seeds=4,
             n_envs=128,
             lr=1e-3,
             eval_len=1000,
         )
     # A random policy balances for about 5-10 steps (return < 20); 1000 is optimal.
-    assert _final(result) > 200.0, _final(result)
+    _assert_learned(_finals(result), median=200.0, low=100.0)
 
 
 @pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
@@ -240,5 +247,7 @@ def test_gymnax_cartpole_discrete_actions_learn():
         rollout_length=32,
         eval_len=500,
     )
-    # Random play balances ~20 steps; 500 is the cap.
-    assert _final(result) > 300.0, _final(result)
+    # Random play balances ~20 steps; 500 is the cap. At this aggressive step
+    # size the seeds still oscillate (16 seeds: final median 500, lower
+    # quartile ~190, worst 150), so only the median and a low bar are claimed.
+    _assert_learned(_finals(result), median=200.0, low=100.0)

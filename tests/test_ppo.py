@@ -22,6 +22,7 @@ from eqx_ppo.ppo import (
     train_ppo,
 )
 from eqx_ppo.ppo._rollout import StepCarry
+from tests._helpers import assert_ulp_close
 
 
 class RandomEndEnv(eqx.Module):
@@ -144,7 +145,7 @@ def test_terminal_obs_is_pre_reset(getkey):
 
 
 @pytest.mark.parametrize("stateful", [True, False])
-def test_replay_reproduces_rollout_exactly(getkey, stateful):
+def test_replay_reproduces_rollout(getkey, stateful):
     config = small_config()
     net = make_net(getkey(), stateful=stateful)
     state, carry, data = _rollout(net, config, getkey())
@@ -155,11 +156,10 @@ def test_replay_reproduces_rollout_exactly(getkey, stateful):
         carry.env_state.obs,
         bootstrap_truncation=False,
     )
-    np.testing.assert_array_equal(rep.output.loglikelihoods, data.output.loglikelihoods)
-    np.testing.assert_array_equal(
-        rep.output.value_estimates, data.output.value_estimates
-    )
-    np.testing.assert_array_equal(rep.output.actions, data.output.actions)
+    # Same keys, carries and parameters, but the replay runs the stateless
+    # layers once over all T * M steps and the rollout once per step: other
+    # op shapes, so equal up to float rounding, not bit for bit.
+    assert_ulp_close(rep.output, data.output)
 
 
 def test_replay_of_env_subset_equals_slice_of_full_replay(getkey):
@@ -183,14 +183,9 @@ def test_replay_of_env_subset_equals_slice_of_full_replay(getkey):
         bootstrap_truncation=True,
     )
     # Same noise and carries; only matmul batch sizes differ (float rounding).
-    np.testing.assert_allclose(
-        sub.output.loglikelihoods,
-        full.output.loglikelihoods[:, idx],
-        rtol=1e-5,
-        atol=1e-6,
-    )
-    np.testing.assert_allclose(
-        sub.next_values, full.next_values[:, idx], rtol=1e-5, atol=1e-6
+    assert_ulp_close(
+        (sub.output, sub.next_values),
+        jax.tree.map(lambda x: x[:, idx], (full.output, full.next_values)),
     )
 
 
@@ -212,11 +207,12 @@ def test_bootstrap_uses_terminal_value(getkey):
         carry.env_state.obs,
         bootstrap_truncation=True,
     )
-    same = ~data.truncated
-    np.testing.assert_array_equal(drop.next_values[same], boot.next_values[same])
-    assert bool(
-        jnp.any(drop.next_values[data.truncated] != boot.next_values[data.truncated])
-    )
+    # With a carry, `boot` scans the whole network step by step (for the
+    # terminal values) and `drop` replays it layer by layer: other programs.
+    same, truncated = ~data.truncated, data.truncated
+    assert_ulp_close(drop.next_values[same], boot.next_values[same])
+    with pytest.raises(AssertionError):
+        assert_ulp_close(drop.next_values[truncated], boot.next_values[truncated])
 
 
 def test_step_compiles_once_and_coefficients_do_not_retrace(getkey):
@@ -271,7 +267,7 @@ def test_statistics_are_not_trained_but_updated(getkey):
     # exactly the trainable entries.
     n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(net, nn.trainable(net))))
     n_arrays = sum(x.size for x in jax.tree.leaves(eqx.filter(net, eqx.is_array)))
-    adam = state.opt_state[0]
+    adam = next(s for s in state.opt_state if hasattr(s, "mu"))
     assert adam.mu.shape == adam.nu.shape == (n_params,)
     assert n_params < n_arrays  # the normaliser's statistics are left out
     # Statistics changed only through update_statistics: the normaliser now
@@ -476,10 +472,5 @@ def test_layerwise_replay_equals_a_stepwise_scan(getkey):
     last, out, reg = eqx.filter_jit(_replay_sequence)(
         net, state0, obs, extras, keys, done
     )
-    for a, b in zip(
-        jax.tree.leaves((out, reg, last)),
-        jax.tree.leaves((ref_out, ref_reg, ref_last)),
-        strict=True,
-    ):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_ulp_close((out, reg, last), (ref_out, ref_reg, ref_last))
     assert float(jnp.std(reg)) > 0  # the KL term varies per step and env

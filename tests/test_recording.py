@@ -25,6 +25,7 @@ from eqx_ppo.recording import (
     is_recording,
     with_recording,
 )
+from tests._helpers import assert_ulp_close
 
 OBS, ACT, B, T = 3, 2, 4, 3
 
@@ -103,28 +104,17 @@ def _rollout(net, obs, key):
     return jax.lax.scan(step, net.initialize_state(B), (obs, keys))[1]
 
 
-def test_outputs_bit_identical_under_jit(getkey):
+def test_outputs_match_under_jit(getkey):
     net = _network(getkey())
     rec = with_recording(net)
     obs = jax.random.normal(getkey(), (T, B, OBS))
     key = getkey()
     ref = _rollout(net, obs, key)
     out = _rollout(rec, obs, key)
-    for field in ("next_state", "output", "regularization_loss", "extras"):
-        ref_leaves = jax.tree.leaves(getattr(ref, field))
-        out_leaves = jax.tree.leaves(getattr(out, field))
-        assert jax.tree.structure(getattr(ref, field)) == jax.tree.structure(
-            getattr(out, field)
-        ), field
-        for a, b in zip(ref_leaves, out_leaves, strict=True):
-            np.testing.assert_array_equal(a, b, err_msg=field)
-    # The ordinary metrics are untouched; recording only adds activations.
-    stripped = _strip_activations(out.metrics)
-    assert jax.tree.structure(stripped) == jax.tree.structure(ref.metrics)
-    for a, b in zip(
-        jax.tree.leaves(ref.metrics), jax.tree.leaves(stripped), strict=True
-    ):
-        np.testing.assert_array_equal(a, b)
+    # Same values; but the recorded activations are extra outputs of the
+    # compiled program, which may then fuse (and round) differently. The
+    # ordinary metrics are untouched; recording only adds activations.
+    assert_ulp_close(out._replace(metrics=_strip_activations(out.metrics)), ref)
 
 
 def test_activation_structure_and_values(getkey):

@@ -14,6 +14,7 @@ from eqx_ppo.nn import (
     NormalTanhSampler,
     apply_batched,
 )
+from tests._helpers import assert_ulp_close
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)  # 0.9189385
 # softplus(PRE_STD_ONE) = log(1 + (e - 1)) = 1: with min_std=0 the std is exactly 1.
@@ -174,9 +175,7 @@ def test_normal_tanh_batched_jit_and_compiles_once(getkey):
     # Env 3 alone, with its own key, gives env 3's values: vmap equals a loop.
     env_key = jax.random.split(key, 5)[3]
     single = sampler((), x[3], key=env_key)
-    np.testing.assert_allclose(
-        out.output["action"][3], single.output["action"], rtol=1e-6
-    )
+    assert_ulp_close(out.output["action"][3], single.output["action"])
 
 
 @pytest.mark.parametrize("cls", [NormalTanhSampler, NormalSampler])

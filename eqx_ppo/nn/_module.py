@@ -213,7 +213,8 @@ def apply_batched(
     """Call `module` once on a batch: every leaf has a leading env axis `[B]`.
 
     `key` is split into one key per env, in the same way the rollout does it,
-    so `apply_batched` on a batch reproduces the per-env calls exactly.
+    so `apply_batched` on a batch reproduces the per-env calls (to float
+    rounding: a batched matmul may sum in another order).
 
     ```python
     state = net.initialize_state(8)

@@ -4,7 +4,8 @@ A minibatch is a set of envs. Replay runs the current network over each env's
 whole length-`T` sequence, starting from the carry the env had at the start of
 the rollout, with the rollout's per-env keys and extras, resetting carries
 where the rollout did. With unchanged parameters it reproduces the rollout's
-log-likelihoods and values exactly.
+log-likelihoods and values (bit for bit where the shapes match, else to
+float rounding: `docs/concepts.md` states the guarantee).
 
 Advantages are recomputed in every minibatch from the *current* critic (as
 nnx-ppo does), so later minibatches and epochs see fresher value estimates
