@@ -189,6 +189,18 @@ def test_nonfinite_loss_is_named():
         _train(ENV, _kinked)
 
 
+def test_finite_run_logs_no_check_flags():
+    logged = []
+    config = eqx_ppo.TrainConfig(
+        ppo=_config(total_steps=320),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        progress=False,
+    )
+    eqx_ppo.train_ppo(ENV, _net, config, log_fn=lambda m, step: logged.append(m))
+    assert len(logged) == 2 and "losses/actor/mean" in logged[0]
+    assert not [k for m in logged for k in m if k.startswith("debug/")]
+
+
 def test_check_finite_false_trains_on():
     saved = _train(_NaNEnv("reward", bad_x=0.5), _net, check_finite=False)
     assert saved == [0, 160, 320, 480]

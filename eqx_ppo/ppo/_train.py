@@ -376,6 +376,10 @@ def run_training(
         elapsed = time.perf_counter() - t0
         if algorithm.check_finite:
             _raise_if_nonfinite(chunk_metrics, iteration, n_active, n_seeds)
+            # The flags are for the driver; log_fn gets the metrics only.
+            chunk_metrics = {
+                k: v for k, v in chunk_metrics.items() if not k.startswith("debug/")
+            }
         for i in range(n_active):
             it = iteration + i + 1
             metrics = _host(chunk_metrics, n_seeds, index=i)
