@@ -64,7 +64,7 @@ from .ppo._train import (
 from .ppo._validate import (
     check_callbacks,
     check_config_types,
-    check_finite,
+    check_finite_value,
     check_initial_state,
     check_key,
     check_percentiles,
@@ -132,7 +132,7 @@ class DistillationConfig(eqx.Module):
                     f"DistillationConfig(learning_rate=array of shape {lr.shape}): "
                     "it is a scalar. To sweep it, build configs inside `jax.vmap`."
                 )
-            check_finite("DistillationConfig", "learning_rate", float(lr))
+            check_finite_value("DistillationConfig", "learning_rate", float(lr))
             if float(lr) < 0:
                 raise ValueError(
                     f"DistillationConfig(learning_rate={float(lr)}): must be >= 0."

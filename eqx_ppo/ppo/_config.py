@@ -11,7 +11,7 @@ from jaxtyping import Array, Float
 from ..logging import LoggingLevel
 from ._validate import (
     check_config_types,
-    check_finite,
+    check_finite_value,
     check_percentiles,
     check_positive_ints,
 )
@@ -195,7 +195,7 @@ class PPOConfig(eqx.Module):
                 )
             if _is_concrete(value) and value.ndim == 0:
                 v = float(value)
-                check_finite("PPOConfig", name, v)
+                check_finite_value("PPOConfig", name, v)
                 if v < low or (high is not None and v > high):
                     upper = "" if high is None else f" and <= {high}"
                     raise ValueError(f"PPOConfig({name}={v}): must be >= {low}{upper}.")
@@ -243,7 +243,7 @@ def check_iteration_settings(config: Any) -> None:
         value = getattr(config, name)
         if value is None:
             continue
-        check_finite(kind, name, value)
+        check_finite_value(kind, name, value)
         if value < 0:
             raise ValueError(f"{kind}({name}={value}): must be >= 0 or None.")
 

@@ -36,7 +36,7 @@ def _array_spec(x: Any) -> str:
     return type(x).__name__
 
 
-def check_finite(kind: str, name: str, value: numbers.Real) -> None:
+def check_finite_value(kind: str, name: str, value: numbers.Real) -> None:
     """Raise unless `value` is finite: NaN passes every bound check silently."""
     if not math.isfinite(value):
         raise ValueError(
