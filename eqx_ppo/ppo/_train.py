@@ -426,11 +426,13 @@ def _progress(enabled: bool, initial: int, total: int):
     )
 
 
+_ENV_FIX = (
+    "The env's `step` returned NaN or inf: check it (run it with "
+    "`jax.config.update('jax_debug_nans', True)`)."
+)
 _NONFINITE_FIX = {
-    "observation": "The env's `step` returned NaN or inf: check it (run it with "
-    "`jax.config.update('jax_debug_nans', True)`).",
-    "reward": "The env's `step` returned NaN or inf: check it (run it with "
-    "`jax.config.update('jax_debug_nans', True)`).",
+    "observation": _ENV_FIX,
+    "reward": _ENV_FIX,
     "loss": "The observations and rewards were finite, so the update diverged: "
     "lower `learning_rate`, keep `gradient_clipping` on, or set `target_kl`.",
     "updated parameters": "The loss was finite, so the optimiser step "
