@@ -48,7 +48,13 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
 from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput, trainable
-from .ppo._config import EvalConfig, PPOConfig, VideoConfig, check_iteration_settings
+from .ppo._config import (
+    EvalConfig,
+    PPOConfig,
+    VideoConfig,
+    check_coefficient,
+    check_iteration_settings,
+)
 from .ppo._loss import replay_policy
 from .ppo._rollout import StepCarry, env_keys, rollout
 from .ppo._sharding import check_mesh, gather_envs, pmean
@@ -64,7 +70,6 @@ from .ppo._train import (
 from .ppo._validate import (
     check_callbacks,
     check_config_types,
-    check_finite_value,
     check_initial_state,
     check_key,
     check_percentiles,
@@ -125,18 +130,7 @@ class DistillationConfig(eqx.Module):
     def __check_init__(self):
         check_iteration_settings(self)
         check_percentiles("DistillationConfig", self.logging_percentiles)
-        lr = self.learning_rate
-        if not isinstance(lr, jax.core.Tracer):
-            if lr.ndim != 0:
-                raise ValueError(
-                    f"DistillationConfig(learning_rate=array of shape {lr.shape}): "
-                    "it is a scalar. To sweep it, build configs inside `jax.vmap`."
-                )
-            check_finite_value("DistillationConfig", "learning_rate", float(lr))
-            if float(lr) < 0:
-                raise ValueError(
-                    f"DistillationConfig(learning_rate={float(lr)}): must be >= 0."
-                )
+        check_coefficient(self, "learning_rate", 0.0)
 
     @property
     def steps_per_iteration(self) -> int:

@@ -185,20 +185,8 @@ class PPOConfig(eqx.Module):
             "value_clip_range": (0.0, None),
         }
         for name, (low, high) in bounds.items():
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if value.ndim != 0 and _is_concrete(value):
-                raise ValueError(
-                    f"PPOConfig({name}=array of shape {value.shape}): coefficients "
-                    "are scalars. To sweep one, build configs inside `jax.vmap`."
-                )
-            if _is_concrete(value) and value.ndim == 0:
-                v = float(value)
-                check_finite_value("PPOConfig", name, v)
-                if v < low or (high is not None and v > high):
-                    upper = "" if high is None else f" and <= {high}"
-                    raise ValueError(f"PPOConfig({name}={v}): must be >= {low}{upper}.")
+            if getattr(self, name) is not None:
+                check_coefficient(self, name, low, high)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -209,6 +197,26 @@ class PPOConfig(eqx.Module):
     def n_iterations(self) -> int:
         """Iterations needed to reach `total_steps` (rounded up)."""
         return -(-self.total_steps // self.steps_per_iteration)
+
+
+def check_coefficient(
+    config: Any, name: str, low: float, high: float | None = None
+) -> None:
+    """A concrete coefficient must be a finite scalar in `[low, high]`; traced
+    values (configs built inside `jax.vmap`) are not checked."""
+    kind, value = type(config).__name__, getattr(config, name)
+    if not _is_concrete(value):
+        return
+    if value.ndim != 0:
+        raise ValueError(
+            f"{kind}({name}=array of shape {value.shape}): coefficients are "
+            "scalars. To sweep one, build configs inside `jax.vmap`."
+        )
+    v = float(value)
+    check_finite_value(kind, name, v)
+    if v < low or (high is not None and v > high):
+        upper = "" if high is None else f" and <= {high}"
+        raise ValueError(f"{kind}({name}={v}): must be >= {low}{upper}.")
 
 
 def _check_choice(
