@@ -21,7 +21,14 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 SYSTEMS = ("eqx", "brax", "nnx")
-SYSTEM_NAMES = {"eqx": "eqx_ppo", "brax": "Brax PPO", "nnx": "nnx-ppo 0.3.0"}
+SYSTEM_NAMES = {
+    "eqx": "eqx_ppo",
+    "base": "eqx_ppo baseline",
+    "brax": "Brax PPO",
+    "nnx": "nnx-ppo 0.3.0",
+}
+BASELINE_ENV = "EQX_PPO_BASELINE"
+"""Names a checkout of eqx_ppo that the `base` system imports (an A/B baseline)."""
 EPISODE_LENGTH = {"inverted_pendulum": 1000, "move_to_center": 20, "cartpole": 500}
 
 
@@ -274,6 +281,10 @@ def run_worker(
     env = dict(os.environ)
     env.setdefault("PYTHONWARNINGS", "ignore")
     root = Path(__file__).resolve().parent.parent
+    if spec.system == "base":
+        # The baseline's eqx_ppo shadows the installed one; the benchmark code
+        # itself stays this checkout's.
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env[BASELINE_ENV]])
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(

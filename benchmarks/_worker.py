@@ -316,7 +316,7 @@ def run_brax(spec: Spec) -> dict[str, Any]:
     return out
 
 
-RUNNERS = {"eqx": run_eqx, "nnx": run_nnx, "brax": run_brax}
+RUNNERS = {"eqx": run_eqx, "base": run_eqx, "nnx": run_nnx, "brax": run_brax}
 
 
 def main() -> None:

@@ -2,6 +2,11 @@
 
     python -m benchmarks.compare --env inverted_pendulum --steps 1024000 --reps 3
     python -m benchmarks.compare --env move_to_center --policy lstm
+    python -m benchmarks.compare --systems eqx,base --baseline ../old-checkout
+
+`--baseline` names another checkout of eqx_ppo (e.g. a `git worktree` of the
+commit before a change); the `base` system trains with its `eqx_ppo`, so a
+change is A/B-measured in one run, paired per repetition like the peers.
 
 Each repetition trains every system once, each in a fresh process, in an order
 rotated per repetition (so no system always runs first or last on a loaded
@@ -13,9 +18,12 @@ Printed and written to `benchmarks/results/compare_<env>_<policy>.{json,md}`.
 
 import argparse
 import dataclasses
+import os
+import pathlib
 from typing import Any
 
 from ._common import (
+    BASELINE_ENV,
     SYSTEM_NAMES,
     Spec,
     machine,
@@ -172,7 +180,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=["inverted_pendulum", "move_to_center"],
     )
     parser.add_argument("--policy", default="mlp", choices=["mlp", "lstm"])
-    parser.add_argument("--systems", default=None, help="comma list of eqx,brax,nnx")
+    parser.add_argument(
+        "--systems", default=None, help="comma list of eqx,base,brax,nnx"
+    )
+    parser.add_argument(
+        "--baseline", default=None, help="checkout of eqx_ppo for the `base` system"
+    )
     parser.add_argument("--steps", type=int, default=1_024_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--chunks", type=int, default=10)
@@ -184,6 +197,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.systems:
         systems = args.systems.split(",")
+        if "base" in systems:
+            if args.baseline is None:
+                parser.error("--systems base needs --baseline PATH")
+            os.environ[BASELINE_ENV] = str(pathlib.Path(args.baseline).resolve())
     else:
         systems = ["eqx", "brax", "nnx"] if args.policy == "mlp" else ["eqx", "nnx"]
     base = Spec(
