@@ -281,10 +281,6 @@ def run_worker(
     env = dict(os.environ)
     env.setdefault("PYTHONWARNINGS", "ignore")
     root = Path(__file__).resolve().parent.parent
-    if spec.system == "base":
-        # The baseline's eqx_ppo shadows the installed one; the benchmark code
-        # itself stays this checkout's.
-        env["PYTHONPATH"] = os.pathsep.join([str(root), env[BASELINE_ENV]])
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(

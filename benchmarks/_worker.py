@@ -6,10 +6,12 @@ peak RSS and the final return. Only the system under test is imported.
 """
 
 import functools
+import os
 import sys
 from typing import Any
 
 from ._common import (
+    BASELINE_ENV,
     EPISODE_LENGTH,
     Boundaries,
     Spec,
@@ -321,7 +323,15 @@ RUNNERS = {"eqx": run_eqx, "base": run_eqx, "nnx": run_nnx, "brax": run_brax}
 
 def main() -> None:
     spec = Spec.from_json(sys.argv[1])
+    if spec.system == "base":
+        # The baseline checkout's eqx_ppo shadows this one (`python -m` puts
+        # this checkout first on the path); the benchmark code stays this one's.
+        sys.path.insert(0, os.environ[BASELINE_ENV])
     out = RUNNERS[spec.system](spec)
+    if spec.system in ("eqx", "base"):
+        import eqx_ppo
+
+        out["eqx_ppo_path"] = eqx_ppo.__file__
     out["peak_rss_with_eval_mb"] = peak_rss_mb()
     out["system"] = spec.system
     emit(out)

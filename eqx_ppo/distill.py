@@ -487,13 +487,16 @@ def distill_step(
     params, static = eqx.partition(state.student, trainable(state.student))
 
     def minibatch_loss(p, idx):
-        outputs, regularization = replay_policy(
+        replayed = replay_policy(
             eqx.combine(p, static),
             jax.tree.map(lambda x: x[idx], state.student_state),
             jax.tree.map(lambda x: x[:, idx], replay_data),
         )
         return distillation_loss(
-            outputs, regularization, config.logging_level, axis_name=axis_name
+            replayed.output,
+            replayed.regularization_loss,
+            config.logging_level,
+            axis_name=axis_name,
         )
 
     params, opt_state, loss_metrics = gradient_phase(

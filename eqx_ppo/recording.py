@@ -31,11 +31,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-from jaxtyping import PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Key, PRNGKeyArray, PyTree
 
 from ._activation_key import ACTIVATION_KEY as ACTIVATION_KEY
 from .graph import PopulationGraph
-from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput
+from .nn._module import (
+    AbstractStatefulModule,
+    SequenceOutput,
+    State,
+    StatefulModuleOutput,
+)
 
 
 class Recorder(AbstractStatefulModule):
@@ -69,6 +74,18 @@ class Recorder(AbstractStatefulModule):
     ) -> StatefulModuleOutput:
         out = self.layer(state, x, extras, key=key)
         return out._replace(metrics={**out.metrics, ACTIVATION_KEY: out.output})
+
+    def replay_sequence(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        # A replay returns no metrics, so there is nothing to record: the
+        # layer's own (possibly parallel) replay runs unchanged.
+        return self.layer.replay_sequence(state0, xs, extras, keys, done)
 
     def initial_state(self) -> State:
         return self.layer.initial_state()

@@ -27,11 +27,14 @@ from ._factories import (
 from ._module import (
     AbstractStatefulModule as AbstractStatefulModule,
     AbstractStatistics as AbstractStatistics,
+    SequenceOutput as SequenceOutput,
     State as State,
     StatefulModuleOutput as StatefulModuleOutput,
     apply_batched as apply_batched,
     reset_where as reset_where,
     route_keys as route_keys,
+    route_sequence_keys as route_sequence_keys,
+    scan_sequence as scan_sequence,
     trainable as trainable,
 )
 from ._normalizer import (

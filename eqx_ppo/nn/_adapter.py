@@ -5,9 +5,16 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
-from ._module import AbstractStatefulModule, State, StatefulModuleOutput, route_keys
+from ._module import (
+    AbstractStatefulModule,
+    SequenceOutput,
+    State,
+    StatefulModuleOutput,
+    route_keys,
+    route_sequence_keys,
+)
 
 
 class PPONetworkOutput(NamedTuple):
@@ -120,6 +127,29 @@ class PPOAdapter(AbstractStatefulModule):
             + value_out.regularization_loss,
             metrics={"action": action_out.metrics, "value": value_out.metrics},
             extras={"action": action_out.extras, "value": value_out.extras},
+        )
+
+    def replay_sequence(
+        self,
+        state0: dict[str, State],
+        xs: Any,
+        extras: dict[str, Any] | None,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        if extras is None:
+            extras = {"action": None, "value": None}
+        action_keys, value_keys = route_sequence_keys(keys, [self.action, self.value])
+        action = self.action.replay_sequence(
+            state0["action"], xs, extras["action"], action_keys, done
+        )
+        value = self.value.replay_sequence(
+            state0["value"], xs, extras["value"], value_keys, done
+        )
+        return SequenceOutput(
+            last_state={"action": action.last_state, "value": value.last_state},
+            output=jax.vmap(ppo_output)(action.output, value.output),
+            regularization_loss=action.regularization_loss + value.regularization_loss,
         )
 
     def initial_state(self) -> dict[str, State]:

@@ -6,6 +6,8 @@ Every container routes the five per-call channels the same way:
   positions for [`eqx_ppo.nn.Sequential`][], the child names for the named
   containers. `extras=None` hands `None` to every child.
 - The regularisation losses of the children are summed.
+- `replay_sequence` replays child by child with the same routing, so in the
+  loss replay only recurrent children are scanned over time.
 - `key` goes only to the children whose `uses_key` is set, by `route_keys`:
   a single such child gets `key` itself, several get one split of it, in the
   order the children are stored (positions for `Sequential`, sorted names for
@@ -20,17 +22,21 @@ key each child receives do not depend on how the container was built or
 transformed.
 """
 
+import abc
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Key, PRNGKeyArray
 
 from ._module import (
     AbstractStatefulModule,
+    SequenceOutput,
     State,
     StatefulModuleOutput,
     route_keys,
+    route_sequence_keys,
     zero_loss,
 )
 
@@ -79,8 +85,8 @@ def _run_children(
     inputs: dict,
     extras: Any,
     key: PRNGKeyArray | None,
-) -> tuple[dict, dict, Float[Array, ""], dict, dict]:
-    """Call every child on its own input; collect each channel into a dict."""
+) -> StatefulModuleOutput:
+    """Call every child on its own input; each channel becomes a dict by name."""
     extras = _child_extras(extras, children)
     keys = route_keys(key, list(children.values()))
     next_state, outputs, metrics, new_extras = {}, {}, {}, {}
@@ -92,7 +98,30 @@ def _run_children(
         loss = loss + out.regularization_loss
         metrics[name] = out.metrics
         new_extras[name] = out.extras
-    return next_state, outputs, loss, metrics, new_extras
+    return StatefulModuleOutput(next_state, outputs, loss, metrics, new_extras)
+
+
+def _replay_children(
+    children: dict[str, AbstractStatefulModule],
+    state0: dict,
+    inputs: dict,
+    extras: Any,
+    keys: Key[Array, " time"] | None,
+    done: Bool[Array, " time"],
+) -> SequenceOutput:
+    """`_run_children` over a `[T]` sequence: every child replays its own."""
+    extras = _child_extras(extras, children)
+    child_keys = route_sequence_keys(keys, list(children.values()))
+    last, outputs = {}, {}
+    loss = jnp.zeros(done.shape, jnp.float32)
+    for (name, child), child_key in zip(children.items(), child_keys, strict=True):
+        out = child.replay_sequence(
+            state0[name], inputs[name], extras[name], child_key, done
+        )
+        last[name] = out.last_state
+        outputs[name] = out.output
+        loss = loss + out.regularization_loss
+    return SequenceOutput(last, outputs, loss)
 
 
 def _check_has_keys(container: str, x: Any, names: Iterable[str]) -> None:
@@ -174,6 +203,27 @@ class Sequential(AbstractStatefulModule):
             new_extras[i] = out.extras
         return StatefulModuleOutput(next_state, x, loss, metrics, new_extras)
 
+    def replay_sequence(
+        self,
+        state0: dict[int, State],
+        xs: Any,
+        extras: dict[int, Any] | None,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        extras = _child_extras(extras, range(len(self.layers)))
+        layer_keys = route_sequence_keys(keys, self.layers)
+        last = {}
+        loss = jnp.zeros(done.shape, jnp.float32)
+        for i, (layer, layer_key) in enumerate(
+            zip(self.layers, layer_keys, strict=True)
+        ):
+            out = layer.replay_sequence(state0[i], xs, extras[i], layer_key, done)
+            xs = out.output
+            last[i] = out.last_state
+            loss = loss + out.regularization_loss
+        return SequenceOutput(last, xs, loss)
+
     def initial_state(self) -> dict[int, State]:
         return {i: layer.initial_state() for i, layer in enumerate(self.layers)}
 
@@ -190,7 +240,12 @@ class Sequential(AbstractStatefulModule):
 
 
 class _AbstractNamedContainer(AbstractStatefulModule):
-    """Children stored in a dict sorted by name; subclasses choose the routing."""
+    """Children stored in a dict sorted by name.
+
+    Subclasses choose the routing with `_child_inputs` (the input of each
+    child) and `_combine` (one step's output from the children's); the call
+    and the sequence replay share both.
+    """
 
     modules: dict[str, AbstractStatefulModule]
 
@@ -208,6 +263,38 @@ class _AbstractNamedContainer(AbstractStatefulModule):
     @property
     def uses_key(self) -> bool:
         return any(child.uses_key for child in self.modules.values())
+
+    @abc.abstractmethod
+    def _child_inputs(self, x: Any) -> dict[str, Any]:
+        """Each child's input, by name; structural, so it works on sequences."""
+
+    def _combine(self, outputs: dict[str, Any]) -> Any:
+        """One step's output from the children's outputs."""
+        return outputs
+
+    def __call__(
+        self,
+        state: dict[str, State],
+        x: Any,
+        extras: dict[str, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        out = _run_children(self.modules, state, self._child_inputs(x), extras, key)
+        return out._replace(output=self._combine(out.output))
+
+    def replay_sequence(
+        self,
+        state0: dict[str, State],
+        xs: Any,
+        extras: dict[str, Any] | None,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        out = _replay_children(
+            self.modules, state0, self._child_inputs(xs), extras, keys, done
+        )
+        return out._replace(output=jax.vmap(self._combine)(out.output))
 
     def initial_state(self) -> dict[str, State]:
         return {name: child.initial_state() for name, child in self.modules.items()}
@@ -244,18 +331,8 @@ class Parallel(_AbstractNamedContainer):
     ```
     """
 
-    def __call__(
-        self,
-        state: dict[str, State],
-        x: Any,
-        extras: dict[str, Any] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        inputs = {name: x for name in self.modules}
-        return StatefulModuleOutput(
-            *_run_children(self.modules, state, inputs, extras, key)
-        )
+    def _child_inputs(self, x: Any) -> dict[str, Any]:
+        return {name: x for name in self.modules}
 
 
 class Map(_AbstractNamedContainer):
@@ -270,18 +347,9 @@ class Map(_AbstractNamedContainer):
     - `modules` (positional-only) or `**kwargs`: the named children.
     """
 
-    def __call__(
-        self,
-        state: dict[str, State],
-        x: Any,
-        extras: dict[str, Any] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
+    def _child_inputs(self, x: Any) -> dict[str, Any]:
         _check_has_keys("Map", x, self.modules)
-        return StatefulModuleOutput(
-            *_run_children(self.modules, state, dict(x), extras, key)
-        )
+        return dict(x)
 
 
 class Concat(_AbstractNamedContainer):
@@ -297,18 +365,11 @@ class Concat(_AbstractNamedContainer):
       output an array with at least one axis.
     """
 
-    def __call__(
-        self,
-        state: dict[str, State],
-        x: Any,
-        extras: dict[str, Any] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
+    def _child_inputs(self, x: Any) -> dict[str, Any]:
         _check_has_keys("Concat", x, self.modules)
-        next_state, outputs, loss, metrics, new_extras = _run_children(
-            self.modules, state, dict(x), extras, key
-        )
+        return dict(x)
+
+    def _combine(self, outputs: dict[str, Any]) -> Array:
         for name, value in outputs.items():
             if jnp.ndim(value) == 0:
                 raise ValueError(
@@ -316,8 +377,7 @@ class Concat(_AbstractNamedContainer):
                     "along the last axis needs outputs with at least one axis. "
                     "Reshape it to `(1,)` first."
                 )
-        output = jnp.concatenate([outputs[name] for name in self.modules], axis=-1)
-        return StatefulModuleOutput(next_state, output, loss, metrics, new_extras)
+        return jnp.concatenate([outputs[name] for name in self.modules], axis=-1)
 
 
 class Merge(_AbstractNamedContainer):
@@ -332,18 +392,10 @@ class Merge(_AbstractNamedContainer):
     - `modules` (positional-only) or `**kwargs`: the named children.
     """
 
-    def __call__(
-        self,
-        state: dict[str, State],
-        x: Any,
-        extras: dict[str, Any] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        inputs = {name: x for name in self.modules}
-        next_state, outputs, loss, metrics, new_extras = _run_children(
-            self.modules, state, inputs, extras, key
-        )
+    def _child_inputs(self, x: Any) -> dict[str, Any]:
+        return {name: x for name in self.modules}
+
+    def _combine(self, outputs: dict[str, Any]) -> dict[Any, Any]:
         merged: dict[Any, Any] = {}
         producer: dict[Any, str] = {}
         for name, out in outputs.items():
@@ -360,4 +412,4 @@ class Merge(_AbstractNamedContainer):
                     )
                 merged[out_key] = value
                 producer[out_key] = name
-        return StatefulModuleOutput(next_state, merged, loss, metrics, new_extras)
+        return merged

@@ -28,6 +28,13 @@ nnx-ppo recording workflow keeps its length.
 - `output.regularization_loss`: `Float[Array, ""]`, added to the PPO loss.
 - `output.metrics`: a dict of arrays, logged under `net/<path>/...`.
 - `output.extras`: what the loss replay must get back; `None` if nothing.
+
+**Sequences.** The loss replays one env's whole length-`T` rollout with
+`replay_sequence` (leaves `[T, ...]`); the library vmaps it over the
+minibatch's envs. The default runs a layer without a carry once over all `T`
+steps and scans a layer with a carry over time; containers replay child by
+child, so only their recurrent children are scanned, and a recurrence with a
+parallel form (an associative scan) may override it.
 """
 
 import abc
@@ -37,7 +44,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
 State = PyTree
 """A per-env carry: any pytree of arrays, `()` for stateless layers."""
@@ -62,12 +69,29 @@ class StatefulModuleOutput(NamedTuple):
     extras: Any = None
 
 
+class SequenceOutput(NamedTuple):
+    """What [`eqx_ppo.nn.AbstractStatefulModule.replay_sequence`][] returns.
+
+    **Fields:**
+
+    - `last_state`: the carry after the last step (reset if that step was done).
+    - `output`: the outputs of every step, leaves `[T, ...]`.
+    - `regularization_loss`: `Float[Array, "time"]`, one value per step.
+    """
+
+    last_state: State
+    output: Any
+    regularization_loss: Float[Array, " time"]
+
+
 class AbstractStatefulModule(eqx.Module):
     """Base class of every layer and container.
 
     Subclasses implement `__call__`; layers with a carry override
     `initial_state`; layers that keep running statistics override
-    `update_statistics`. See the module docstring for the batching convention.
+    `update_statistics`; containers (and recurrences with a parallel form)
+    override `replay_sequence`. See the module docstring for the batching
+    convention.
     """
 
     @abc.abstractmethod
@@ -101,6 +125,35 @@ class AbstractStatefulModule(eqx.Module):
         override it with `False`.
         """
         return True
+
+    def replay_sequence(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        """Replay one env's length-`T` sequence, as `T` calls of `__call__` would.
+
+        **Arguments:**
+
+        - `state0`: the carry before the first step.
+        - `xs`, `extras`: the inputs and the rollout's extras, leaves `[T, ...]`
+          (`extras=None` acts afresh at every step).
+        - `keys`: one key per step, `[T]`, or `None`.
+        - `done`: `[T]`; after a step with `done`, the carry is reset with
+          `reset_state`, exactly as the rollout reset it.
+
+        The default runs a module without a carry once over all `T` steps (one
+        batched call) and scans `__call__` over time otherwise. An override
+        must give the step-by-step values (to float rounding) and route keys
+        and extras exactly as `__call__` does; see the custom layer guide.
+        """
+        if not jax.tree.leaves(state0):
+            out = jax.vmap(lambda x, e, k: self(state0, x, e, key=k))(xs, extras, keys)
+            return SequenceOutput(state0, out.output, out.regularization_loss)
+        return scan_sequence(self, state0, xs, extras, keys, done)
 
     def initial_state(self) -> State:
         """The carry of one env at the start of an episode."""
@@ -192,6 +245,46 @@ def route_keys(
     for i, child_key in zip(users, jax.random.split(key, len(users)), strict=True):
         keys[i] = child_key
     return keys
+
+
+def route_sequence_keys(
+    keys: Key[Array, " time"] | None, children: Sequence[AbstractStatefulModule]
+) -> list[Key[Array, " time"] | None]:
+    """[`eqx_ppo.nn.route_keys`][] applied at every step of a `[T]` key sequence.
+
+    A container's `replay_sequence` uses it to hand each child the keys its
+    `__call__` would have handed it, step by step.
+    """
+    if keys is None:
+        return [None] * len(children)
+    return jax.vmap(lambda k: route_keys(k, children))(keys)
+
+
+def scan_sequence(
+    module: AbstractStatefulModule,
+    state0: State,
+    xs: Any,
+    extras: Any,
+    keys: Key[Array, " time"] | None,
+    done: Bool[Array, " time"],
+) -> SequenceOutput:
+    """`module`'s `__call__` scanned over a `[T]` sequence, resetting on `done`.
+
+    The reference every `replay_sequence` must agree with.
+    """
+
+    def step(carry, inputs):
+        x, e, k, d = inputs
+        out = module(carry, x, e, key=k)
+        return reset_where(module, d, out.next_state), (
+            out.output,
+            out.regularization_loss,
+        )
+
+    last, (outputs, regularization) = jax.lax.scan(
+        step, state0, (xs, extras, keys, done)
+    )
+    return SequenceOutput(last, outputs, regularization)
 
 
 def reset_where(

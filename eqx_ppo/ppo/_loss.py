@@ -12,7 +12,7 @@ nnx-ppo does), so later minibatches and epochs see fresher value estimates
 than the rollout's.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -20,9 +20,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key, PyTree
 
 from ..logging import LoggingLevel
-from ..nn._adapter import PPOAdapter, PPONetworkOutput, ppo_output
-from ..nn._containers import Sequential, _child_extras
-from ..nn._module import AbstractStatefulModule, State, route_keys
+from ..nn._adapter import PPONetworkOutput
+from ..nn._module import AbstractStatefulModule, SequenceOutput, State
 from ._config import PPOConfig
 from ._gae import gae
 from ._rollout import Transition, apply_network, reset_carry
@@ -44,100 +43,38 @@ def _value_keys(keys: Key[Array, "..."], tag: int) -> Key[Array, "..."]:
     return jax.vmap(lambda k: jax.random.fold_in(k, tag))(flat).reshape(keys.shape)
 
 
-def _replay_sequence(
+def replay_envs(
     module: AbstractStatefulModule,
     state0: State,
     xs: Any,
     extras: Any,
     keys: Key[Array, "time m"] | None,
     done: Bool[Array, "time m"],
-) -> tuple[State, Any, Float[Array, "time m"]]:
-    """Run `module` over `[T, M]` inputs from carry `state0`, resetting on `done`.
+) -> SequenceOutput:
+    """`module.replay_sequence` of each of `M` envs: leaves `[T, M, ...]`.
 
-    Returns the last carry, the `[T, M]` outputs and regularisation. A module
-    without a carry runs once over all `T * M` steps; `Sequential` and
-    `PPOAdapter` are replayed child by child (keys routed exactly as their
-    `__call__` routes them), so only their recurrent children are scanned over
-    time and every other layer runs as one big batch. Anything else with a
-    carry is scanned whole.
+    `state0` has a leading `[M]` axis, as does the returned `last_state`; the
+    outputs and regularisation are `[T, M, ...]`. How a module replays (one
+    batched call, a scan, child by child, a parallel scan) is its own choice.
     """
-    if not jax.tree.leaves(state0):
-        out = jax.vmap(lambda x, e, k: apply_network(module, state0, x, e, k))(
-            xs, extras, keys
-        )
-        return state0, out.output, out.regularization_loss
-    if type(module) is Sequential:
-        keys = _route_batched_keys(keys, module.layers)
-        extras = _child_extras(extras, range(len(module.layers)))
-        last, regularization, x = {}, jnp.zeros(done.shape, jnp.float32), xs
-        for i, layer in enumerate(module.layers):
-            last[i], x, reg = _replay_sequence(
-                layer, state0[i], x, extras[i], keys[i], done
-            )
-            regularization = regularization + reg
-        return last, x, regularization
-    if type(module) is PPOAdapter:
-        action_keys, value_keys = _route_batched_keys(
-            keys, [module.action, module.value]
-        )
-        extras = _child_extras(extras, ["action", "value"])
-        last_action, samples, action_reg = _replay_sequence(
-            module.action, state0["action"], xs, extras["action"], action_keys, done
-        )
-        last_value, values, value_reg = _replay_sequence(
-            module.value, state0["value"], xs, extras["value"], value_keys, done
-        )
-        output = jax.vmap(jax.vmap(ppo_output))(samples, values)
-        last = {"action": last_action, "value": last_value}
-        return last, output, action_reg + value_reg
-
-    def step(carry, inputs):
-        x, e, k, d = inputs
-        out = apply_network(module, carry, x, e, k)
-        next_carry = reset_carry(module, d, out.next_state)
-        return next_carry, (out.output, out.regularization_loss)
-
-    last, (outputs, regularization) = jax.lax.scan(
-        step, state0, (xs, extras, keys, done)
-    )
-    return last, outputs, regularization
+    return jax.vmap(
+        lambda s, x, e, k, d: module.replay_sequence(s, x, e, k, d),
+        in_axes=(0, 1, 1, 1, 1),
+        out_axes=SequenceOutput(0, 1, 1),
+    )(state0, xs, extras, keys, done)
 
 
-def _route_batched_keys(
-    keys: Key[Array, "time m"] | None, children: Sequence[AbstractStatefulModule]
-) -> list[Key[Array, "time m"] | None]:
-    """`route_keys` for every `[T, M]` step at once."""
-    if keys is None:
-        return [None] * len(children)
-    return jax.vmap(jax.vmap(lambda k: route_keys(k, children)))(keys)
-
-
-def _replay_steps(
+def _replay_with_terminal_values(
     network: AbstractStatefulModule,
     state0: State,
     data: Transition,
-    keys: Key[Array, "time m"],
-    terminal_keys: Key[Array, "time m"] | None,
-) -> tuple[State, PPONetworkOutput, Float[Array, "time env"], Any]:
-    """Run `network` over the sliced sequences of `data`, resetting carries on done.
+    terminal_keys: Key[Array, "time m"],
+) -> tuple[SequenceOutput, PyTree[Float[Array, "time m"]]]:
+    """Replay `data` and value every step's terminal observation.
 
-    Returns the carry after the last step, the per-step outputs and
-    regularisation, and (when `terminal_keys` is given) the values of the
-    terminal observations, which need the pre-reset carry of every step: then
-    the whole network is scanned step by step.
+    A terminal value needs the step's carry before the reset, so the whole
+    network is scanned step by step.
     """
-    if terminal_keys is None or not jax.tree.leaves(state0):
-        last_state, outputs, regularization = _replay_sequence(
-            network, state0, data.obs, data.extras, keys, data.done
-        )
-        terminal_values = None
-        if terminal_keys is not None:
-            # No carry: the terminal observations are just more inputs.
-            _, terminal, _ = _replay_sequence(
-                network, state0, data.terminal_obs, None, terminal_keys, data.done
-            )
-            terminal_values = terminal.value_estimates
-        return last_state, outputs, regularization, terminal_values
 
     def step(carry, xs):
         obs, extras, k, tk, done, terminal_obs = xs
@@ -151,9 +88,9 @@ def _replay_steps(
     last_state, (outputs, regularization, terminal_values) = jax.lax.scan(
         step,
         state0,
-        (data.obs, data.extras, keys, terminal_keys, data.done, data.terminal_obs),
+        (data.obs, data.extras, data.key, terminal_keys, data.done, data.terminal_obs),
     )
-    return last_state, outputs, regularization, terminal_values
+    return SequenceOutput(last_state, outputs, regularization), terminal_values
 
 
 def replay(
@@ -168,17 +105,24 @@ def replay(
 
     The envs' own keys come with `data.key`, so any subset replays exactly.
     """
-    last_keys = _value_keys(data.key[-1], 1)
     terminal_keys = _value_keys(data.key, 2) if bootstrap_truncation else None
-    last_state, outputs, regularization, terminal_values = _replay_steps(
-        network, state0, data, data.key, terminal_keys
-    )
+    if bootstrap_truncation and jax.tree.leaves(state0):
+        seq, terminal_values = _replay_with_terminal_values(
+            network, state0, data, terminal_keys
+        )
+    else:
+        seq = replay_envs(network, state0, data.obs, data.extras, data.key, data.done)
+        if bootstrap_truncation:
+            # No carry: the terminal observations are just more inputs.
+            terminal_values = replay_envs(
+                network, state0, data.terminal_obs, None, terminal_keys, data.done
+            ).output.value_estimates
     last_values = apply_network(
-        network, last_state, final_obs, None, last_keys
+        network, seq.last_state, final_obs, None, _value_keys(data.key[-1], 1)
     ).output.value_estimates
     next_values = jax.tree.map(
         lambda v, last: jnp.concatenate([v[1:], last[None]], axis=0),
-        outputs.value_estimates,
+        seq.output.value_estimates,
         last_values,
     )
     if bootstrap_truncation:
@@ -187,22 +131,21 @@ def replay(
             next_values,
             terminal_values,
         )
-    return Replay(outputs, regularization, next_values)
+    return Replay(seq.output, seq.regularization_loss, next_values)
 
 
 def replay_policy(
     network: AbstractStatefulModule,
     state0: State,
     data: Transition,
-) -> tuple[PPONetworkOutput, Float[Array, "time env"]]:
+) -> SequenceOutput:
     """Replay a minibatch like [`replay`][], without value bootstrapping.
 
-    Returns the per-step outputs and regularisation `[T, M]`. Losses that need
-    no advantages (distillation) use it; feeding other `extras` than the
-    rollout's scores other actions under the same noise and carries.
+    Losses that need no advantages (distillation) use it; feeding other
+    `extras` than the rollout's scores other actions under the same noise and
+    carries.
     """
-    _, outputs, regularization, _ = _replay_steps(network, state0, data, data.key, None)
-    return outputs, regularization
+    return replay_envs(network, state0, data.obs, data.extras, data.key, data.done)
 
 
 def _advantages_for_loglikelihoods(
