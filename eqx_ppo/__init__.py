@@ -11,6 +11,8 @@ from .checkpoint import (
     load_checkpoint as load_checkpoint,
     make_checkpoint_fn as make_checkpoint_fn,
     read_header as read_header,
+    register_config as register_config,
+    register_template as register_template,
     save_checkpoint as save_checkpoint,
 )
 from .distill import (

@@ -43,17 +43,20 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
 
+from .checkpoint import register_config
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
 from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput, trainable
 from .ppo._config import (
+    DRIVER_FREE_ON_RESUME,
     EvalConfig,
     PPOConfig,
     VideoConfig,
     check_coefficient,
     check_iteration_settings,
+    iteration_free_on_resume,
 )
 from .ppo._loss import replay_policy
 from .ppo._rollout import StepCarry, env_keys, rollout
@@ -66,6 +69,7 @@ from .ppo._train import (
     _build_network,
     init_seeds,
     run_training,
+    seed_keys,
 )
 from .ppo._validate import (
     check_callbacks,
@@ -78,6 +82,7 @@ from .ppo._validate import (
 from .recording import is_leaf_layer
 
 
+@register_config
 class DistillationConfig(eqx.Module):
     """The distillation algorithm's settings.
 
@@ -142,6 +147,10 @@ class DistillationConfig(eqx.Module):
         """Iterations needed to reach `total_steps` (rounded up)."""
         return -(-self.total_steps // self.steps_per_iteration)
 
+    def free_on_resume(self) -> frozenset[str]:
+        """The fields a resumed run may change (see `load_checkpoint(config=)`)."""
+        return iteration_free_on_resume(self)
+
 
 def _as_ppo_config(config: DistillationConfig) -> PPOConfig:
     """The `PPOConfig` whose optimiser and minibatching distillation reuses."""
@@ -159,6 +168,7 @@ def _as_ppo_config(config: DistillationConfig) -> PPOConfig:
     )
 
 
+@register_config
 @dataclasses.dataclass(frozen=True)
 class DistillationTrainConfig:
     """Everything `train_distillation` needs besides the env and the networks.
@@ -184,6 +194,11 @@ class DistillationTrainConfig:
     checkpoint_every_steps: int = 500_000
     log_every_steps: int | None = None
     progress: bool = True
+
+    def free_on_resume(self) -> frozenset[str]:
+        """The fields a resumed run may change; `distillation` is checked field
+        by field."""
+        return DRIVER_FREE_ON_RESUME
 
     def __post_init__(self):
         check_config_types(
@@ -562,11 +577,15 @@ def init_distillation_state(
     teacher: AbstractStatefulModule,
     student: NetworkOrFactory,
     config: DistillationTrainConfig,
+    *,
+    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
 ) -> DistillationState:
     """The initial state of every seed (stacked when `n_seeds > 1`).
 
     `student` is a network or a function `key -> network` (each seed then
-    gets its own initialisation). Also the template for
+    gets its own initialisation); `key` is the run's key as in
+    [`eqx_ppo.train_distillation`][] (`None`: from `config.seed`). Also the
+    template for
     [`eqx_ppo.load_checkpoint`][]:
     `like=lambda c: init_distillation_state(env, teacher, student, c)`.
     """
@@ -575,7 +594,7 @@ def init_distillation_state(
         network = _build_network(student, init_key, "train_distillation(student=...)")
         return distill_init(env, teacher, network, config.distillation, key=train_key)
 
-    return init_seeds(one, config.seed, config.n_seeds)
+    return init_seeds(one, seed_keys("init_distillation_state", key, config))
 
 
 def train_distillation(
@@ -590,6 +609,7 @@ def train_distillation(
     eval_env: Any = None,
     initial_state: DistillationState | None = None,
     mesh: Mesh | None = None,
+    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
 ) -> TrainResult:
     """Distil `teacher` into `student`; the driver is `train_ppo`'s.
 
@@ -611,6 +631,8 @@ def train_distillation(
     - `initial_state`: resume from this `DistillationState`.
     - `mesh`: train data-parallel over a 1-D `"env"` device mesh, as in
       [`eqx_ppo.train_ppo`][] (the teacher is replicated).
+    - `key`: the run's randomness, as in [`eqx_ppo.train_ppo`][]: one key, a
+      batch `[n_seeds]`, or `None` to derive it from `config.seed`.
 
     Returns a [`eqx_ppo.TrainResult`][] whose `training_state` is the final
     `DistillationState`.
@@ -629,19 +651,21 @@ def train_distillation(
             config.distillation.n_minibatches,
             where="train_distillation",
         )
+    keys = seed_keys("train_distillation", key, config)
     check_initial_state(
         "train_distillation",
         initial_state,
-        lambda: init_distillation_state(env, teacher, student, config),
+        lambda: init_distillation_state(env, teacher, student, config, key=key),
     )
     state = (
-        init_distillation_state(env, teacher, student, config)
+        init_distillation_state(env, teacher, student, config, key=key)
         if initial_state is None
         else initial_state
     )
     return run_training(
         jax.tree_util.Partial(distill_step, env, teacher, config.distillation),
         state,
+        keys,
         config,
         config.distillation,
         network_of=lambda s: s.student,

@@ -16,6 +16,8 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
+from .checkpoint import register_config
+
 Metrics = Mapping[str, float | list[float]]
 """Host metrics: a float per key, or a list of floats (one per seed) for
 multi-seed runs."""
@@ -24,6 +26,7 @@ LogFn = Callable[[Metrics, int], None]
 """A metric sink: called with `(metrics, step)` on the host."""
 
 
+@register_config
 class LoggingLevel(enum.Flag):
     """Which metric groups a run computes; combine with `|`.
 

@@ -15,6 +15,8 @@ import pytest
 
 import eqx_ppo
 import eqx_ppo.checkpoint as ckpt
+from eqx_ppo.checkpoint._codec import config_differences
+from eqx_ppo.checkpoint._files import step_of
 from eqx_ppo.distill import (
     DistillationConfig,
     DistillationTrainConfig,
@@ -165,7 +167,7 @@ def test_resume_in_new_process_is_bit_identical(tmp_path):
         log_fn=lambda m, s: logs.append([s, m]),
         checkpoint_fn=ckpt.make_checkpoint_fn(tmp_path / "run", config, keep=None),
     )
-    saved_steps = [ckpt._step_of(p) for p in ckpt.list_checkpoints(tmp_path / "run")]
+    saved_steps = [step_of(p) for p in ckpt.list_checkpoints(tmp_path / "run")]
     assert saved_steps == [0, 64, 128, 192]
     source = tmp_path / "run" / "step_000000064"
     out = tmp_path / "resumed"
@@ -462,7 +464,7 @@ def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
             )
         )
 
-    assert ckpt._config_differences(linear(1000), linear(2000)) == [
+    assert config_differences(linear(1000), linear(2000)) == [
         "ppo.total_steps: saved 1000, given 2000"
     ]
 
@@ -476,7 +478,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(saved, tmp_path, monkeypatch):
         assert (folder / "state.eqx").stat().st_size > 0  # partially written
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "_write_header", fail)
+    monkeypatch.setattr(ckpt, "write_header", fail)
     with pytest.raises(OSError, match="disk full"):
         ckpt.save_checkpoint(directory, state, config=config, step=8, keep=1)
     monkeypatch.undo()
@@ -493,7 +495,7 @@ from test_checkpoint import small_setup
 directory = sys.argv[1]
 env, networks, config = small_setup()
 state = ckpt.load_checkpoint(directory, env=env, networks=networks)
-ckpt._write_header = lambda folder, header: os._exit(3)  # killed mid-save
+ckpt.write_header = lambda folder, header: os._exit(3)  # killed mid-save
 ckpt.save_checkpoint(directory, state, config=config, step=8, keep=1)
 """
 

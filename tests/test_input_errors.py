@@ -1,6 +1,7 @@
 """Silently-wrong inputs fail early, with a message naming the argument, what
 was expected, what was seen and the fix."""
 
+import dataclasses
 import functools
 
 import equinox as eqx
@@ -372,3 +373,14 @@ def test_keys_must_be_prng_keys(unchecked, getkey, key, seen):
 def test_legacy_uint32_keys_are_accepted(unchecked, getkey, key):
     state = ppo_init(ENV, mlp(getkey()), CONFIG, key=key)
     assert state.key.shape == (2,)
+
+
+def test_train_keys_are_checked(unchecked, getkey):
+    config = dataclasses.replace(TRAIN, n_seeds=2)
+    keys = jax.random.split(getkey(), 3)
+    with pytest.raises(
+        ValueError, match=r"train_ppo\(key=<3 keys>\): .* needs n_seeds=3, .* Fix"
+    ):
+        train_ppo(ENV, mlp, config, key=keys)
+    with pytest.raises(TypeError, match=r"train_ppo\(key=0\): expected a PRNG key"):
+        train_ppo(ENV, mlp, config, key=0)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ..checkpoint import register_config
 from ..logging import LoggingLevel
 from ._validate import (
     check_config_types,
@@ -33,6 +34,7 @@ def _optional_coefficient() -> Any:
     )
 
 
+@register_config
 class PPOConfig(eqx.Module):
     """The PPO algorithm's settings.
 
@@ -198,6 +200,26 @@ class PPOConfig(eqx.Module):
         """Iterations needed to reach `total_steps` (rounded up)."""
         return -(-self.total_steps // self.steps_per_iteration)
 
+    def free_on_resume(self) -> frozenset[str]:
+        """The fields a resumed run may change (see `load_checkpoint(config=)`)."""
+        return iteration_free_on_resume(self)
+
+
+def iteration_free_on_resume(config: Any) -> frozenset[str]:
+    """What `PPOConfig` and `DistillationConfig` let a resumed run change:
+    logging and the finite check, and `total_steps` under a constant learning
+    rate (a decaying schedule's every rate depends on it)."""
+    free = {"logging_level", "logging_percentiles", "check_finite"}
+    if config.lr_schedule == "constant":
+        free.add("total_steps")
+    return frozenset(free)
+
+
+DRIVER_FREE_ON_RESUME = frozenset(
+    {"eval", "video", "seed", "checkpoint_every_steps", "log_every_steps", "progress"}
+)
+"""The driver settings a resumed run may change: all but `n_seeds`."""
+
 
 def check_coefficient(
     config: Any, name: str, low: float, high: float | None = None
@@ -256,6 +278,7 @@ def check_iteration_settings(config: Any) -> None:
             raise ValueError(f"{kind}({name}={value}): must be >= 0 or None.")
 
 
+@register_config
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """Deterministic evaluation rollouts run by the driver.
@@ -278,6 +301,7 @@ class EvalConfig:
         check_percentiles("EvalConfig", self.logging_percentiles)
 
 
+@register_config
 @dataclasses.dataclass(frozen=True)
 class VideoConfig:
     """Rendered evaluation episodes, passed to `video_fn` as `VideoData`."""
@@ -290,6 +314,7 @@ class VideoConfig:
     )
 
 
+@register_config
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything `train_ppo` needs besides the env and the network.
@@ -297,8 +322,9 @@ class TrainConfig:
     **Arguments:**
 
     - `ppo`, `eval`, `video`: the sub-configs.
-    - `seed`: the run's seed; with `n_seeds > 1`, seeds `seed .. seed+n_seeds-1`
-      are trained together by one vmapped program.
+    - `seed`: the run's seed, used when `train_ppo` gets no `key`; with
+      `n_seeds > 1`, seeds `seed .. seed+n_seeds-1` are trained together by
+      one vmapped program.
     - `checkpoint_every_steps`: cadence of `checkpoint_fn` calls.
     - `log_every_steps`: cadence of host-side logging and progress; the driver
       compiles this many steps' iterations into one `lax.scan` chunk.
@@ -313,6 +339,10 @@ class TrainConfig:
     checkpoint_every_steps: int = 500_000
     log_every_steps: int | None = None
     progress: bool = True
+
+    def free_on_resume(self) -> frozenset[str]:
+        """The fields a resumed run may change; `ppo` is checked field by field."""
+        return DRIVER_FREE_ON_RESUME
 
     def __post_init__(self):
         check_config_types(self, ppo=PPOConfig, eval=EvalConfig, video=VideoConfig)

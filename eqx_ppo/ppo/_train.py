@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array, Key, PRNGKeyArray
 
+from ..checkpoint import register_template
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule
 from ._config import TrainConfig
@@ -43,6 +44,7 @@ from ._step import TrainingState, ppo_init, ppo_step, scan_steps
 from ._validate import (
     check_callbacks,
     check_initial_state,
+    check_key,
     check_network,
     check_network_factory,
 )
@@ -104,37 +106,75 @@ def _build_network(
 
 
 def init_state(
-    env: Any, networks: NetworkOrFactory, config: TrainConfig
+    env: Any,
+    networks: NetworkOrFactory,
+    config: TrainConfig,
+    *,
+    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
 ) -> TrainingState:
-    """The initial training state of every seed (stacked when `n_seeds > 1`)."""
+    """The initial training state of every seed (stacked when `n_seeds > 1`).
+
+    `key` is the run's key as in [`eqx_ppo.train_ppo`][]; `None` derives it
+    from `config.seed`.
+    """
 
     def one(init_key, train_key):
         network = _build_network(networks, init_key)
         return ppo_init(env, network, config.ppo, key=train_key)
 
-    return init_seeds(one, config.seed, config.n_seeds)
+    return init_seeds(one, seed_keys("init_state", key, config))
+
+
+register_template(
+    TrainConfig, lambda config, env, networks: init_state(env, networks, config)
+)
+
+
+def seed_keys(
+    where: str, key: PRNGKeyArray | Key[Array, " seed"] | None, config: Any
+) -> Key[Array, " seed"]:
+    """One key per seed, `[n_seeds]`: from `key`, or from `config.seed`.
+
+    `key=None` gives seed `i` the key `jax.random.key(config.seed + i)`. A
+    single key is split into `n_seeds` keys (used as is for one seed); a
+    batch of keys `[S]` gives one per seed and must have `S == n_seeds`.
+    """
+    n_seeds = config.n_seeds
+    if key is None:
+        return jnp.stack([jax.random.key(config.seed + i) for i in range(n_seeds)])
+    if eqx.is_array(key) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.ndim == 1:
+            if key.shape[0] != n_seeds:
+                raise ValueError(
+                    f"{where}(key=<{key.shape[0]} keys>): one key per seed needs "
+                    f"n_seeds={key.shape[0]}, but the config has "
+                    f"n_seeds={n_seeds}. Fix: set TrainConfig(n_seeds="
+                    f"{key.shape[0]}), or pass one key to split."
+                )
+            return key
+        check_key(where, key)
+        return key[None] if n_seeds == 1 else jax.random.split(key, n_seeds)
+    check_key(where, key)
+    key = jax.random.wrap_key_data(key)
+    return key[None] if n_seeds == 1 else jax.random.split(key, n_seeds)
 
 
 def init_seeds(
-    init_one: Callable[[PRNGKeyArray, PRNGKeyArray], Any], seed: int, n_seeds: int
+    init_one: Callable[[PRNGKeyArray, PRNGKeyArray], Any], keys: Key[Array, " seed"]
 ) -> Any:
-    """`init_one(network_init_key, training_key)` for seeds `seed .. seed+n_seeds-1`,
-    stacked on a leading seed axis when `n_seeds > 1`."""
+    """`init_one(network_init_key, training_key)` for every seed key, stacked on a
+    leading seed axis when there are several."""
 
     def one(seed_key_data):
         init_key, train_key, _ = _split_seed_key(seed_key_data)
         return init_one(init_key, train_key)
 
-    seeds = _seed_key_data(seed, n_seeds)
-    if n_seeds == 1:
-        return eqx.filter_jit(one)(seeds[0])
-    return eqx.filter_jit(eqx.filter_vmap(one))(seeds)
-
-
-def _seed_key_data(seed: int, n_seeds: int) -> Array:
-    return jnp.stack(
-        [jax.random.key_data(jax.random.key(seed + i)) for i in range(n_seeds)]
-    )
+    # Key data, not typed keys, cross the jit boundary: one compiled program
+    # for every key implementation is not needed, and the data is an array.
+    data = jax.random.key_data(keys)
+    if keys.shape[0] == 1:
+        return eqx.filter_jit(one)(data[0])
+    return eqx.filter_jit(eqx.filter_vmap(one))(data)
 
 
 def _split_seed_key(key_data: Array) -> Key[Array, "3"]:
@@ -142,8 +182,9 @@ def _split_seed_key(key_data: Array) -> Key[Array, "3"]:
     return jax.random.split(jax.random.wrap_key_data(key_data), 3)
 
 
-def _eval_keys(seed: int, n_seeds: int) -> Key[Array, " seed"]:
-    return jax.vmap(lambda k: _split_seed_key(k)[2])(_seed_key_data(seed, n_seeds))
+def eval_keys(keys: Key[Array, " seed"]) -> Key[Array, " seed"]:
+    """Each seed's evaluation key (the same at every evaluation of the run)."""
+    return jax.vmap(lambda k: _split_seed_key(k)[2])(jax.random.key_data(keys))
 
 
 @eqx.filter_jit(donate="all-except-first")
@@ -209,6 +250,7 @@ def train_ppo(
     eval_env: Any = None,
     initial_state: TrainingState | None = None,
     mesh: Mesh | None = None,
+    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
 ) -> TrainResult:
     """Train a PPO agent; see the module docstring for how the work is compiled.
 
@@ -218,6 +260,14 @@ def train_ppo(
     - `networks`: a network ending in a `PPOAdapter`, or a function
       `key -> network` (each seed then gets its own initialisation).
     - `config`: a [`eqx_ppo.TrainConfig`][].
+    - `key`: the run's randomness. One key is split into `n_seeds` seed keys
+      (used as is when `n_seeds=1`); a batch of keys `[n_seeds]` gives each
+      seed its own. Each seed key is split once into the network
+      initialisation, training and evaluation keys. `None` (default) uses
+      `jax.random.key(config.seed + i)` for seed `i`. When resuming from
+      `initial_state`, the training key comes from the state; pass the
+      original `key` (or seed) so evaluations draw the same noise as in an
+      uninterrupted run.
     - `log_fn`: called `(metrics, step)` after every iteration, with eval
       metrics merged in when an eval ran.
     - `video_fn`: called with [`eqx_ppo.VideoData`][] when `config.video` is
@@ -247,15 +297,19 @@ def train_ppo(
     )
     if mesh is not None:
         check_mesh(mesh, config.ppo.n_envs, config.ppo.n_minibatches, where="train_ppo")
+    keys = seed_keys("train_ppo", key, config)
     check_initial_state(
-        "train_ppo", initial_state, lambda: init_state(env, networks, config)
+        "train_ppo", initial_state, lambda: init_state(env, networks, config, key=key)
     )
     state = (
-        init_state(env, networks, config) if initial_state is None else initial_state
+        init_state(env, networks, config, key=key)
+        if initial_state is None
+        else initial_state
     )
     return run_training(
         jax.tree_util.Partial(ppo_step, env, config.ppo),
         state,
+        keys,
         config,
         config.ppo,
         network_of=lambda s: s.network,
@@ -270,6 +324,7 @@ def train_ppo(
 def run_training(
     step_fn: Callable[[Any], tuple[Any, dict[str, Array]]],
     state: Any,
+    keys: Key[Array, " seed"],
     config: Any,
     algorithm: Any,
     *,
@@ -283,8 +338,9 @@ def run_training(
     """The driver loop shared by `train_ppo` and `train_distillation`.
 
     `step_fn` is a pytree callable (`jax.tree_util.Partial`) `state -> (state,
-    metrics)`; `config` provides the driver settings (`eval`, `video`, `seed`,
-    `n_seeds`, `checkpoint_every_steps`, `log_every_steps`, `progress`) and
+    metrics)`; `keys` are the seed keys (evaluation and video draw from them);
+    `config` provides the driver settings (`eval`, `video`, `n_seeds`,
+    `checkpoint_every_steps`, `log_every_steps`, `progress`) and
     `algorithm` the run length and logging (`steps_per_iteration`,
     `n_iterations`, `total_steps`, `logging_level`, `check_finite`);
     `network_of(state)` is the network to evaluate and render. `mesh` (checked
@@ -319,7 +375,7 @@ def run_training(
     periods = [p for p in (eval_every, ckpt_every, video_every, log_every) if p]
     chunk = min(periods)
 
-    eval_keys = _eval_keys(config.seed, n_seeds)
+    evaluation_keys = eval_keys(keys)
     eval_history: list[dict[str, Any]] = []
     final_metrics: dict[str, Any] = {}
     iteration = int(np.max(jax.device_get(state.iteration)))
@@ -331,11 +387,11 @@ def run_training(
     def run_eval(step: int) -> dict[str, Any]:
         network = local(network_of(state))
         if n_seeds == 1:
-            metrics = _evaluate(eval_env, network, eval_keys[0], config.eval)
+            metrics = _evaluate(eval_env, network, evaluation_keys[0], config.eval)
         else:
             metrics = eqx.filter_vmap(
                 lambda net, k: _evaluate(eval_env, net, k, config.eval)
-            )(network, eval_keys)
+            )(network, evaluation_keys)
         metrics = _host(metrics, n_seeds)
         eval_history.append({"step": step, **metrics})
         if progress is not None:
@@ -351,7 +407,8 @@ def run_training(
             metrics = {**metrics, **run_eval(step)}
         if main and due(video_every, it):
             network = local(network_of(state))
-            _record_video(eval_env, network, config, video_fn, step, n_seeds)
+            video_key = jax.random.fold_in(evaluation_keys[0], step)
+            _record_video(eval_env, network, config, video_fn, video_key, step)
         if due(ckpt_every, it):
             # Gathering a sharded state is a collective: every process joins.
             saved = local(state)
@@ -476,18 +533,16 @@ def _raise_if_nonfinite(
     )
 
 
-def _record_video(eval_env, network, config, video_fn, step, n_seeds) -> None:
+def _record_video(eval_env, network, config, video_fn, key, step) -> None:
+    """Render one episode of seed 0's network with `key`, for `video_fn`."""
     render = getattr(eval_env, "render", None)
     if render is None:
         return
     from ._video import rollout_for_video
 
-    network = network if n_seeds == 1 else select_seed(network, 0)
+    network = network if config.n_seeds == 1 else select_seed(network, 0)
     states, reward, length = rollout_for_video(
-        eval_env,
-        network,
-        config.video.episode_length,
-        jax.random.key(config.seed + step),
+        eval_env, network, config.video.episode_length, key
     )
     frames = render(states, **config.video.render_kwargs)
     video_fn(

@@ -16,6 +16,7 @@ def _scan_episode(env, network, length: int, key: PRNGKeyArray):
 
     def step(carry, k):
         env_state, net_state, total, steps, ended = carry
+        k, next_reset_key = jax.random.split(k)
         out = network(net_state, env_state.obs, key=k)
         next_env = env.step(env_state, out.output.actions)
         done = jnp.asarray(next_env.done).astype(bool)
@@ -25,7 +26,7 @@ def _scan_episode(env, network, length: int, key: PRNGKeyArray):
         # Episodes continue past `done` in the video: env and carry reset
         # together, exactly as in training.
         next_env = jax.tree.map(
-            lambda a, b: jnp.where(done, a, b), env.reset(k), next_env
+            lambda a, b: jnp.where(done, a, b), env.reset(next_reset_key), next_env
         )
         net_state = reset_where(network, done, out.next_state)
         return (next_env, net_state, total, steps, ended | done), env_state

@@ -1,0 +1,324 @@
+"""Checkpoints: save a training state, load it back exactly, resume.
+
+A checkpoint is one folder `step_<step, 9 digits>/` holding
+
+- `state.eqx`: every array leaf of the state, written with
+  `eqx.tree_serialise_leaves` (NumPy `.npy` records, no pickle). PRNG keys are
+  stored as their raw key data (`jax.random.key_data`) and wrapped back, with
+  the saved key implementation, on load.
+- `header.json`: the format and library versions, the step, the configuration
+  as JSON, your `metadata`, the size and SHA-256 of `state.eqx`, and a
+  structure summary of the state (every leaf's path, shape and dtype, and the
+  pytree definition, which includes static fields such as layer sizes).
+
+**What is saved.** Everything in a [`eqx_ppo.TrainingState`][] or
+[`eqx_ppo.DistillationState`][] that is an array: parameters, optimiser
+state (the optimiser itself is rebuilt from the config, see below),
+normaliser statistics, network carries, env states, the key and the
+counters. Built-in envs, Brax and MuJoCo Playground keep their whole state
+(physics included) in arrays, so it is all saved and a resumed run continues
+bit-identically on the same device type. A non-array leaf of an env state
+(rare: a Python object in `info`) is not saved; it comes back as it is in the
+template. Arrays are gathered to the host (a sharded run hands its
+`checkpoint_fn` the state gathered onto one device), so a checkpoint loads on
+any device count; states larger than one host's memory would need Orbax.
+
+**Atomic writes.** A checkpoint is written into a temporary folder next to
+the final one and renamed into place when complete, so a process killed
+mid-save leaves every earlier checkpoint whole; [`latest_checkpoint`][] only
+sees complete ones, and leftovers are removed by the next save. Retention
+(`keep`) deletes old checkpoints only after the new one is in place. One
+writer per directory.
+
+**Loading** needs a *template* with the state's structure: pass
+`like=lambda config: eqx_ppo.ppo.init_state(env, networks, config)` (or the
+shortcut `env=..., networks=...`); it is called with the saved config and
+evaluated for shapes only, so nothing is allocated. Loading checks the
+header, the versions, the structure against the template, and the file's
+size and checksum before reading, and either returns the whole state or
+raises a [`CheckpointError`][] that says what differs; it never returns part
+of a state.
+
+**Layout of this package.** It knows no algorithm: `_files` writes and
+checks folders (atomic renames, retention, checksums), `_leaves` the leaves
+(specs, structure check, PRNG key data), `_codec` the configs in the header.
+Config classes register themselves with [`register_config`][], and the
+algorithm that owns a config registers how to build its template with
+[`register_template`][].
+
+**Resuming.** The optimiser (learning rate, schedule, clipping) is rebuilt
+from the config passed to `train_ppo`, so resume with the saved config:
+
+```python
+config = eqx_ppo.read_header(path).config
+state = eqx_ppo.load_checkpoint(path, env=env, networks=networks)
+eqx_ppo.train_ppo(env, networks, config, initial_state=state)
+```
+
+or pass your config as `load_checkpoint(..., config=config)` and it is
+checked against the saved one (a [`CheckpointError`][] names every field that
+would change the optimisation; raising `total_steps` is allowed with a
+constant learning rate).
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+
+from ._codec import (
+    CheckpointError as CheckpointError,
+    config_differences,
+    config_from_dict as config_from_dict,
+    config_to_dict as config_to_dict,
+    register_config as register_config,
+    register_template as register_template,
+    template_builder,
+)
+from ._files import (
+    HEADER,
+    checked_state_file,
+    latest_checkpoint as latest_checkpoint,
+    list_checkpoints as list_checkpoints,
+    resolve,
+    write_atomically,
+    write_header,
+    write_state,
+)
+from ._leaves import check_structure, deserialise, saved_structure, serialise
+
+FORMAT_VERSION = 1
+"""The checkpoint layout version; bumped when the layout changes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointHeader:
+    """What `header.json` of a checkpoint says (see [`read_header`][]).
+
+    **Fields:**
+
+    - `path`: the checkpoint folder.
+    - `step`: the env step the state was saved at.
+    - `config`: the saved configuration, rebuilt (`TrainConfig`,
+      `DistillationTrainConfig`, ...), or `None` if none was saved.
+    - `metadata`: the JSON `metadata` given to `save_checkpoint`.
+    - `library_version`, `format_version`: who wrote it.
+    - `leaves`: one dict per leaf: `path`, and `shape` + `dtype` (arrays, with
+      `key_impl` for PRNG keys) or `type` (Python scalars and other leaves).
+    - `treedef`: the pytree definition, memory addresses removed.
+    - `state_bytes`, `state_sha256`: size and checksum of `state.eqx`.
+    """
+
+    path: pathlib.Path
+    step: int
+    config: Any
+    metadata: dict[str, Any]
+    library_version: str
+    format_version: int
+    leaves: tuple[dict[str, Any], ...]
+    treedef: str
+    state_bytes: int
+    state_sha256: str
+
+
+def _library_version() -> str:
+    import eqx_ppo
+
+    return eqx_ppo.__version__
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    state: Any,
+    *,
+    config: Any,
+    step: int,
+    keep: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> pathlib.Path:
+    """Write `state` to `directory/step_<step>/` atomically; returns that folder.
+
+    **Arguments:**
+
+    - `directory`: the folder of checkpoints (created if missing).
+    - `state`: a `TrainingState` or `DistillationState` (or any pytree of
+      arrays), single- or multi-seed.
+    - `config`: the run's config (`TrainConfig`, `DistillationTrainConfig`),
+      saved as JSON; `None` to save none.
+    - `step`: the env step, used in the folder name.
+    - `keep`: keep only the newest `keep` checkpoints (by step); `None` keeps
+      all. Older ones are deleted after the new one is complete.
+    - `metadata`: extra JSON-serialisable information (e.g. how to rebuild the
+      network), returned by [`read_header`][].
+
+    A checkpoint already saved at `step` is replaced.
+    """
+    if keep is not None and keep < 1:
+        raise ValueError(f"save_checkpoint(keep={keep}): must be >= 1 or None.")
+    leaves, treedef = saved_structure(state)
+    header = {
+        "format_version": FORMAT_VERSION,
+        "library_version": _library_version(),
+        "step": int(step),
+        "config": None if config is None else config_to_dict(config),
+        "metadata": {} if metadata is None else metadata,
+        "leaves": leaves,
+        "treedef": treedef,
+    }
+    json.dumps(header["metadata"])  # fail before writing anything
+
+    def fill(folder: pathlib.Path) -> None:
+        size, sha256 = write_state(folder, lambda f: serialise(f, state))
+        write_header(folder, {**header, "state_bytes": size, "state_sha256": sha256})
+
+    return write_atomically(pathlib.Path(directory), step, fill, keep=keep)
+
+
+def make_checkpoint_fn(
+    directory: str | os.PathLike,
+    config: Any,
+    *,
+    keep: int | None = 3,
+    metadata: dict[str, Any] | None = None,
+) -> Callable[[Any, int], None]:
+    """A `checkpoint_fn` for `train_ppo` / `train_distillation` that saves every
+    call to `directory` with [`save_checkpoint`][], keeping the newest `keep`.
+
+    ```python
+    eqx_ppo.train_ppo(env, networks, config,
+                      checkpoint_fn=eqx_ppo.make_checkpoint_fn("run/ckpt", config))
+    ```
+    """
+
+    def checkpoint_fn(state: Any, step: int) -> None:
+        save_checkpoint(
+            directory, state, config=config, step=step, keep=keep, metadata=metadata
+        )
+
+    return checkpoint_fn
+
+
+def read_header(path: str | os.PathLike) -> CheckpointHeader:
+    """The header of the checkpoint at `path` (a checkpoint folder, or a folder
+    of checkpoints: the latest is read), with the config rebuilt.
+
+    Use it to rebuild what loading needs: `read_header(path).config` is the
+    run's config, `.metadata` what the run stored (e.g. network sizes).
+    """
+    path = resolve(path)
+    try:
+        raw = json.loads((path / HEADER).read_text())
+        fields = {
+            "step": int(raw["step"]),
+            "metadata": raw["metadata"],
+            "library_version": str(raw["library_version"]),
+            "format_version": int(raw["format_version"]),
+            "leaves": tuple(raw["leaves"]),
+            "treedef": str(raw["treedef"]),
+            "state_bytes": int(raw["state_bytes"]),
+            "state_sha256": str(raw["state_sha256"]),
+        }
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"{path / HEADER} is unreadable or incomplete ({type(e).__name__}: "
+            f"{e}); the checkpoint is corrupted."
+        ) from e
+    _check_versions(path, fields["format_version"], fields["library_version"])
+    config = None if raw["config"] is None else config_from_dict(raw["config"])
+    return CheckpointHeader(path=path, config=config, **fields)
+
+
+def _check_versions(path: pathlib.Path, format_version: int, library: str) -> None:
+    if format_version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {format_version}; this eqx_ppo "
+            f"({_library_version()}) reads formats up to {FORMAT_VERSION}. "
+            f"Upgrade eqx_ppo (the checkpoint was written by {library})."
+        )
+    ours = _library_version()
+    if library.split(".")[0] != ours.split(".")[0]:
+        raise CheckpointError(
+            f"{path} was written by eqx_ppo {library}; this is eqx_ppo {ours}, a "
+            "different major version whose states are not compatible. Load it "
+            f"with eqx_ppo {library.split('.')[0]}.x."
+        )
+
+
+def _template(header: CheckpointHeader, like: Any, env: Any, networks: Any) -> Any:
+    if like is None:
+        if env is None or networks is None:
+            raise TypeError(
+                "load_checkpoint: pass `like=` (a template state, or a function "
+                "config -> state) or both `env=` and `networks=` (PPO)."
+            )
+        if header.config is None:
+            raise CheckpointError(
+                f"{header.path} saved no config, so `env=` / `networks=` cannot "
+                "build the template: pass a template state as `like=`."
+            )
+        build = template_builder(header.config)
+
+        def like(config):
+            return build(config, env, networks)
+
+    elif env is not None or networks is not None:
+        raise TypeError("load_checkpoint: pass either `like=` or `env=`/`networks=`.")
+    if not callable(like) or isinstance(like, eqx.Module):
+        return like
+    if header.config is None:
+        raise CheckpointError(
+            f"{header.path} saved no config, so the template cannot be built from "
+            "it: pass a template state as `like=`."
+        )
+    return eqx.filter_eval_shape(like, header.config)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    like: Any = None,
+    env: Any = None,
+    networks: Any = None,
+    config: Any = None,
+) -> Any:
+    """The state saved at `path`, checked against a template.
+
+    **Arguments:**
+
+    - `path`: a checkpoint folder, or a folder of checkpoints (the latest is
+      loaded).
+    - `like`: the template: a state with the saved structure (arrays or
+      `jax.ShapeDtypeStruct`s), or a function `config -> state` called with the
+      saved config under `eqx.filter_eval_shape`, e.g.
+      `lambda c: eqx_ppo.ppo.init_state(env, networks, c)` or
+      `lambda c: eqx_ppo.init_distillation_state(env, teacher, student, c)`.
+    - `env`, `networks`: instead of `like`, for PPO states: the template is
+      `init_state(env, networks, saved_config)`.
+    - `config`: optionally, the config you will resume with; a
+      [`CheckpointError`][] lists every field that differs from the saved one
+      and would change the optimisation (logging fields may differ, and
+      `total_steps` may grow with a constant learning rate).
+
+    Raises [`CheckpointError`][] (a `ValueError`) if the checkpoint is
+    incomplete, corrupted, of an incompatible version, or does not match the
+    template; the message says what differs.
+    """
+    header = read_header(path)
+    if config is not None and header.config is not None:
+        diffs = config_differences(header.config, config)
+        if diffs:
+            raise CheckpointError(
+                f"{header.path}: the given config differs from the saved one in "
+                "fields that change the optimisation:\n  "
+                + "\n  ".join(diffs)
+                + "\nFix: resume with read_header(path).config, or load without "
+                "`config=` if the change is intended."
+            )
+    template = _template(header, like, env, networks)
+    check_structure(header.path, header.leaves, header.treedef, template)
+    file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
+    return deserialise(file, template, header.leaves)

@@ -1,0 +1,173 @@
+"""The header codec: configs to JSON and back, and what may change on resume.
+
+Storage knows no algorithm. A config class joins the codec by decorating
+itself with [`register_config`][]; a flag enum (such as `LoggingLevel`) joins
+the same way. A registered config may say which of its fields a resumed run
+may change with a `free_on_resume()` method; every other field must match.
+Loading by `env=` / `networks=` needs a template builder, registered by the
+algorithm that owns the config with [`register_template`][].
+"""
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupted or does not match."""
+
+
+_TYPES: dict[str, type] = {}
+_TEMPLATES: dict[type, Callable[..., Any]] = {}
+T = TypeVar("T", bound=type)
+
+
+def register_config(cls: T) -> T:
+    """Class decorator: let checkpoint headers save and rebuild `cls`.
+
+    `cls` is a frozen dataclass (a config) or an `enum.Flag`; it is stored
+    under its class name, which must be unique among registered types.
+    """
+    if not (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Flag)):
+        raise TypeError(
+            f"register_config({cls.__name__}): expected a dataclass or an enum.Flag."
+        )
+    known = _TYPES.setdefault(cls.__name__, cls)
+    if known is not cls:
+        raise ValueError(
+            f"register_config({cls.__name__}): another class of that name is "
+            f"registered ({known.__module__}.{known.__qualname__}); rename one."
+        )
+    return cls
+
+
+def register_template(config_type: type, build: Callable[[Any, Any, Any], Any]) -> None:
+    """Let `load_checkpoint(env=..., networks=...)` build the template of a
+    checkpoint saved with a `config_type` config, as `build(config, env,
+    networks)`."""
+    _TEMPLATES[config_type] = build
+
+
+def template_builder(config: Any) -> Callable[[Any, Any, Any], Any]:
+    build = _TEMPLATES.get(type(config))
+    if build is None:
+        raise TypeError(
+            f"load_checkpoint: `env=` / `networks=` cannot build the template of "
+            f"a checkpoint saved with a {type(config).__name__}; pass `like=` (a "
+            "template state, or a function config -> state)."
+        )
+    return build
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a registered config (`TrainConfig`,
+    `DistillationTrainConfig`, their sub-configs, ...), tagged with its class
+    name under `"_type"`; [`config_from_dict`][] inverts it.
+
+    Coefficient arrays become floats (float32 values round-trip exactly);
+    flag enums such as `LoggingLevel` become a list of flag names.
+    """
+    if not dataclasses.is_dataclass(config) or type(config).__name__ not in _TYPES:
+        raise TypeError(
+            f"config_to_dict: expected a registered config, one of "
+            f"{sorted(n for n, c in _TYPES.items() if dataclasses.is_dataclass(c))}, "
+            f"got {type(config).__name__}."
+        )
+    return _encode(config, type(config).__name__)
+
+
+def _encode(value: Any, where: str) -> Any:
+    kind = type(value).__name__
+    if _TYPES.get(kind) is type(value) and dataclasses.is_dataclass(value):
+        out: dict[str, Any] = {"_type": kind}
+        for field in dataclasses.fields(value):
+            out[field.name] = _encode(
+                getattr(value, field.name), f"{where}.{field.name}"
+            )
+        return out
+    if isinstance(value, enum.Flag) and _TYPES.get(kind) is type(value):
+        return {"_type": kind, "flags": [f.name for f in value]}
+    if isinstance(value, jax.Array | np.ndarray | np.generic):
+        if np.ndim(value) != 0 or isinstance(value, jax.core.Tracer):
+            raise TypeError(
+                f"config_to_dict: {where} is an array of shape {np.shape(value)}; "
+                "only concrete scalars can be saved (save one config per vmapped "
+                "value)."
+            )
+        return float(value) if np.issubdtype(value.dtype, np.inexact) else int(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple | list):
+        return [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _encode(v, f"{where}[{k!r}]") for k, v in value.items()}
+    raise TypeError(
+        f"config_to_dict: {where} = {value!r} ({type(value).__name__}) is not "
+        "JSON-serialisable; use numbers, strings, lists and str-keyed dicts."
+    )
+
+
+def config_from_dict(data: dict[str, Any]) -> Any:
+    """The config that [`config_to_dict`][] turned into `data`.
+
+    Fields missing from `data` take their defaults; unknown fields raise.
+    """
+    return _decode(data)
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_decode(v) for v in value)
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("_type")
+    if kind is None:
+        return {k: _decode(v) for k, v in value.items()}
+    cls = _TYPES.get(kind)
+    if cls is None:
+        raise CheckpointError(f"Unknown config type {kind!r} in checkpoint header.")
+    if issubclass(cls, enum.Flag):
+        flags = cls(0)
+        for name in value["flags"]:
+            flags |= cls[name]
+        return flags
+    fields = {k: _decode(v) for k, v in value.items() if k != "_type"}
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise CheckpointError(
+            f"The saved {kind} has fields {unknown} this version of eqx_ppo does "
+            "not know; it was written by a newer version."
+        )
+    return cls(**fields)
+
+
+def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
+    """The fields of `given` that differ from `saved` and may not change on resume.
+
+    Walks registered configs field by field, skipping each config's
+    `free_on_resume()` fields; values are compared as the header stores them.
+    """
+    if type(saved) is not type(given):
+        return [
+            f"{where or 'config '}type: saved {type(saved).__name__}, given "
+            f"{type(given).__name__}"
+        ]
+    free_on_resume = getattr(saved, "free_on_resume", None)
+    free = frozenset() if free_on_resume is None else free_on_resume()
+    diffs = []
+    for field in dataclasses.fields(saved):
+        if field.name in free:
+            continue
+        old, new = getattr(saved, field.name), getattr(given, field.name)
+        path = f"{where}{field.name}"
+        if dataclasses.is_dataclass(old) and type(old).__name__ in _TYPES:
+            diffs += config_differences(old, new, f"{path}.")
+        elif _encode(old, path) != _encode(new, path):
+            diffs.append(
+                f"{path}: saved {_encode(old, path)!r}, given {_encode(new, path)!r}"
+            )
+    return diffs

@@ -1,0 +1,179 @@
+"""Checkpoint folders on disk: atomic writes, retention, checksums.
+
+A checkpoint is a folder `step_<step, 9 digits>/`, written into a temporary
+sibling and renamed into place when complete; `header.json` is written last,
+so a folder with a header is complete. Deletions rename before removing, so
+a crash never leaves a half-deleted folder that looks like a checkpoint.
+"""
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from ._codec import CheckpointError
+
+STATE = "state.eqx"
+HEADER = "header.json"
+PREFIX = "step_"
+_TMP = ".tmp-"
+_TRASH = ".trash-"
+
+
+class _HashingWriter:
+    """A binary file wrapper that hashes and counts what goes through it."""
+
+    def __init__(self, file: BinaryIO):
+        self.file = file
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_state(folder: pathlib.Path, write: Callable[[Any], None]) -> tuple[int, str]:
+    """Call `write(file)` on `folder/state.eqx`; return its size and SHA-256."""
+    with open(folder / STATE, "wb") as f:
+        writer = _HashingWriter(f)
+        write(writer)
+        f.flush()
+        os.fsync(f.fileno())
+    return writer.size, writer.sha256.hexdigest()
+
+
+def write_header(folder: pathlib.Path, header: dict[str, Any]) -> None:
+    with open(folder / HEADER, "w") as f:
+        json.dump(header, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def step_of(path: pathlib.Path) -> int | None:
+    name = path.name
+    if not name.startswith(PREFIX) or not name[len(PREFIX) :].isdigit():
+        return None
+    return int(name[len(PREFIX) :])
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[pathlib.Path]:
+    """The complete checkpoints in `directory`, oldest step first.
+
+    Complete means a `step_*` folder with a `header.json` (written last).
+    """
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [
+        (step, p)
+        for p in directory.iterdir()
+        if (step := step_of(p)) is not None and (p / HEADER).is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
+    """The complete checkpoint with the highest step in `directory`, or `None`."""
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def _remove(path: pathlib.Path) -> None:
+    trash = path.with_name(f"{_TRASH}{path.name}-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_leftovers(directory: pathlib.Path) -> None:
+    for p in directory.iterdir():
+        if p.name.startswith((_TMP, _TRASH)) and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def write_atomically(
+    directory: pathlib.Path,
+    step: int,
+    fill: Callable[[pathlib.Path], None],
+    *,
+    keep: int | None,
+) -> pathlib.Path:
+    """Write `directory/step_<step>/` with `fill(tmp_folder)`, atomically.
+
+    The folder replaces any checkpoint at the same step; with `keep`, only
+    the newest `keep` checkpoints remain, deleted after the new one is in
+    place. Leftovers of interrupted saves are removed.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{PREFIX}{int(step):09d}"
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=directory))
+    try:
+        fill(tmp)
+        _fsync_dir(tmp)
+        if final.exists():
+            _remove(final)
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _remove_leftovers(directory)
+    if keep is not None:
+        for old in list_checkpoints(directory)[:-keep]:
+            _remove(old)
+    return final
+
+
+def resolve(path: str | os.PathLike) -> pathlib.Path:
+    """A checkpoint folder, or the latest complete one in a folder of them."""
+    path = pathlib.Path(path)
+    if (path / HEADER).is_file():
+        return path
+    if step_of(path) is not None and path.is_dir():
+        raise CheckpointError(
+            f"{path} has no {HEADER}: it is not a complete checkpoint (was a save "
+            "interrupted?). Use an earlier checkpoint in the same folder."
+        )
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(
+            f"No checkpoint at {path}: expected a checkpoint folder (with "
+            f"{HEADER}) or a folder of `{PREFIX}*` checkpoints."
+        )
+    return latest
+
+
+def checked_state_file(folder: pathlib.Path, size: int, sha256: str) -> pathlib.Path:
+    """`folder/state.eqx`, after checking its size and checksum."""
+    file = folder / STATE
+    if not file.is_file():
+        raise CheckpointError(f"{folder} has no {STATE}; it is incomplete.")
+    actual = file.stat().st_size
+    if actual != size:
+        raise CheckpointError(
+            f"{file} has {actual} bytes, the header records {size}: "
+            "the file is truncated or was overwritten."
+        )
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
+        raise CheckpointError(
+            f"{file} does not match the checksum in its header: it is corrupted."
+        )
+    return file

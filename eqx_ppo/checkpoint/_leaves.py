@@ -1,0 +1,137 @@
+"""A state's leaves on disk: leaf specs, the structure check, PRNG key data.
+
+Array leaves are written with `eqx.tree_serialise_leaves` (NumPy `.npy`
+records, no pickle). PRNG keys are written as their raw key data and wrapped
+back with the saved key implementation. The header records every leaf's path,
+shape and dtype and the pytree definition, so a load can say what differs.
+"""
+
+import os
+import re
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from ._codec import CheckpointError
+
+
+def _is_key(x: Any) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _leaf_spec(path: tuple, x: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"path": jax.tree_util.keystr(path)}
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        spec["shape"] = list(x.shape)
+        spec["dtype"] = str(x.dtype)
+    else:
+        spec["type"] = type(x).__name__
+    return spec
+
+
+def structure(tree: Any) -> tuple[list[dict[str, Any]], str]:
+    """Every leaf's spec, and the pytree definition without memory addresses."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    leaves = [_leaf_spec(path, x) for path, x in flat]
+    # Static fields holding functions print their address, which differs
+    # between processes; the rest of the definition is stable.
+    return leaves, re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef))
+
+
+def saved_structure(state: Any) -> tuple[list[dict[str, Any]], str]:
+    """`structure(state)`, with each PRNG key's implementation recorded."""
+    leaves, treedef = structure(state)
+    for spec, x in zip(leaves, jax.tree.leaves(state), strict=True):
+        if _is_key(x):
+            spec["key_impl"] = str(jax.random.key_impl(x))
+    return leaves, treedef
+
+
+def serialise(file: Any, state: Any) -> None:
+    """Write `state`'s array leaves to `file`, PRNG keys as key data."""
+    data = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, state)
+    eqx.tree_serialise_leaves(file, data)
+
+
+def _describe(spec: dict[str, Any] | None) -> str:
+    if spec is None:
+        return "(absent)"
+    if "shape" in spec:
+        return f"{spec['dtype']}{spec['shape']}"
+    return spec["type"]
+
+
+def check_structure(
+    where: Any, saved_leaves: tuple, saved_treedef: str, like: Any
+) -> None:
+    """Raise a `CheckpointError` listing how `like` differs from the saved state."""
+    expected, treedef = structure(like)
+    saved = [{k: v for k, v in s.items() if k != "key_impl"} for s in saved_leaves]
+    if saved != expected:
+        by_path = {s["path"]: s for s in saved}
+        lines = []
+        for spec in expected:
+            got = by_path.pop(spec["path"], None)
+            if got != spec:
+                lines.append(
+                    f"  {spec['path']}: saved {_describe(got)}, expected "
+                    f"{_describe(spec)}"
+                )
+        lines += [
+            f"  {p}: saved {_describe(s)}, expected (absent)"
+            for p, s in by_path.items()
+        ]
+        if not lines:
+            lines = ["  the leaves are the same but in a different order"]
+        raise CheckpointError(
+            f"{where} does not match the template: {len(lines)} leaves "
+            f"differ (saved {len(saved)} leaves, template {len(expected)}):\n"
+            + "\n".join(lines[:8])
+            + ("\n  ..." if len(lines) > 8 else "")
+            + "\nFix: build the template with the network constructor and config "
+            "the checkpoint was saved with (see read_header(path).config / "
+            ".metadata)."
+        )
+    if treedef != saved_treedef:
+        i = len(os.path.commonprefix([treedef, saved_treedef]))
+        lo = max(0, i - 60)
+        raise CheckpointError(
+            f"{where} does not match the template: the arrays agree but the "
+            "static structure differs (e.g. an activation, a sampler setting or "
+            "a layer option):\n"
+            f"  saved:    ...{saved_treedef[lo : i + 60]}...\n"
+            f"  template: ...{treedef[lo : i + 60]}...\n"
+            "Fix: build the template with the same constructor arguments."
+        )
+
+
+def _load_target(x: Any, spec: dict[str, Any]) -> Any:
+    if _is_key(x):
+        data = jax.eval_shape(
+            lambda: jax.random.key_data(jax.random.key(0, impl=spec["key_impl"]))
+        )
+        return jax.ShapeDtypeStruct(tuple(x.shape) + data.shape, data.dtype)
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return x
+
+
+def deserialise(file: Any, template: Any, saved_leaves: tuple) -> Any:
+    """The state in `file`, shaped like `template` (checked beforehand)."""
+    specs = jax.tree.unflatten(jax.tree.structure(template), saved_leaves)
+    target = jax.tree.map(_load_target, template, specs)
+    try:
+        loaded = eqx.tree_deserialise_leaves(file, target)
+    except Exception as e:
+        raise CheckpointError(
+            f"{file} could not be read ({type(e).__name__}: {e}); it is corrupted."
+        ) from e
+    return jax.tree.map(
+        lambda x, t, spec: (
+            jax.random.wrap_key_data(x, impl=spec["key_impl"]) if _is_key(t) else x
+        ),
+        loaded,
+        template,
+        specs,
+    )

@@ -1,0 +1,99 @@
+"""`train_ppo(key=...)` and `train_distillation(key=...)`: randomness enters as a
+key; `TrainConfig.seed` stays the default."""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+
+import eqx_ppo
+from eqx_ppo.distill import (
+    DistillationConfig,
+    DistillationTrainConfig,
+    train_distillation,
+)
+
+ENV = eqx_ppo.envs.make("move_to_center")
+
+
+def networks(key):
+    return eqx_ppo.make_mlp_actor_critic(2, 2, (8,), (8,), key=key)
+
+
+def config(seed=0, n_seeds=1):
+    return eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=4, rollout_length=4, total_steps=32, n_minibatches=2, n_epochs=1
+        ),
+        eval=eqx_ppo.EvalConfig(every_steps=32, n_envs=2, max_episode_length=5),
+        seed=seed,
+        n_seeds=n_seeds,
+        progress=False,
+    )
+
+
+def same(a, b):
+    """Bit-equal array leaves (keys compared as key data)."""
+    a, b = ([data(x) for x in jax.tree.leaves(t) if eqx.is_array(x)] for t in (a, b))
+    return len(a) == len(b) and all(
+        bool((x == y).all()) for x, y in zip(a, b, strict=True)
+    )
+
+
+def data(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(x)
+    return x
+
+
+def test_key_equals_the_seed_it_replaces():
+    by_seed = eqx_ppo.train_ppo(ENV, networks, config(seed=5))
+    by_key = eqx_ppo.train_ppo(ENV, networks, config(seed=0), key=jax.random.key(5))
+    # Same program, same keys: bit-identical state and eval metrics.
+    assert same(by_seed.training_state, by_key.training_state)
+    assert by_seed.eval_history == by_key.eval_history
+
+
+def test_a_batch_of_keys_gives_one_per_seed():
+    by_seed = eqx_ppo.train_ppo(ENV, networks, config(seed=5, n_seeds=2))
+    keys = jax.numpy.stack([jax.random.key(5), jax.random.key(6)])
+    by_keys = eqx_ppo.train_ppo(ENV, networks, config(n_seeds=2), key=keys)
+    assert same(by_seed.training_state, by_keys.training_state)
+
+
+def test_one_key_is_split_over_seeds():
+    key = jax.random.key(3)
+    result = eqx_ppo.train_ppo(ENV, networks, config(n_seeds=2), key=key)
+    first = eqx_ppo.train_ppo(ENV, networks, config(), key=jax.random.split(key, 2)[0])
+    seeds = result.training_state
+    assert not same(
+        eqx_ppo.select_seed(seeds.network, 0), eqx_ppo.select_seed(seeds.network, 1)
+    )
+    # seed 0 of the batch is the run with the first split key (to rounding:
+    # the vmapped program is another program)
+    assert seeds.steps[0] == first.training_state.steps
+    assert same(
+        jax.random.key_data(eqx_ppo.select_seed(seeds.key, 0)),
+        jax.random.key_data(first.training_state.key),
+    )
+
+
+def test_distillation_takes_a_key():
+    teacher = networks(jax.random.key(0))
+    dconfig = DistillationTrainConfig(
+        distillation=DistillationConfig(
+            n_envs=4, rollout_length=4, total_steps=32, n_minibatches=2, n_epochs=1
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        seed=5,
+        progress=False,
+    )
+    by_seed = train_distillation(ENV, teacher, networks, dconfig)
+    by_key = train_distillation(
+        ENV,
+        teacher,
+        networks,
+        dataclasses.replace(dconfig, seed=0),
+        key=jax.random.key(5),
+    )
+    assert same(by_seed.training_state, by_key.training_state)
