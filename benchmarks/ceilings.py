@@ -72,7 +72,7 @@ def rollout_step(env, config):
         return rollout(
             env,
             state.network,
-            StepCarry(state.env_state, state.net_state),
+            StepCarry(state.env_state, state.carry),
             state.key,
             length=config.rollout_length,
             reset_mode=config.reset_mode,

@@ -12,10 +12,12 @@ from .checkpoint import (
     make_checkpoint_fn as make_checkpoint_fn,
     read_header as read_header,
     register_config as register_config,
+    register_migration as register_migration,
     register_template as register_template,
     save_checkpoint as save_checkpoint,
 )
 from .distill import (
+    Distillation as Distillation,
     DistillationConfig as DistillationConfig,
     DistillationState as DistillationState,
     DistillationTrainConfig as DistillationTrainConfig,
@@ -48,7 +50,13 @@ from .nn import (
     trainable as trainable,
 )
 from .ppo import (
+    PPO as PPO,
+    AbstractLearner as AbstractLearner,
+    DriverConfig as DriverConfig,
     EvalConfig as EvalConfig,
+    IterationConfig as IterationConfig,
+    LearnerConfig as LearnerConfig,
+    OptimizerConfig as OptimizerConfig,
     PPOConfig as PPOConfig,
     TrainConfig as TrainConfig,
     TrainingState as TrainingState,
@@ -57,11 +65,15 @@ from .ppo import (
     VideoData as VideoData,
     eval_rollout as eval_rollout,
     gae as gae,
+    init as init,
+    init_states as init_states,
     ppo_init as ppo_init,
     ppo_run as ppo_run,
     ppo_step as ppo_step,
     record_activations_rollout as record_activations_rollout,
     select_seed as select_seed,
+    step as step,
+    train as train,
     train_ppo as train_ppo,
 )
 from .ppo._sharding import (

@@ -37,53 +37,48 @@ Divergences from nnx-ppo's distillation:
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Key, PRNGKeyArray, PyTree
 
 from .checkpoint import register_config
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
-from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput, trainable
+from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput
 from .ppo._config import (
-    DRIVER_FREE_ON_RESUME,
-    EvalConfig,
-    PPOConfig,
-    VideoConfig,
-    check_coefficient,
-    check_iteration_settings,
-    iteration_free_on_resume,
+    DriverConfig,
+    LearnerConfig,
 )
+from .ppo._learner import AbstractLearner, Axis, Loss, Minibatch, Module
 from .ppo._loss import replay_policy
-from .ppo._rollout import StepCarry, env_keys, rollout
-from .ppo._sharding import check_mesh, gather_envs, pmean
-from .ppo._step import gradient_phase, iteration_metrics, make_optimizer
+from .ppo._rollout import Transition
+from .ppo._sharding import pmean
+from .ppo._step import (
+    TrainingState,
+    init,
+    step,
+)
 from .ppo._train import (
     NetworkOrFactory,
     TrainResult,
     VideoData,
-    _build_network,
-    init_seeds,
-    run_training,
-    seed_keys,
+    _Hosts,
+    _init_states,
+    _train,
 )
 from .ppo._validate import (
-    check_callbacks,
     check_config_types,
-    check_initial_state,
     check_key,
-    check_percentiles,
-    check_positive_ints,
 )
 from .recording import is_leaf_layer
 
 
 @register_config
-class DistillationConfig(eqx.Module):
+class DistillationConfig(LearnerConfig):
     """The distillation algorithm's settings.
 
     As in [`eqx_ppo.PPOConfig`][], structural fields are static and the
@@ -112,134 +107,31 @@ class DistillationConfig(eqx.Module):
       `NETWORK_METRICS` logs the student's metrics under `student/...`.
     """
 
-    n_envs: int = eqx.field(static=True, default=256)
-    rollout_length: int = eqx.field(static=True, default=20)
-    total_steps: int = eqx.field(static=True, default=512_000)
-    n_epochs: int = eqx.field(static=True, default=4)
-    n_minibatches: int = eqx.field(static=True, default=4)
     gradient_clipping: float | None = eqx.field(static=True, default=None)
-    weight_decay: float | None = eqx.field(static=True, default=None)
-    lr_schedule: Literal["constant", "linear", "cosine"] = eqx.field(
-        static=True, default="constant"
-    )
-    reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
-    check_finite: bool = eqx.field(static=True, default=True)
-    logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
-    logging_percentiles: tuple[int | float, ...] | None = eqx.field(
-        static=True, default=None
-    )
-    learning_rate: Float[Array, ""] = eqx.field(
-        converter=lambda v: jnp.asarray(v, jnp.float32), default=1e-4
-    )
-
-    def __check_init__(self):
-        check_iteration_settings(self)
-        check_percentiles("DistillationConfig", self.logging_percentiles)
-        check_coefficient(self, "learning_rate", 0.0)
-
-    @property
-    def steps_per_iteration(self) -> int:
-        """Env steps taken by one iteration: `n_envs * rollout_length`."""
-        return self.n_envs * self.rollout_length
-
-    @property
-    def n_iterations(self) -> int:
-        """Iterations needed to reach `total_steps` (rounded up)."""
-        return -(-self.total_steps // self.steps_per_iteration)
-
-    def free_on_resume(self) -> frozenset[str]:
-        """The fields a resumed run may change (see `load_checkpoint(config=)`)."""
-        return iteration_free_on_resume(self)
-
-
-def _as_ppo_config(config: DistillationConfig) -> PPOConfig:
-    """The `PPOConfig` whose optimiser and minibatching distillation reuses."""
-    return PPOConfig(
-        n_envs=config.n_envs,
-        rollout_length=config.rollout_length,
-        total_steps=config.total_steps,
-        learning_rate=config.learning_rate,
-        n_epochs=config.n_epochs,
-        n_minibatches=config.n_minibatches,
-        gradient_clipping=config.gradient_clipping,
-        weight_decay=config.weight_decay,
-        lr_schedule=config.lr_schedule,
-        reset_mode=config.reset_mode,
-    )
 
 
 @register_config
 @dataclasses.dataclass(frozen=True)
-class DistillationTrainConfig:
-    """Everything `train_distillation` needs besides the env and the networks.
-
-    **Arguments:**
-
-    - `distillation`, `eval`, `video`: the sub-configs; evaluation and video
-      run the student in inference mode.
-    - `seed`: the run's seed; with `n_seeds > 1`, seeds `seed .. seed+n_seeds-1`
-      train one student each, in one vmapped program, from the same teacher.
-    - `checkpoint_every_steps`: cadence of `checkpoint_fn` calls.
-    - `log_every_steps`: cadence of host-side logging (one compiled chunk).
-    - `progress`: show a progress bar.
+class DistillationTrainConfig(DriverConfig):
+    """Everything `train_distillation` needs besides the env and the networks:
+    the [`eqx_ppo.DistillationConfig`][] as `distillation`, and the driver's
+    settings (see [`eqx_ppo.DriverConfig`][]); evaluation and video run the
+    student in inference mode, and with `n_seeds > 1` every seed trains its
+    own student from the same teacher.
     """
 
     distillation: DistillationConfig = dataclasses.field(
         default_factory=DistillationConfig
     )
-    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
-    video: VideoConfig = dataclasses.field(default_factory=VideoConfig)
-    seed: int = 17
-    n_seeds: int = 1
-    checkpoint_every_steps: int = 500_000
-    log_every_steps: int | None = None
-    progress: bool = True
-
-    def free_on_resume(self) -> frozenset[str]:
-        """The fields a resumed run may change; `distillation` is checked field
-        by field."""
-        return DRIVER_FREE_ON_RESUME
 
     def __post_init__(self):
-        check_config_types(
-            self, distillation=DistillationConfig, eval=EvalConfig, video=VideoConfig
-        )
-        check_positive_ints(self, "n_seeds", "checkpoint_every_steps")
-        if self.log_every_steps is not None:
-            check_positive_ints(self, "log_every_steps")
+        check_config_types(self, distillation=DistillationConfig)
+        super().__post_init__()
 
 
-class DistillationState(eqx.Module):
-    """Everything a distillation run carries from one iteration to the next.
-
-    **Fields:**
-
-    - `student`: the student network (parameters and statistics).
-    - `opt_state`: the optax state of the student's trainable leaves.
-    - `env_state`: the batched env states `[n_envs, ...]`.
-    - `student_state`, `teacher_state`: the batched carries `[n_envs, ...]`.
-    - `key`: the run's PRNG key.
-    - `iteration`, `steps`: int32 counters (iterations done, env steps taken).
-
-    The teacher is not part of the state: pass it to every call. On a device
-    mesh, the fields in `env_fields` are split over the devices on their env
-    axis and the others are replicated.
-    """
-
-    env_fields: ClassVar[tuple[str, ...]] = (
-        "env_state",
-        "student_state",
-        "teacher_state",
-    )
-
-    student: AbstractStatefulModule
-    opt_state: PyTree
-    env_state: Any
-    student_state: State
-    teacher_state: State
-    key: PRNGKeyArray
-    iteration: Int[Array, ""]
-    steps: Int[Array, ""]
+DistillationState = TrainingState
+"""A distillation run's state: a [`eqx_ppo.TrainingState`][] whose `network`
+is the student and whose `carry` is `{"student": ..., "teacher": ...}`."""
 
 
 class _SamplerExtras(eqx.Module):
@@ -428,6 +320,63 @@ def _single_env(obs: PyTree) -> PyTree:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), obs)
 
 
+class Distillation(AbstractLearner):
+    """Distillation: the student learns to score the teacher's actions.
+
+    The student acts (it drives the rollout) with the teacher running beside
+    it on the same observations, in inference mode; the loss is the
+    student's negative log-likelihood of the teacher's raw actions under the
+    same noise and carries (`distillation_loss`).
+
+    **Arguments:**
+
+    - `config`: a [`eqx_ppo.DistillationConfig`][].
+    - `teacher`: a trained network ending in a `PPOAdapter`; never modified.
+    """
+
+    config: DistillationConfig
+    teacher: AbstractStatefulModule
+
+    def __init__(self, config: DistillationConfig, teacher: AbstractStatefulModule):
+        self.config = config
+        self.teacher = eqx.nn.inference_mode(teacher)
+
+    def _paths(self, network: AbstractStatefulModule, obs: PyTree[Array]):
+        return _sampler_paths(self.teacher, network, _single_env(obs))
+
+    def acting(self, network: Module, obs: PyTree[Array]) -> Module:
+        _, teacher_paths = self._paths(network, obs)
+        return _StudentWithTeacher(network, self.teacher, teacher_paths)
+
+    def network_extras(self, extras: Any) -> Any:
+        return extras["student"]
+
+    def replay_batch(self, network: Module, data: Transition) -> Transition:
+        first_step = jax.tree.map(lambda x: x[0], data.obs)
+        student_paths, _ = self._paths(network, first_step)
+        extras = _put(data.extras["student"], student_paths, data.extras["teacher"])
+        return data._replace(extras=extras)
+
+    def loss(
+        self, network: Module, batch: Minibatch, *, axis_name: Axis = None
+    ) -> Loss:
+        replayed = replay_policy(network, batch.carry["student"], batch.data)
+        return distillation_loss(
+            replayed.output,
+            replayed.regularization_loss,
+            self.config.logging_level,
+            axis_name=axis_name,
+        )
+
+    @property
+    def metrics_prefix(self) -> str:
+        return "student"
+
+    @property
+    def logs_rollout_outputs(self) -> bool:
+        return False
+
+
 def distill_init(
     env: Any,
     teacher: AbstractStatefulModule,
@@ -436,28 +385,15 @@ def distill_init(
     *,
     key: PRNGKeyArray,
 ) -> DistillationState:
-    """A fresh distillation state: reset envs, initial carries, optimiser state.
+    """A fresh distillation state: [`eqx_ppo.init`][] with the
+    [`eqx_ppo.Distillation`][] learner.
 
     Checks that the student can score the teacher's actions (same action
     structure, matching samplers) and raises a `ValueError` saying what
     differs otherwise.
     """
     check_key("distill_init", key)
-    reset_key, key = jax.random.split(key)
-    env_state = jax.vmap(env.reset)(env_keys(reset_key, config.n_envs))
-    teacher = eqx.nn.inference_mode(teacher)
-    _sampler_paths(teacher, student, _single_env(env_state.obs))
-    params = eqx.filter(student, trainable(student))
-    return DistillationState(
-        student=student,
-        opt_state=make_optimizer(_as_ppo_config(config)).init(params),
-        env_state=env_state,
-        student_state=student.initialize_state(config.n_envs),
-        teacher_state=teacher.initialize_state(config.n_envs),
-        key=key,
-        iteration=jnp.zeros((), jnp.int32),
-        steps=jnp.zeros((), jnp.int32),
-    )
+    return init(env, student, Distillation(config, teacher), key=key)
 
 
 def distill_step(
@@ -468,83 +404,11 @@ def distill_step(
     *,
     axis_name: str | None = None,
 ) -> tuple[DistillationState, dict[str, Array]]:
-    """One iteration: a rollout driven by the student (teacher alongside), then
-    `n_epochs * n_minibatches` gradient steps on the distillation loss, then
-    `update_statistics` of the student with its own rollout extras.
-
-    `axis_name` runs it as the body of a data-parallel step under
-    `jax.shard_map`, exactly as for [`eqx_ppo.ppo_step`][]."""
-    key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-    teacher = eqx.nn.inference_mode(teacher)
-    student_paths, teacher_paths = _sampler_paths(
-        teacher, state.student, _single_env(state.env_state.obs)
-    )
-    pair = _StudentWithTeacher(state.student, teacher, teacher_paths)
-    carry, data = rollout(
-        env,
-        pair,
-        StepCarry(
-            state.env_state,
-            {"student": state.student_state, "teacher": state.teacher_state},
-        ),
-        rollout_key,
-        length=config.rollout_length,
-        reset_mode=config.reset_mode,
-        keep_terminal_obs=False,
-        axis_name=axis_name,
-    )
-    student_extras = data.extras["student"]
-    replay_data = data._replace(
-        extras=_put(student_extras, student_paths, data.extras["teacher"])
-    )
-    ppo_config = _as_ppo_config(config)
-    optimizer = make_optimizer(ppo_config)
-    params, static = eqx.partition(state.student, trainable(state.student))
-
-    def minibatch_loss(p, idx):
-        replayed = replay_policy(
-            eqx.combine(p, static),
-            jax.tree.map(lambda x: x[idx], state.student_state),
-            jax.tree.map(lambda x: x[:, idx], replay_data),
-        )
-        return distillation_loss(
-            replayed.output,
-            replayed.regularization_loss,
-            config.logging_level,
-            axis_name=axis_name,
-        )
-
-    params, opt_state, loss_metrics = gradient_phase(
-        minibatch_loss,
-        params,
-        state.opt_state,
-        optimizer,
-        shuffle_key,
-        n_local_envs=jnp.shape(data.done)[1],
-        config=config,
-        axis_name=axis_name,
-    )
-    all_data = gather_envs(data._replace(key=None), axis_name)
-    student = eqx.combine(params, static).update_statistics(all_data.extras["student"])
-    metrics = iteration_metrics(
-        config,
-        loss_metrics,
-        all_data,
-        params,
-        net_prefix="student",
-        rollout_outputs=False,
-    )
-    new_state = DistillationState(
-        student=student,
-        opt_state=opt_state,
-        env_state=carry.env_state,
-        student_state=carry.net_state["student"],
-        teacher_state=carry.net_state["teacher"],
-        key=key,
-        iteration=state.iteration + 1,
-        steps=state.steps + config.steps_per_iteration,
-    )
-    return new_state, metrics
+    """One distillation iteration: [`eqx_ppo.step`][] with the
+    [`eqx_ppo.Distillation`][] learner (a rollout driven by the student, teacher
+    alongside; gradient steps on the distillation loss; the student's
+    statistics from its own extras). `axis_name` as in `ppo_step`."""
+    return step(env, Distillation(config, teacher), state, axis_name=axis_name)
 
 
 def distillation_loss(
@@ -572,6 +436,10 @@ def distillation_loss(
     return total, metrics
 
 
+_STUDENT = ("train_distillation", "student")
+"""How errors name distillation's entry point and its network argument."""
+
+
 def init_distillation_state(
     env: Any,
     teacher: AbstractStatefulModule,
@@ -590,11 +458,8 @@ def init_distillation_state(
     `like=lambda c: init_distillation_state(env, teacher, student, c)`.
     """
 
-    def one(init_key, train_key):
-        network = _build_network(student, init_key, "train_distillation(student=...)")
-        return distill_init(env, teacher, network, config.distillation, key=train_key)
-
-    return init_seeds(one, seed_keys("init_distillation_state", key, config))
+    learner = Distillation(config.distillation, teacher)
+    return _init_states(env, student, learner, config, key, *_STUDENT)
 
 
 def train_distillation(
@@ -638,40 +503,6 @@ def train_distillation(
     `DistillationState`.
     """
     config = DistillationTrainConfig() if config is None else config
-    check_callbacks(
-        "train_distillation",
-        log_fn=log_fn,
-        video_fn=video_fn,
-        checkpoint_fn=checkpoint_fn,
-    )
-    if mesh is not None:
-        check_mesh(
-            mesh,
-            config.distillation.n_envs,
-            config.distillation.n_minibatches,
-            where="train_distillation",
-        )
-    keys = seed_keys("train_distillation", key, config)
-    check_initial_state(
-        "train_distillation",
-        initial_state,
-        lambda: init_distillation_state(env, teacher, student, config, key=key),
-    )
-    state = (
-        init_distillation_state(env, teacher, student, config, key=key)
-        if initial_state is None
-        else initial_state
-    )
-    return run_training(
-        jax.tree_util.Partial(distill_step, env, teacher, config.distillation),
-        state,
-        keys,
-        config,
-        config.distillation,
-        network_of=lambda s: s.student,
-        eval_env=env if eval_env is None else eval_env,
-        log_fn=log_fn,
-        video_fn=video_fn,
-        checkpoint_fn=checkpoint_fn,
-        mesh=mesh,
-    )
+    hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
+    learner = Distillation(config.distillation, teacher)
+    return _train(env, student, learner, config, key, hosts, *_STUDENT)

@@ -445,12 +445,14 @@ def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
             gradient_clipping=1.0,
         )
     )
-    with pytest.raises(
-        ckpt.CheckpointError,
-        match=r"(?s)ppo.gradient_clipping: saved 0.5, given 1.0.*"
-        r"ppo.learning_rate: saved 9.99.*given 0.001",
-    ):
+    with pytest.raises(ckpt.CheckpointError) as refused:
         ckpt.load_checkpoint(path, env=env, networks=networks, config=faster)
+    lines = str(refused.value).splitlines()
+    assert "  ppo.gradient_clipping: saved 0.5, given 1.0" in lines
+    assert any(
+        line.startswith("  ppo.learning_rate: saved 9.99") and "given 0.001" in line
+        for line in lines
+    )
 
     # With a decaying schedule a longer run changes every learning rate.
     def linear(total_steps):

@@ -136,7 +136,7 @@ def test_loss_is_nll_of_teachers_raw_action(getkey):
         float(metrics["losses/distillation_nll/mean"]), expected, rtol=1e-5
     )
     assert float(metrics["losses/distillation_nll/std"]) < 1e-5
-    for a, b in zip(arrays(new.student), arrays(student), strict=True):
+    for a, b in zip(arrays(new.network), arrays(student), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -148,7 +148,7 @@ def test_teacher_untouched_student_trained_and_statistics_updated(getkey):
     student = mlp(getkey(), normalize_obs=True)
     result = train_distillation(env, teacher, student, cfg)
     assert bool(eqx.tree_equal(teacher, before))
-    trained = result.training_state.student
+    trained = result.training_state.network
     assert not np.array_equal(
         trained.layers[1].action.layers[0].kernel,
         student.layers[1].action.layers[0].kernel,
@@ -181,7 +181,7 @@ def test_student_converges_to_teacher(getkey):
         config(total_steps=8 * 8 * 120),
         log_fn=lambda m, s: logs.append(m),
     )
-    gap_after = action_gap(env, teacher, result.training_state.student, probe_key)
+    gap_after = action_gap(env, teacher, result.training_state.network, probe_key)
     assert gap_before > 0.2
     assert gap_after < 0.25 * gap_before
     nll = [m["losses/distillation_nll/mean"] for m in logs]
@@ -208,7 +208,7 @@ def test_recurrent_teacher_into_recurrent_student(getkey):
         env, teacher, student, config(rollout_length=10, total_steps=8 * 10 * 60)
     )
     after_t, after_s = rollout_actions(
-        env, teacher, result.training_state.student, probe_key, length=5
+        env, teacher, result.training_state.network, probe_key, length=5
     )
     np.testing.assert_array_equal(after_t, before_t)
     memory_signal = float(jnp.mean(jnp.std(before_t[1:], axis=1)))

@@ -184,7 +184,7 @@ def test_counter_carry_resets_with_env():
     _, data = rollout(
         env,
         eqx.nn.inference_mode(net),
-        StepCarry(state.env_state, state.net_state),
+        StepCarry(state.env_state, state.carry),
         jax.random.key(2),
         length=30,
         reset_mode="cached",

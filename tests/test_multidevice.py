@@ -158,7 +158,7 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
         result = eqx_ppo.train_ppo(ENV, lstm, config, mesh=mesh,
                                    checkpoint_fn=lambda s, step: saved.append(s))
         state = result.training_state
-        for x in jax.tree.leaves((state.env_state, state.net_state)):
+        for x in jax.tree.leaves((state.env_state, state.carry)):
             assert x.sharding == env_spec, x.sharding
             assert {s.data.shape[0] for s in x.addressable_shards} == {2}
         for x in jax.tree.leaves(eqx.filter(
@@ -180,7 +180,7 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
             lambda d, e, n, k: sharded_rollout(eqx.combine(d, static), e, n, k),
             mesh=mesh, in_specs=(P(), P("env"), P("env"), P()),
             out_specs=P(None, "env"), check_vma=False,
-        ))(dynamic, state.env_state, state.net_state, state.key)
+        ))(dynamic, state.env_state, state.carry, state.key)
         assert data.obs.sharding == NamedSharding(mesh, P(None, "env"))
         assert data.obs.shape == (4, 8, 2)
         assert {s.data.shape for s in data.obs.addressable_shards} == {(4, 2, 2)}
@@ -243,7 +243,7 @@ def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
             eval=EvalConfig(enabled=False), progress=False)
         on_mesh = train_distillation(ENV, teacher, student, dconfig, mesh=mesh)
         alone = train_distillation(ENV, teacher, student, dconfig)
-        assert on_mesh.training_state.student_state is not None
+        assert on_mesh.training_state.carry["student"] is not None
         assert_close(on_mesh.training_state, alone.training_state)
         assert_metrics_close(on_mesh.final_metrics, alone.final_metrics)
         print("distillation ok")

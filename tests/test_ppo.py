@@ -112,7 +112,7 @@ def _rollout(net, config, key):
     carry, data = rollout(
         RandomEndEnv(),
         net,
-        StepCarry(state.env_state, state.net_state),
+        StepCarry(state.env_state, state.carry),
         key,
         length=config.rollout_length,
         reset_mode=config.reset_mode,
@@ -151,7 +151,7 @@ def test_replay_reproduces_rollout(getkey, stateful):
     state, carry, data = _rollout(net, config, getkey())
     rep = replay(
         net,
-        state.net_state,
+        state.carry,
         data,
         carry.env_state.obs,
         bootstrap_truncation=False,
@@ -168,7 +168,7 @@ def test_replay_of_env_subset_equals_slice_of_full_replay(getkey):
     state, carry, data = _rollout(net, config, getkey())
     full = replay(
         net,
-        state.net_state,
+        state.carry,
         data,
         carry.env_state.obs,
         bootstrap_truncation=True,
@@ -177,7 +177,7 @@ def test_replay_of_env_subset_equals_slice_of_full_replay(getkey):
     sliced = jax.tree.map(lambda x: x[:, idx], data)
     sub = replay(
         net,
-        jax.tree.map(lambda x: x[idx], state.net_state),
+        jax.tree.map(lambda x: x[idx], state.carry),
         sliced,
         carry.env_state.obs[idx],
         bootstrap_truncation=True,
@@ -195,14 +195,14 @@ def test_bootstrap_uses_terminal_value(getkey):
     state, carry, data = _rollout(net, config, getkey())
     drop = replay(
         net,
-        state.net_state,
+        state.carry,
         data,
         carry.env_state.obs,
         bootstrap_truncation=False,
     )
     boot = replay(
         net,
-        state.net_state,
+        state.carry,
         data,
         carry.env_state.obs,
         bootstrap_truncation=True,

@@ -42,9 +42,12 @@ of a state.
 **Layout of this package.** It knows no algorithm: `_files` writes and
 checks folders (atomic renames, retention, checksums), `_leaves` the leaves
 (specs, structure check, PRNG key data), `_codec` the configs in the header.
-Config classes register themselves with [`register_config`][], and the
+Config classes register themselves with [`register_config`][], the
 algorithm that owns a config registers how to build its template with
-[`register_template`][].
+[`register_template`][], and the owner of a state whose layout changed
+registers how older checkpoints load with
+[`register_migration`][eqx_ppo.register_migration]
+(`_migrations`).
 
 **Resuming.** The optimiser (learning rate, schedule, clipping) is rebuilt
 from the config passed to `train_ppo`, so resume with the saved config:
@@ -90,9 +93,11 @@ from ._files import (
     write_state,
 )
 from ._leaves import check_structure, deserialise, saved_structure, serialise
+from ._migrations import find_migration, register_migration as register_migration
 
-FORMAT_VERSION = 1
-"""The checkpoint layout version; bumped when the layout changes."""
+FORMAT_VERSION = 2
+"""The checkpoint layout version; bumped when the layout changes (2: the
+training state's carries are one `carry` field, distillation included)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +324,10 @@ def load_checkpoint(
                 "`config=` if the change is intended."
             )
     template = _template(header, like, env, networks)
+    migration = find_migration(header.format_version, header.treedef)
+    if migration is not None:
+        template = migration.to_saved(template)
     check_structure(header.path, header.leaves, header.treedef, template)
     file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
-    return deserialise(file, template, header.leaves)
+    state = deserialise(file, template, header.leaves)
+    return state if migration is None else migration.from_saved(state)

@@ -34,8 +34,121 @@ def _optional_coefficient() -> Any:
     )
 
 
+class IterationConfig(eqx.Module):
+    """The shape of one training iteration, shared by every learner.
+
+    All fields are static: they fix array shapes and the compiled program.
+    A learner's config (a [`eqx_ppo.LearnerConfig`][], e.g.
+    [`eqx_ppo.PPOConfig`][]) inherits them, with those of
+    [`eqx_ppo.OptimizerConfig`][].
+
+    **Fields:** `n_envs`, `rollout_length`, `total_steps`, `n_epochs`,
+    `n_minibatches`, `reset_mode`, `check_finite`, `logging_level`,
+    `logging_percentiles`; see [`eqx_ppo.PPOConfig`][] for each.
+    """
+
+    n_envs: int = eqx.field(static=True, default=256)
+    rollout_length: int = eqx.field(static=True, default=20)
+    total_steps: int = eqx.field(static=True, default=512_000)
+    n_epochs: int = eqx.field(static=True, default=4)
+    n_minibatches: int = eqx.field(static=True, default=4)
+    reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
+    check_finite: bool = eqx.field(static=True, default=True)
+    logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
+    logging_percentiles: tuple[int | float, ...] | None = eqx.field(
+        static=True,
+        default=None,
+        converter=lambda p: None if p is None else tuple(p),
+    )
+
+    def __check_init__(self):
+        kind = type(self).__name__
+        check_positive_ints(
+            self, "n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"
+        )
+        if self.n_envs % self.n_minibatches:
+            raise ValueError(
+                f"{kind}(n_envs={self.n_envs}, n_minibatches={self.n_minibatches}): "
+                "n_envs must be divisible by n_minibatches because minibatches "
+                "split the env axis. Choose e.g. n_envs="
+                f"{self.n_minibatches * max(1, self.n_envs // self.n_minibatches)}."
+            )
+        _check_choice("reset_mode", self.reset_mode, ("cached", "fresh"), kind)
+        check_percentiles(kind, self.logging_percentiles)
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps taken by one iteration: `n_envs * rollout_length`."""
+        return self.n_envs * self.rollout_length
+
+    @property
+    def n_iterations(self) -> int:
+        """Iterations needed to reach `total_steps` (rounded up)."""
+        return -(-self.total_steps // self.steps_per_iteration)
+
+    @property
+    def n_updates(self) -> int:
+        """Optimiser steps in a whole run: one per minibatch, epoch and iteration."""
+        return self.n_iterations * self.n_epochs * self.n_minibatches
+
+
+class OptimizerConfig(eqx.Module):
+    """The optimiser, shared by every learner: Adam (AdamW with
+    `weight_decay`), optional global-norm clipping and a learning-rate
+    schedule over the run.
+
+    `learning_rate` is a traced float32 array (sweeping it does not
+    recompile); the rest is static. [`eqx_ppo.ppo.make_optimizer`][] builds
+    the optax transformation from a [`eqx_ppo.LearnerConfig`][] (the
+    schedule needs the run's length).
+
+    **Fields:** `learning_rate`, `lr_schedule`, `gradient_clipping`,
+    `weight_decay`; see [`eqx_ppo.PPOConfig`][] for each.
+    """
+
+    learning_rate: Float[Array, ""] = eqx.field(
+        converter=lambda v: jnp.asarray(v, jnp.float32), default=1e-4
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = eqx.field(
+        static=True, default="constant"
+    )
+    gradient_clipping: float | None = eqx.field(static=True, default=0.5)
+    weight_decay: float | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        kind = type(self).__name__
+        _check_choice(
+            "lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"), kind
+        )
+        for name in ("gradient_clipping", "weight_decay"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            check_finite_value(kind, name, value)
+            if value < 0:
+                raise ValueError(f"{kind}({name}={value}): must be >= 0 or None.")
+        check_coefficient(self, "learning_rate", 0.0)
+
+
+class LearnerConfig(IterationConfig, OptimizerConfig):
+    """What every learner's config is: an iteration and an optimiser config.
+
+    Subclass it for a new algorithm and add the algorithm's coefficients
+    (traced float32 arrays) and switches (static fields).
+    """
+
+    def free_on_resume(self) -> frozenset[str]:
+        """The fields a resumed run may change (see `load_checkpoint(config=)`):
+        logging, the finite check, and `total_steps` under a constant learning
+        rate (a decaying schedule's every rate depends on it)."""
+        free = {"logging_level", "logging_percentiles", "check_finite"}
+        if self.lr_schedule == "constant":
+            free.add("total_steps")
+        return frozenset(free)
+
+
 @register_config
-class PPOConfig(eqx.Module):
+class PPOConfig(LearnerConfig):
     """The PPO algorithm's settings.
 
     Structural fields (sizes, counts, flags) are static: they fix array shapes
@@ -96,26 +209,9 @@ class PPOConfig(eqx.Module):
     - `logging_level`, `logging_percentiles`: see [`eqx_ppo.LoggingLevel`][].
     """
 
-    n_envs: int = eqx.field(static=True, default=256)
-    rollout_length: int = eqx.field(static=True, default=20)
-    total_steps: int = eqx.field(static=True, default=512_000)
-    n_epochs: int = eqx.field(static=True, default=4)
-    n_minibatches: int = eqx.field(static=True, default=4)
     normalize_advantages: bool = eqx.field(static=True, default=True)
     combine_advantages: bool = eqx.field(static=True, default=False)
-    gradient_clipping: float | None = eqx.field(static=True, default=0.5)
-    weight_decay: float | None = eqx.field(static=True, default=None)
-    lr_schedule: Literal["constant", "linear", "cosine"] = eqx.field(
-        static=True, default="constant"
-    )
     truncation: Literal["drop", "bootstrap"] = eqx.field(static=True, default="drop")
-    reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
-    check_finite: bool = eqx.field(static=True, default=True)
-    logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
-    logging_percentiles: tuple[int | float, ...] | None = eqx.field(
-        static=True, default=None
-    )
-    learning_rate: Float[Array, ""] = _coefficient()
     clip_range: Float[Array, ""] = _coefficient()
     discounting_factor: Float[Array, ""] = _coefficient()
     gae_lambda: Float[Array, ""] = _coefficient()
@@ -162,9 +258,7 @@ class PPOConfig(eqx.Module):
         self.reset_mode = reset_mode
         self.check_finite = check_finite
         self.logging_level = logging_level
-        self.logging_percentiles = (
-            None if logging_percentiles is None else tuple(logging_percentiles)
-        )
+        self.logging_percentiles = logging_percentiles
         self.learning_rate = learning_rate
         self.clip_range = clip_range
         self.discounting_factor = discounting_factor
@@ -174,11 +268,8 @@ class PPOConfig(eqx.Module):
         self.value_clip_range = value_clip_range
 
     def __check_init__(self):
-        check_iteration_settings(self)
         _check_choice("truncation", self.truncation, ("drop", "bootstrap"))
-        check_percentiles("PPOConfig", self.logging_percentiles)
         bounds = {
-            "learning_rate": (0.0, None),
             "clip_range": (0.0, None),
             "discounting_factor": (0.0, 1.0),
             "gae_lambda": (0.0, 1.0),
@@ -189,36 +280,6 @@ class PPOConfig(eqx.Module):
         for name, (low, high) in bounds.items():
             if getattr(self, name) is not None:
                 check_coefficient(self, name, low, high)
-
-    @property
-    def steps_per_iteration(self) -> int:
-        """Env steps taken by one iteration: `n_envs * rollout_length`."""
-        return self.n_envs * self.rollout_length
-
-    @property
-    def n_iterations(self) -> int:
-        """Iterations needed to reach `total_steps` (rounded up)."""
-        return -(-self.total_steps // self.steps_per_iteration)
-
-    def free_on_resume(self) -> frozenset[str]:
-        """The fields a resumed run may change (see `load_checkpoint(config=)`)."""
-        return iteration_free_on_resume(self)
-
-
-def iteration_free_on_resume(config: Any) -> frozenset[str]:
-    """What `PPOConfig` and `DistillationConfig` let a resumed run change:
-    logging and the finite check, and `total_steps` under a constant learning
-    rate (a decaying schedule's every rate depends on it)."""
-    free = {"logging_level", "logging_percentiles", "check_finite"}
-    if config.lr_schedule == "constant":
-        free.add("total_steps")
-    return frozenset(free)
-
-
-DRIVER_FREE_ON_RESUME = frozenset(
-    {"eval", "video", "seed", "checkpoint_every_steps", "log_every_steps", "progress"}
-)
-"""The driver settings a resumed run may change: all but `n_seeds`."""
 
 
 def check_coefficient(
@@ -246,36 +307,6 @@ def _check_choice(
 ) -> None:
     if value not in choices:
         raise ValueError(f"{config}({name}={value!r}): expected one of {choices}.")
-
-
-def check_iteration_settings(config: Any) -> None:
-    """The checks `PPOConfig` and `DistillationConfig` share: positive int
-    sizes, env minibatches that divide `n_envs`, a known schedule and reset
-    mode, and non-negative optional clipping and weight decay."""
-    kind = type(config).__name__
-    check_positive_ints(
-        config, "n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"
-    )
-    if config.n_envs % config.n_minibatches:
-        raise ValueError(
-            f"{kind}(n_envs={config.n_envs}, n_minibatches={config.n_minibatches}): "
-            "n_envs must be divisible by n_minibatches because minibatches split "
-            "the env axis. Choose e.g. n_envs="
-            f"{config.n_minibatches * max(1, config.n_envs // config.n_minibatches)}."
-        )
-    choices = {
-        "lr_schedule": ("constant", "linear", "cosine"),
-        "reset_mode": ("cached", "fresh"),
-    }
-    for name, allowed in choices.items():
-        _check_choice(name, getattr(config, name), allowed, kind)
-    for name in ("gradient_clipping", "weight_decay"):
-        value = getattr(config, name)
-        if value is None:
-            continue
-        check_finite_value(kind, name, value)
-        if value < 0:
-            raise ValueError(f"{kind}({name}={value}): must be >= 0 or None.")
 
 
 @register_config
@@ -314,15 +345,16 @@ class VideoConfig:
     )
 
 
-@register_config
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Everything `train_ppo` needs besides the env and the network.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DriverConfig:
+    """What the driver does around the learner's iterations: evaluation,
+    video, seeds and the cadence of host events. `TrainConfig` and
+    `DistillationTrainConfig` add their learner's config to it.
 
     **Arguments:**
 
-    - `ppo`, `eval`, `video`: the sub-configs.
-    - `seed`: the run's seed, used when `train_ppo` gets no `key`; with
+    - `eval`, `video`: the sub-configs.
+    - `seed`: the run's seed, used when the driver gets no `key`; with
       `n_seeds > 1`, seeds `seed .. seed+n_seeds-1` are trained together by
       one vmapped program.
     - `checkpoint_every_steps`: cadence of `checkpoint_fn` calls.
@@ -331,7 +363,6 @@ class TrainConfig:
     - `progress`: show a progress bar.
     """
 
-    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     video: VideoConfig = dataclasses.field(default_factory=VideoConfig)
     seed: int = 17
@@ -341,11 +372,31 @@ class TrainConfig:
     progress: bool = True
 
     def free_on_resume(self) -> frozenset[str]:
-        """The fields a resumed run may change; `ppo` is checked field by field."""
-        return DRIVER_FREE_ON_RESUME
+        """The fields a resumed run may change: all but `n_seeds` (the learner's
+        config is checked field by field)."""
+        return frozenset(
+            {"eval", "video", "seed", "checkpoint_every_steps", "log_every_steps"}
+            | {"progress"}
+        )
 
     def __post_init__(self):
-        check_config_types(self, ppo=PPOConfig, eval=EvalConfig, video=VideoConfig)
+        check_config_types(self, eval=EvalConfig, video=VideoConfig)
         check_positive_ints(self, "n_seeds", "checkpoint_every_steps")
         if self.log_every_steps is not None:
             check_positive_ints(self, "log_every_steps")
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(DriverConfig):
+    """Everything `train_ppo` needs besides the env and the network: the
+    [`eqx_ppo.PPOConfig`][] as `ppo`, and the driver's settings (see
+    [`eqx_ppo.DriverConfig`][]: `eval`, `video`, `seed`, `n_seeds`,
+    `checkpoint_every_steps`, `log_every_steps`, `progress`).
+    """
+
+    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+
+    def __post_init__(self):
+        check_config_types(self, ppo=PPOConfig)
+        super().__post_init__()

@@ -7,7 +7,7 @@ observation for truncation bootstrapping.
 """
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -146,6 +146,185 @@ class StepCarry(NamedTuple):
     net_state: State
 
 
+TRAINING_FIELDS = (
+    "obs",
+    "key",
+    "output",
+    "reward",
+    "done",
+    "truncated",
+    "env_metrics",
+    "net_metrics",
+    "extras",
+)
+"""The `Transition` fields a training rollout keeps."""
+
+
+class SaveAt(eqx.Module):
+    """What [`run_episodes`][eqx_ppo.ppo.run_episodes] keeps of every step,
+    stacked to `[T, n_envs, ...]` (the same idea as Diffrax's `SaveAt`).
+
+    **Fields:**
+
+    - `transitions`: the names of the [`eqx_ppo.ppo.Transition`][] fields to
+      keep; the others come back as `None` (and are never computed).
+      `"terminal_obs"` is the observation before an auto-reset.
+    - `env_states`: the env state before every step (what `env.render` takes).
+    - `activations`: every recorded layer's output (the network must record,
+      see [`eqx_ppo.with_recording`][]).
+    """
+
+    transitions: tuple[str, ...] = eqx.field(static=True, default=())
+    env_states: bool = eqx.field(static=True, default=False)
+    activations: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        unknown = sorted(set(self.transitions) - set(Transition._fields))
+        if unknown:
+            raise ValueError(
+                f"SaveAt(transitions=...): unknown fields {unknown}; choose from "
+                f"{Transition._fields}."
+            )
+
+
+class Steps(NamedTuple):
+    """What `run_episodes` returns besides the last carry, per step `[T, ...]`.
+
+    - `transitions`: a `Transition` with the saved fields (others `None`).
+    - `env_states`: the env states before each step, or `None`.
+    - `activations`: the recorded activations, or `None`.
+    - `finished`: `Bool[T, n_envs]`, whether an env's first episode of this
+      run had already ended before the step (to mask steps after it).
+    """
+
+    transitions: Transition
+    env_states: Any
+    activations: Any
+    finished: Bool[Array, "time env"]
+
+
+def start_episodes(
+    env: Any, network: AbstractStatefulModule, key: PRNGKeyArray, n_envs: int
+) -> StepCarry:
+    """Fresh envs (`env.reset` with `env_keys(key, n_envs)`) and initial carries."""
+    env_state = jax.vmap(env.reset)(env_keys(key, n_envs))
+    return StepCarry(env_state, network.initialize_state(n_envs))
+
+
+def run_fresh_episodes(
+    env: Any,
+    network: AbstractStatefulModule,
+    key: PRNGKeyArray,
+    *,
+    n_envs: int,
+    length: int,
+    reset: Literal["cached", "fresh", "none"],
+    save: SaveAt,
+) -> Steps:
+    """`run_episodes` from fresh envs: `key` is split into `(reset, run)`, the
+    envs start from `start_episodes(..., reset, n_envs)` and run with `run`.
+    Evaluation, activation recording and videos use it."""
+    reset_key, run_key = jax.random.split(key)
+    start = start_episodes(env, network, reset_key, n_envs)
+    _, steps = run_episodes(
+        env, network, start, run_key, length=length, reset=reset, save=save
+    )
+    return steps
+
+
+def run_episodes(
+    env: Any,
+    network: AbstractStatefulModule,
+    carry: StepCarry,
+    key: PRNGKeyArray,
+    *,
+    length: int,
+    reset: Literal["cached", "fresh", "none"],
+    save: SaveAt,
+    axis_name: str | None = None,
+) -> tuple[StepCarry, Steps]:
+    """The one episode runner: `length` steps of every env, keeping `save`.
+
+    Training rollouts, evaluation, activation recording and videos all run
+    through it. After every `env.step`, an env whose `done` is set gets a
+    start state *and* its carry reset, by the same mask (`reset="cached"`:
+    start states drawn once per call; `"fresh"`: `env.reset` at every step),
+    or runs on untouched (`reset="none"`, for single-episode evaluation; mask
+    with `Steps.finished`).
+
+    **Keys.** `key` is split into `(cache, steps, fresh)`; step `t` uses
+    `steps_t = split(steps, length)[t]`, and env `i` acts with
+    `env_keys(steps_t, n_envs)[i]` (stored as `Transition.key`). Cached
+    start states come from `env_keys(cache, n_envs)`, fresh ones at step `t`
+    from `env_keys(split(fresh, length)[t], n_envs)`. Under `jax.shard_map`
+    with `axis_name`, `carry` holds this device's envs and they draw their
+    keys from the split for all envs.
+    """
+    n_envs = jnp.shape(carry.env_state.done)[0]
+
+    def keys_of(k):
+        return shard_env_keys(k, n_envs, axis_name)
+
+    cache_key, keys_key, fresh_key = jax.random.split(key, 3)
+    step_keys = jax.random.split(keys_key, length)
+    start_states = (
+        jax.vmap(env.reset)(keys_of(cache_key)) if reset == "cached" else None
+    )
+    reset_keys = jax.random.split(fresh_key, length) if reset == "fresh" else None
+    keep = set(save.transitions)
+
+    def step(c, xs):
+        (env_state, net_state), finished = c
+        step_key, reset_key = xs
+        net_keys = keys_of(step_key)
+        out = apply_network(network, net_state, env_state.obs, None, net_keys)
+        _check_output(out.output, env_state.reward)
+        next_env = _step_envs(env, env_state, out.output.actions)
+        done = jnp.asarray(next_env.done).astype(bool)
+        transition = Transition(
+            obs=env_state.obs,
+            key=net_keys,
+            output=out.output,
+            reward=next_env.reward,
+            done=done,
+            truncated=truncation_flag(next_env) & done,
+            terminal_obs=next_env.obs,
+            env_metrics=next_env.metrics,
+            net_metrics=out.metrics,
+            extras=out.extras,
+        )
+        saved = Steps(
+            transitions=Transition(
+                **{k: v if k in keep else None for k, v in transition._asdict().items()}
+            ),
+            env_states=env_state if save.env_states else None,
+            activations=_activations(out.metrics) if save.activations else None,
+            finished=finished,
+        )
+        next_net = out.next_state
+        if reset != "none":
+            starts = (
+                start_states
+                if reset == "cached"
+                else jax.vmap(env.reset)(keys_of(reset_key))
+            )
+            next_env = tree_select(done, starts, next_env)
+            next_net = reset_carry(network, done, next_net)
+        return (StepCarry(next_env, next_net), finished | done), saved
+
+    finished = jnp.zeros(n_envs, bool)
+    (carry, _), steps = jax.lax.scan(
+        step, (carry, finished), (step_keys, reset_keys), length=length
+    )
+    return carry, steps
+
+
+def _activations(metrics: Any) -> Any:
+    from ..recording import extract_activations
+
+    return extract_activations(metrics)
+
+
 def rollout(
     env: Any,
     network: AbstractStatefulModule,
@@ -157,68 +336,26 @@ def rollout(
     keep_terminal_obs: bool,
     axis_name: str | None = None,
 ) -> tuple[StepCarry, Transition]:
-    """`length` steps of every env with auto-reset; returns stacked transitions.
-
-    Under `jax.shard_map` with `axis_name`, `carry` holds this device's envs and
-    they draw their keys from the split for all envs (see `Transition.key`).
-    """
-    n_envs = jnp.shape(carry.env_state.done)[0]
-
-    def keys_of(k):
-        return shard_env_keys(k, n_envs, axis_name)
-
-    cache_key, keys_key, fresh_key = jax.random.split(key, 3)
-    step_keys = jax.random.split(keys_key, length)
-    if reset_mode == "cached":
-        start_states = jax.vmap(env.reset)(keys_of(cache_key))
-        reset_keys = None
-    else:
-        start_states = None
-        reset_keys = jax.random.split(fresh_key, length)
-
-    def step(c: StepCarry, xs):
-        step_key, reset_key = xs
-        net_keys = keys_of(step_key)
-        out = apply_network(network, c.net_state, c.env_state.obs, None, net_keys)
-        _check_output(out.output, c.env_state.reward)
-        next_env = _step_envs(env, c.env_state, out.output.actions)
-        done = jnp.asarray(next_env.done).astype(bool)
-        transition = Transition(
-            obs=c.env_state.obs,
-            key=net_keys,
-            output=out.output,
-            reward=next_env.reward,
-            done=done,
-            truncated=truncation_flag(next_env) & done,
-            terminal_obs=next_env.obs if keep_terminal_obs else None,
-            env_metrics=next_env.metrics,
-            net_metrics=out.metrics,
-            extras=out.extras,
-        )
-        starts = (
-            start_states
-            if reset_key is None
-            else jax.vmap(env.reset)(keys_of(reset_key))
-        )
-        next_env = tree_select(done, starts, next_env)
-        next_net = reset_carry(network, done, out.next_state)
-        return StepCarry(next_env, next_net), transition
-
-    return jax.lax.scan(step, carry, (step_keys, reset_keys), length=length)
+    """A training rollout: [`run_episodes`][eqx_ppo.ppo.run_episodes] with
+    auto-reset, keeping the training transitions (`terminal_obs` too when
+    `keep_terminal_obs`, for truncation bootstrapping)."""
+    fields = TRAINING_FIELDS + (("terminal_obs",) if keep_terminal_obs else ())
+    carry, steps = run_episodes(
+        env,
+        network,
+        carry,
+        key,
+        length=length,
+        reset=reset_mode,
+        save=SaveAt(transitions=fields),
+        axis_name=axis_name,
+    )
+    return carry, steps.transitions
 
 
-class _EvalCarry(NamedTuple):
-    env_state: Any
-    net_state: State
-    finished: Bool[Array, " env"]
-    returns: PyTree[Float[Array, " env"]]
-    lifespan: Float[Array, " env"]
-    sums: dict[str, Any]
-
-
-def _mask_leaf(alive: Bool[Array, " env"], x: Array) -> Array:
+def _mask_leaf(alive: Bool[Array, "..."], x: Array) -> Array:
     x = jnp.asarray(x, jnp.float32)
-    return jnp.where(alive.reshape(alive.shape + (1,) * (x.ndim - 1)), x, 0.0)
+    return jnp.where(alive.reshape(alive.shape + (1,) * (x.ndim - alive.ndim)), x, 0.0)
 
 
 def eval_rollout(
@@ -239,79 +376,56 @@ def eval_rollout(
     `lifespan` (steps before `done`, counting the final step), and with
     `NETWORK_METRICS` / `ENV_METRICS` the per-episode mean of each network /
     env metric, reduced over units and envs (`eval/net/...`, `eval/env/...`).
+
+    **Keys.** As in [`eqx_ppo.ppo.run_fresh_episodes`][]: `key` is split
+    into `(reset, run)`, the envs start from `env_keys(reset, n_envs)` and
+    [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
     check_key("eval_rollout", key)
-    reset_key, net_key = jax.random.split(key)
-    env_state = jax.vmap(env.reset)(env_keys(reset_key, n_envs))
-    net_state = network.initialize_state(n_envs)
-    step_keys = jax.random.split(net_key, max_episode_length)
-    log_net = LoggingLevel.NETWORK_METRICS in logging_level
-    log_env = LoggingLevel.ENV_METRICS in logging_level
-
-    def collect(out_metrics, env_metrics):
-        sums = {}
-        if log_net:
-            sums["net"] = out_metrics
-        if log_env:
-            sums["env"] = env_metrics
-        return sums
-
-    def step(c: _EvalCarry, step_key):
-        out = apply_network(
-            network, c.net_state, c.env_state.obs, None, env_keys(step_key, n_envs)
-        )
-        _check_output(out.output, c.env_state.reward)
-        next_env = _step_envs(env, c.env_state, out.output.actions)
-        alive = ~c.finished
-        returns = jax.tree.map(
-            lambda total, r: total + _mask_leaf(alive, r), c.returns, next_env.reward
-        )
-        sums = jax.tree.map(
-            lambda total, m: total + _mask_leaf(alive, m),
-            c.sums,
-            collect(out.metrics, next_env.metrics),
-        )
-        finished = c.finished | jnp.asarray(next_env.done).astype(bool)
-        lifespan = c.lifespan + alive.astype(jnp.float32)
-        return _EvalCarry(
-            next_env, out.next_state, finished, returns, lifespan, sums
-        ), None
-
-    probe = jax.eval_shape(
-        lambda: collect(
-            apply_network(
-                network, net_state, env_state.obs, None, env_keys(net_key, n_envs)
-            ).metrics,
-            env_state.metrics,
-        )
+    groups = {"net": "net_metrics", "env": "env_metrics"}
+    wanted = {
+        "net": LoggingLevel.NETWORK_METRICS in logging_level,
+        "env": LoggingLevel.ENV_METRICS in logging_level,
+    }
+    fields = ("reward",) + tuple(groups[g] for g, on in wanted.items() if on)
+    steps = run_fresh_episodes(
+        env,
+        network,
+        key,
+        n_envs=n_envs,
+        length=max_episode_length,
+        reset="none",
+        save=SaveAt(transitions=fields),
     )
-    init = _EvalCarry(
-        env_state,
-        net_state,
-        jnp.zeros(n_envs, bool),
-        jax.tree.map(lambda r: jnp.zeros(jnp.shape(r), jnp.float32), env_state.reward),
-        jnp.zeros(n_envs, jnp.float32),
-        jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), probe),
+    alive = ~steps.finished
+    returns = jax.tree.map(
+        lambda r: jnp.sum(_mask_leaf(alive, r), axis=0), steps.transitions.reward
     )
-    final, _ = jax.lax.scan(step, init, step_keys)
+    lifespan = jnp.sum(alive.astype(jnp.float32), axis=0)
+    sums = {
+        group: jax.tree.map(
+            lambda m: jnp.sum(_mask_leaf(alive, m), axis=0),
+            getattr(steps.transitions, groups[group]),
+        )
+        for group, on in wanted.items()
+        if on
+    }
 
     metrics: dict[str, Array] = {}
-    total = sum(jax.tree.leaves(final.returns))
+    total = sum(jax.tree.leaves(returns))
     metrics["eval/episode_reward/mean"] = jnp.mean(total)
     metrics["eval/episode_reward/std"] = jnp.std(total)
     if logging_percentiles:
         ps = jnp.percentile(total, jnp.asarray(logging_percentiles, jnp.float32))
         for level, p in zip(logging_percentiles, ps, strict=True):
             metrics[f"eval/episode_reward/p{level:g}"] = p
-    if isinstance(final.returns, Mapping):
-        reduce_metric(
-            metrics, "eval/episode_reward", final.returns, logging_percentiles
-        )
-    reduce_metric(metrics, "eval/lifespan", final.lifespan, logging_percentiles)
-    denominator = jnp.maximum(final.lifespan, 1.0)
+    if isinstance(returns, Mapping):
+        reduce_metric(metrics, "eval/episode_reward", returns, logging_percentiles)
+    reduce_metric(metrics, "eval/lifespan", lifespan, logging_percentiles)
+    denominator = jnp.maximum(lifespan, 1.0)
     episode_means = jax.tree.map(
         lambda s: s / denominator.reshape(denominator.shape + (1,) * (s.ndim - 1)),
-        final.sums,
+        sums,
     )
     for group, value in episode_means.items():
         reduce_metric(metrics, f"eval/{group}", value, logging_percentiles)
@@ -338,29 +452,16 @@ def record_activations_rollout(
     ...]`. Memory: `max_episode_length * n_envs * (sum of all units)` floats
     stay on the device; shrink `n_envs` or the length on a small GPU.
     """
-    from ..recording import extract_activations, with_recording
+    from ..recording import with_recording
 
     recorder = eqx.nn.inference_mode(with_recording(network))
-    reset_key, net_key = jax.random.split(key)
-    env_state = jax.vmap(env.reset)(env_keys(reset_key, n_envs))
-    net_state = recorder.initialize_state(n_envs)
-    finished = jnp.zeros(n_envs, bool)
-
-    def step(c, step_key):
-        env_state, net_state, finished = c
-        out = apply_network(
-            recorder, net_state, env_state.obs, None, env_keys(step_key, n_envs)
-        )
-        next_env = _step_envs(env, env_state, out.output.actions)
-        now_finished = finished | jnp.asarray(next_env.done).astype(bool)
-        return (next_env, out.next_state, now_finished), (
-            extract_activations(out.metrics),
-            finished,
-        )
-
-    _, (activations, dones) = jax.lax.scan(
-        step,
-        (env_state, net_state, finished),
-        jax.random.split(net_key, max_episode_length),
+    steps = run_fresh_episodes(
+        env,
+        recorder,
+        key,
+        n_envs=n_envs,
+        length=max_episode_length,
+        reset="none",
+        save=SaveAt(activations=True),
     )
-    return activations, dones
+    return steps.activations, steps.finished

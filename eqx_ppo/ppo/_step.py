@@ -1,7 +1,10 @@
-"""The training state and the pure functions of training: `ppo_init`, `ppo_step`
-and `ppo_run`.
+"""The training state and the pure functions of training: `init`, `step` (and
+their PPO shortcuts `ppo_init`, `ppo_step`) and `ppo_run`.
 
-They are pure functions of pytrees. Networks hold non-array leaves (activation
+`init` and `step` take a learner (`_learner.py`), which says which module
+acts, what the replay batch is and what the loss is; everything else (the
+rollout, minibatches, the optimiser, statistics, metrics) is shared. They are
+pure functions of pytrees. Networks hold non-array leaves (activation
 functions, inference flags), so use Equinox's filtered transforms:
 `eqx.filter_jit` them, `eqx.filter_vmap` them over keys (seeds) or over
 `PPOConfig` coefficients; `ppo_run` is the `lax.scan` of `ppo_step` (it scans
@@ -10,6 +13,7 @@ only the array leaves). `ppo_step` also runs data-parallel under
 """
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -22,8 +26,8 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._module import AbstractStatefulModule, State, trainable
-from ._config import PPOConfig
-from ._loss import ppo_loss
+from ._config import LearnerConfig, PPOConfig
+from ._learner import PPO, AbstractLearner, Minibatch
 from ._rollout import StepCarry, env_keys, rollout
 from ._sharding import gather_envs, pmean
 from ._validate import check_key
@@ -34,10 +38,12 @@ class TrainingState(eqx.Module):
 
     **Fields:**
 
-    - `network`: the network (parameters and statistics).
+    - `network`: the trained network (parameters and statistics).
     - `opt_state`: the optax state of the trainable leaves.
     - `env_state`: the batched env states `[n_envs, ...]`.
-    - `net_state`: the batched network carries `[n_envs, ...]`.
+    - `carry`: the batched carries `[n_envs, ...]` of the module that acts in
+      the rollout: the network's own for PPO, `{"student": ...,
+      "teacher": ...}` for distillation.
     - `key`: the run's PRNG key.
     - `iteration`, `steps`: int32 counters (iterations done, env steps taken).
 
@@ -45,22 +51,52 @@ class TrainingState(eqx.Module):
     their env axis and the others are replicated.
     """
 
-    env_fields: ClassVar[tuple[str, ...]] = ("env_state", "net_state")
+    env_fields: ClassVar[tuple[str, ...]] = ("env_state", "carry")
 
     network: AbstractStatefulModule
     opt_state: PyTree
     env_state: Any
-    net_state: State
+    carry: State
     key: PRNGKeyArray
     iteration: Int[Array, ""]
     steps: Int[Array, ""]
 
+    @property
+    def net_state(self) -> State:
+        """Deprecated name of `carry` (PPO states)."""
+        _renamed("net_state", "carry")
+        return self.carry
 
-def _learning_rate(config: PPOConfig):
-    updates_per_run = config.n_iterations * config.n_epochs * config.n_minibatches
+    @property
+    def student(self) -> AbstractStatefulModule:
+        """Deprecated name of `network` (distillation states)."""
+        _renamed("student", "network")
+        return self.network
 
+    @property
+    def student_state(self) -> State:
+        """Deprecated name of `carry["student"]` (distillation states)."""
+        _renamed("student_state", 'carry["student"]')
+        return self.carry["student"]
+
+    @property
+    def teacher_state(self) -> State:
+        """Deprecated name of `carry["teacher"]` (distillation states)."""
+        _renamed("teacher_state", 'carry["teacher"]')
+        return self.carry["teacher"]
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(
+        f"TrainingState.{old} is deprecated; use TrainingState.{new}.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def _learning_rate(config: LearnerConfig):
     def schedule(count):
-        progress = jnp.minimum(count / updates_per_run, 1.0)
+        progress = jnp.minimum(count / config.n_updates, 1.0)
         if config.lr_schedule == "linear":
             scale = 1.0 - progress
         elif config.lr_schedule == "cosine":
@@ -72,7 +108,7 @@ def _learning_rate(config: PPOConfig):
     return schedule
 
 
-def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+def make_optimizer(config: LearnerConfig) -> optax.GradientTransformation:
     """Adam (or AdamW with `weight_decay`), optional global-norm clipping and the
     learning-rate schedule, all read from `config`.
 
@@ -110,6 +146,35 @@ def _raveled(inner: optax.GradientTransformation) -> optax.GradientTransformatio
     return optax.GradientTransformation(init, update)
 
 
+def init(
+    env: Any,
+    network: AbstractStatefulModule,
+    learner: AbstractLearner,
+    *,
+    key: PRNGKeyArray,
+) -> TrainingState:
+    """A fresh training state: reset envs, initial carries, optimiser state.
+
+    The carry is the acting module's (`learner.acting`), so building it also
+    checks that the learner can act with `network` on `env`.
+    """
+    check_key("init", key)
+    config = learner.config
+    reset_key, key = jax.random.split(key)
+    env_state = jax.vmap(env.reset)(env_keys(reset_key, config.n_envs))
+    acting = learner.acting(network, env_state.obs)
+    params = eqx.filter(network, trainable(network))
+    return TrainingState(
+        network=network,
+        opt_state=make_optimizer(config).init(params),
+        env_state=env_state,
+        carry=acting.initialize_state(config.n_envs),
+        key=key,
+        iteration=jnp.zeros((), jnp.int32),
+        steps=jnp.zeros((), jnp.int32),
+    )
+
+
 def ppo_init(
     env: Any,
     network: AbstractStatefulModule,
@@ -117,20 +182,9 @@ def ppo_init(
     *,
     key: PRNGKeyArray,
 ) -> TrainingState:
-    """A fresh training state: reset envs, initial carries, optimiser state."""
+    """`init` with the [`eqx_ppo.PPO`][] learner."""
     check_key("ppo_init", key)
-    reset_key, key = jax.random.split(key)
-    env_state = jax.vmap(env.reset)(env_keys(reset_key, config.n_envs))
-    params = eqx.filter(network, trainable(network))
-    return TrainingState(
-        network=network,
-        opt_state=make_optimizer(config).init(params),
-        env_state=env_state,
-        net_state=network.initialize_state(config.n_envs),
-        key=key,
-        iteration=jnp.zeros((), jnp.int32),
-        steps=jnp.zeros((), jnp.int32),
-    )
+    return init(env, network, PPO(config), key=key)
 
 
 def _permutations(
@@ -210,9 +264,8 @@ def gradient_phase(
 
     `minibatch_loss(params, idx)` returns `(loss, metrics)` for the envs at
     positions `idx` of this device's batch. Gradients are averaged over
-    `axis_name` when running on a mesh. Shared by PPO and
-    distillation; `config` supplies `n_epochs`, `n_minibatches` and
-    `logging_level`.
+    `axis_name` when running on a mesh; `config` supplies `n_epochs`,
+    `n_minibatches` and `logging_level`.
 
     With `target_kl`, the loss metrics' `loss/approx_kl` (the minibatch's KL
     from the rollout policy, before its update) stops the loop: from the first
@@ -259,6 +312,85 @@ def gradient_phase(
     return params, opt_state, metrics
 
 
+def step(
+    env: Any,
+    learner: AbstractLearner,
+    state: TrainingState,
+    *,
+    axis_name: str | None = None,
+) -> tuple[TrainingState, dict[str, Array]]:
+    """One iteration: rollout of the acting module, `n_epochs * n_minibatches`
+    gradient steps on the learner's loss, then `update_statistics` of the
+    network with its rollout extras. Returns scalar metrics.
+
+    With `axis_name`, this is the body of a data-parallel step under
+    `jax.shard_map` (`eqx_ppo.shard_step` sets it up): `state.env_state`
+    and `state.carry` hold this device's envs, everything else is
+    replicated. Envs get the keys they would get on one device; each device
+    shuffles its own envs into minibatches; gradients are averaged over
+    devices (`pmean`); statistics are updated from every device's extras
+    (`all_gather`), and metrics are whole-batch values, so the replicated
+    results stay identical on every device.
+    """
+    config = learner.config
+    key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
+    carry, data = rollout(
+        env,
+        learner.acting(state.network, state.env_state.obs),
+        StepCarry(state.env_state, state.carry),
+        rollout_key,
+        length=config.rollout_length,
+        reset_mode=config.reset_mode,
+        keep_terminal_obs=learner.keep_terminal_obs,
+        axis_name=axis_name,
+    )
+    batch = learner.replay_batch(state.network, data)
+    final_obs = carry.env_state.obs
+    params, static = eqx.partition(state.network, trainable(state.network))
+
+    def minibatch_loss(p, idx):
+        minibatch = Minibatch(
+            jax.tree.map(lambda x: x[idx], state.carry),
+            jax.tree.map(lambda x: x[:, idx], batch),
+            jax.tree.map(lambda x: x[idx], final_obs),
+        )
+        return learner.loss(eqx.combine(p, static), minibatch, axis_name=axis_name)
+
+    params, opt_state, loss_metrics = gradient_phase(
+        minibatch_loss,
+        params,
+        state.opt_state,
+        make_optimizer(config),
+        shuffle_key,
+        n_local_envs=jnp.shape(data.done)[1],
+        config=config,
+        axis_name=axis_name,
+        target_kl=learner.target_kl,
+    )
+    all_data = gather_envs(data._replace(key=None), axis_name)
+    network = eqx.combine(params, static).update_statistics(
+        learner.network_extras(all_data.extras)
+    )
+    metrics = iteration_metrics(
+        config,
+        loss_metrics,
+        all_data,
+        params,
+        net_prefix=learner.metrics_prefix,
+        rollout_outputs=learner.logs_rollout_outputs,
+    )
+    new_state = TrainingState(
+        network=network,
+        opt_state=opt_state,
+        env_state=carry.env_state,
+        carry=carry.net_state,
+        key=key,
+        iteration=state.iteration + 1,
+        steps=state.steps + config.steps_per_iteration,
+    )
+    return new_state, metrics
+
+
 def ppo_step(
     env: Any,
     config: PPOConfig,
@@ -266,68 +398,8 @@ def ppo_step(
     *,
     axis_name: str | None = None,
 ) -> tuple[TrainingState, dict[str, Array]]:
-    """One iteration: rollout, `n_epochs * n_minibatches` gradient steps, then
-    `update_statistics` with the rollout's extras. Returns scalar metrics.
-
-    With `axis_name`, this is the body of a data-parallel step under
-    `jax.shard_map` (`eqx_ppo.shard_step` sets it up): `state.env_state`
-    and `state.net_state` hold this device's envs, everything else is
-    replicated. Envs get the keys they would get on one device; each device
-    shuffles its own envs into minibatches; gradients are averaged over
-    devices (`pmean`); advantages are normalised with whole-minibatch moments;
-    statistics are updated from every device's extras (`all_gather`), and
-    metrics are whole-batch values, so the replicated results stay identical
-    on every device.
-    """
-    key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-    carry, data = rollout(
-        env,
-        state.network,
-        StepCarry(state.env_state, state.net_state),
-        rollout_key,
-        length=config.rollout_length,
-        reset_mode=config.reset_mode,
-        keep_terminal_obs=config.truncation == "bootstrap",
-        axis_name=axis_name,
-    )
-    final_obs = carry.env_state.obs
-    optimizer = make_optimizer(config)
-    params, static = eqx.partition(state.network, trainable(state.network))
-
-    def minibatch_loss(p, idx):
-        return ppo_loss(
-            eqx.combine(p, static),
-            jax.tree.map(lambda x: x[idx], state.net_state),
-            jax.tree.map(lambda x: x[:, idx], data),
-            jax.tree.map(lambda x: x[idx], final_obs),
-            config,
-            axis_name=axis_name,
-        )
-
-    params, opt_state, loss_metrics = gradient_phase(
-        minibatch_loss,
-        params,
-        state.opt_state,
-        optimizer,
-        shuffle_key,
-        n_local_envs=jnp.shape(data.done)[1],
-        config=config,
-        axis_name=axis_name,
-        target_kl=config.target_kl,
-    )
-    all_data = gather_envs(data._replace(key=None), axis_name)
-    network = eqx.combine(params, static).update_statistics(all_data.extras)
-    metrics = iteration_metrics(config, loss_metrics, all_data, params)
-    new_state = TrainingState(
-        network=network,
-        opt_state=opt_state,
-        env_state=carry.env_state,
-        net_state=carry.net_state,
-        key=key,
-        iteration=state.iteration + 1,
-        steps=state.steps + config.steps_per_iteration,
-    )
-    return new_state, metrics
+    """`step` with the [`eqx_ppo.PPO`][] learner: one PPO iteration."""
+    return step(env, PPO(config), state, axis_name=axis_name)
 
 
 def scan_steps(
@@ -398,7 +470,7 @@ def iteration_metrics(
 ) -> dict[str, Array]:
     """An iteration's scalar metrics, chosen by `config.logging_level`.
 
-    Shared by PPO and distillation: the gradient phase's loss metrics (their
+    Every learner's: the gradient phase's loss metrics (their
     mean over updates, or percentiles), then the rollout's env and network
     metrics (the latter under `net_prefix`), batch statistics and weights.
     `rollout_outputs` adds the rollout's log-likelihoods and values

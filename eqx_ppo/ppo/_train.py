@@ -18,7 +18,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -30,7 +30,8 @@ from jaxtyping import Array, Key, PRNGKeyArray
 from ..checkpoint import register_template
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule
-from ._config import TrainConfig
+from ._config import DriverConfig, LearnerConfig, TrainConfig
+from ._learner import PPO, AbstractLearner
 from ._rollout import eval_rollout
 from ._sharding import (
     ENV_AXIS,
@@ -40,7 +41,7 @@ from ._sharding import (
     shard_state,
     to_local,
 )
-from ._step import TrainingState, ppo_init, ppo_step, scan_steps
+from ._step import TrainingState, init, scan_steps, step
 from ._validate import (
     check_callbacks,
     check_initial_state,
@@ -105,6 +106,28 @@ def _build_network(
     )
 
 
+def init_states(
+    env: Any,
+    networks: NetworkOrFactory,
+    learner: AbstractLearner,
+    config: DriverConfig,
+    *,
+    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
+) -> TrainingState:
+    """The initial training state of every seed (stacked when `n_seeds > 1`),
+    for `learner`; `key` as in [`eqx_ppo.train`][] (`None`: from
+    `config.seed`)."""
+    return _init_states(env, networks, learner, config, key, "init_states", "networks")
+
+
+def _init_states(env, networks, learner, config, key, where, networks_arg):
+    def one(init_key, train_key):
+        network = _build_network(networks, init_key, f"{where}({networks_arg}=...)")
+        return init(env, network, learner, key=train_key)
+
+    return init_seeds(one, seed_keys(where, key, config))
+
+
 def init_state(
     env: Any,
     networks: NetworkOrFactory,
@@ -112,17 +135,11 @@ def init_state(
     *,
     key: PRNGKeyArray | Key[Array, " seed"] | None = None,
 ) -> TrainingState:
-    """The initial training state of every seed (stacked when `n_seeds > 1`).
-
-    `key` is the run's key as in [`eqx_ppo.train_ppo`][]; `None` derives it
-    from `config.seed`.
-    """
-
-    def one(init_key, train_key):
-        network = _build_network(networks, init_key)
-        return ppo_init(env, network, config.ppo, key=train_key)
-
-    return init_seeds(one, seed_keys("init_state", key, config))
+    """The initial PPO training state of every seed (stacked when
+    `n_seeds > 1`); `key` as in [`eqx_ppo.train_ppo`][]."""
+    return _init_states(
+        env, networks, PPO(config.ppo), config, key, "train_ppo", "networks"
+    )
 
 
 register_template(
@@ -292,58 +309,111 @@ def train_ppo(
       device, so checkpoints load on any number of devices.
     """
     config = TrainConfig() if config is None else config
+    hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
+    return _train(env, networks, PPO(config.ppo), config, key, hosts, "train_ppo")
+
+
+def train(
+    env: Any,
+    networks: NetworkOrFactory,
+    learner: AbstractLearner,
+    config: DriverConfig,
+    *,
+    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
+    log_fn: Callable[[dict[str, Any], int], None] | None = None,
+    video_fn: Callable[[VideoData], None] | None = None,
+    checkpoint_fn: Callable[[TrainingState, int], None] | None = None,
+    eval_env: Any = None,
+    initial_state: TrainingState | None = None,
+    mesh: Mesh | None = None,
+) -> TrainResult:
+    """Train `networks` with any learner: the driver behind `train_ppo` and
+    `train_distillation`.
+
+    `learner` is an [`eqx_ppo.AbstractLearner`][] (e.g. `eqx_ppo.PPO(ppo_config)`)
+    and `config` a [`eqx_ppo.DriverConfig`][] (a `TrainConfig` works: its
+    `ppo` field is then ignored in favour of `learner.config`). The other
+    arguments are [`eqx_ppo.train_ppo`][]'s.
+    """
+    hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
+    return _train(env, networks, learner, config, key, hosts, "train")
+
+
+class _Hosts(NamedTuple):
+    """The host-side arguments every driver entry point passes on."""
+
+    log_fn: Callable[[dict[str, Any], int], None] | None
+    video_fn: Callable[[VideoData], None] | None
+    checkpoint_fn: Callable[[TrainingState, int], None] | None
+    eval_env: Any
+    initial_state: TrainingState | None
+    mesh: Mesh | None
+
+
+def _train(
+    env: Any,
+    networks: NetworkOrFactory,
+    learner: AbstractLearner,
+    config: DriverConfig,
+    key: PRNGKeyArray | Key[Array, " seed"] | None,
+    hosts: _Hosts,
+    where: str,
+    networks_arg: str = "networks",
+) -> TrainResult:
+    """`train`, with error messages naming the entry point `where` and its
+    network argument `networks_arg`."""
     check_callbacks(
-        "train_ppo", log_fn=log_fn, video_fn=video_fn, checkpoint_fn=checkpoint_fn
+        where,
+        log_fn=hosts.log_fn,
+        video_fn=hosts.video_fn,
+        checkpoint_fn=hosts.checkpoint_fn,
     )
-    if mesh is not None:
-        check_mesh(mesh, config.ppo.n_envs, config.ppo.n_minibatches, where="train_ppo")
-    keys = seed_keys("train_ppo", key, config)
-    check_initial_state(
-        "train_ppo", initial_state, lambda: init_state(env, networks, config, key=key)
-    )
-    state = (
-        init_state(env, networks, config, key=key)
-        if initial_state is None
-        else initial_state
-    )
-    return run_training(
-        jax.tree_util.Partial(ppo_step, env, config.ppo),
+    iteration = learner.config
+    if hosts.mesh is not None:
+        check_mesh(hosts.mesh, iteration.n_envs, iteration.n_minibatches, where=where)
+    keys = seed_keys(where, key, config)
+
+    def fresh():
+        return _init_states(env, networks, learner, config, key, where, networks_arg)
+
+    check_initial_state(where, hosts.initial_state, fresh)
+    state = fresh() if hosts.initial_state is None else hosts.initial_state
+    return _drive(
+        jax.tree_util.Partial(step, env, learner),
         state,
         keys,
         config,
-        config.ppo,
-        network_of=lambda s: s.network,
-        eval_env=env if eval_env is None else eval_env,
-        log_fn=log_fn,
-        video_fn=video_fn,
-        checkpoint_fn=checkpoint_fn,
-        mesh=mesh,
+        iteration,
+        eval_env=env if hosts.eval_env is None else hosts.eval_env,
+        log_fn=hosts.log_fn,
+        video_fn=hosts.video_fn,
+        checkpoint_fn=hosts.checkpoint_fn,
+        mesh=hosts.mesh,
     )
 
 
-def run_training(
+def _drive(
     step_fn: Callable[[Any], tuple[Any, dict[str, Array]]],
     state: Any,
     keys: Key[Array, " seed"],
-    config: Any,
-    algorithm: Any,
+    config: DriverConfig,
+    iteration_config: LearnerConfig,
     *,
-    network_of: Callable[[Any], AbstractStatefulModule],
     eval_env: Any,
     log_fn: Callable[[dict[str, Any], int], None] | None,
     video_fn: Callable[[VideoData], None] | None,
     checkpoint_fn: Callable[[Any, int], None] | None,
     mesh: Mesh | None = None,
 ) -> TrainResult:
-    """The driver loop shared by `train_ppo` and `train_distillation`.
+    """The host loop of [`eqx_ppo.train`][]: compiled chunks between host events.
 
     `step_fn` is a pytree callable (`jax.tree_util.Partial`) `state -> (state,
     metrics)`; `keys` are the seed keys (evaluation and video draw from them);
     `config` provides the driver settings (`eval`, `video`, `n_seeds`,
     `checkpoint_every_steps`, `log_every_steps`, `progress`) and
-    `algorithm` the run length and logging (`steps_per_iteration`,
+    `iteration_config` the run length and logging (`steps_per_iteration`,
     `n_iterations`, `total_steps`, `logging_level`, `check_finite`);
-    `network_of(state)` is the network to evaluate and render. `mesh` (checked
+    `state.network` is the network to evaluate and render. `mesh` (checked
     by the caller) places the state on the mesh and runs the chunks sharded.
     """
     if mesh is not None:
@@ -353,8 +423,8 @@ def run_training(
     # a checkpoint does not depend on the mesh it was written from.
     local = (lambda tree: tree) if mesh is None else to_local
     n_seeds = config.n_seeds
-    spi = algorithm.steps_per_iteration
-    total_iterations = algorithm.n_iterations
+    spi = iteration_config.steps_per_iteration
+    total_iterations = iteration_config.n_iterations
 
     eval_every = _period(config.eval.every_steps, spi) if config.eval.enabled else None
     ckpt_every = (
@@ -381,11 +451,11 @@ def run_training(
     iteration = int(np.max(jax.device_get(state.iteration)))
     start_iteration = iteration
     progress = _progress(
-        config.progress and main, iteration * spi, algorithm.total_steps
+        config.progress and main, iteration * spi, iteration_config.total_steps
     )
 
     def run_eval(step: int) -> dict[str, Any]:
-        network = local(network_of(state))
+        network = local(state.network)
         if n_seeds == 1:
             metrics = _evaluate(eval_env, network, evaluation_keys[0], config.eval)
         else:
@@ -406,7 +476,7 @@ def run_training(
         if main and due(eval_every, it):
             metrics = {**metrics, **run_eval(step)}
         if main and due(video_every, it):
-            network = local(network_of(state))
+            network = local(state.network)
             video_key = jax.random.fold_in(evaluation_keys[0], step)
             _record_video(eval_env, network, config, video_fn, video_key, step)
         if due(ckpt_every, it):
@@ -431,7 +501,7 @@ def run_training(
         state, chunk_metrics = _run_chunk(static, state, jnp.asarray(n_active))
         chunk_metrics = jax.device_get(chunk_metrics)
         elapsed = time.perf_counter() - t0
-        if algorithm.check_finite:
+        if iteration_config.check_finite:
             _raise_if_nonfinite(chunk_metrics, iteration, n_active, n_seeds)
             # The flags are for the driver; log_fn gets the metrics only.
             chunk_metrics = {
@@ -440,7 +510,7 @@ def run_training(
         for i in range(n_active):
             it = iteration + i + 1
             metrics = _host(chunk_metrics, n_seeds, index=i)
-            if LoggingLevel.THROUGHPUT in algorithm.logging_level:
+            if LoggingLevel.THROUGHPUT in iteration_config.logging_level:
                 metrics["throughput/train_sps"] = n_active * spi * n_seeds / elapsed
             if i == n_active - 1:
                 metrics = host_events(it, metrics)

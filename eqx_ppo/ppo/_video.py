@@ -1,4 +1,4 @@
-"""A single-env deterministic rollout kept step by step, for rendering."""
+"""A single-env deterministic episode kept step by step, for rendering."""
 
 from typing import Any
 
@@ -7,55 +7,41 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from ..nn._module import AbstractStatefulModule, reset_where
+from ..nn._module import AbstractStatefulModule
+from ._rollout import SaveAt, run_fresh_episodes
 
 
 @eqx.filter_jit
-def _scan_episode(env, network, length: int, key: PRNGKeyArray):
-    reset_key, net_key = jax.random.split(key)
-
-    def step(carry, k):
-        env_state, net_state, total, steps, ended = carry
-        k, next_reset_key = jax.random.split(k)
-        out = network(net_state, env_state.obs, key=k)
-        next_env = env.step(env_state, out.output.actions)
-        done = jnp.asarray(next_env.done).astype(bool)
-        alive = ~ended
-        total = total + jnp.where(alive, sum(jax.tree.leaves(next_env.reward)), 0.0)
-        steps = steps + alive.astype(jnp.int32)
-        # Episodes continue past `done` in the video: env and carry reset
-        # together, exactly as in training.
-        next_env = jax.tree.map(
-            lambda a, b: jnp.where(done, a, b), env.reset(next_reset_key), next_env
-        )
-        net_state = reset_where(network, done, out.next_state)
-        return (next_env, net_state, total, steps, ended | done), env_state
-
-    init = (
-        env.reset(reset_key),
-        network.initial_state(),
-        jnp.zeros((), jnp.float32),
-        jnp.zeros((), jnp.int32),
-        jnp.zeros((), bool),
+def _episode(env, network, length: int, key: PRNGKeyArray):
+    # Episodes continue past `done` in the video: env and carry reset
+    # together, exactly as in training.
+    steps = run_fresh_episodes(
+        env,
+        network,
+        key,
+        n_envs=1,
+        length=length,
+        reset="fresh",
+        save=SaveAt(transitions=("reward",), env_states=True),
     )
-    (_, _, total, steps, _), states = jax.lax.scan(
-        step, init, jax.random.split(net_key, length)
-    )
-    return states, total, steps
+    alive = ~steps.finished[:, 0]
+    reward = sum(jax.tree.leaves(steps.transitions.reward))[:, 0]
+    total = jnp.sum(jnp.where(alive, reward, 0.0))
+    states = jax.tree.map(lambda x: x[:, 0], steps.env_states)
+    return states, total, jnp.sum(alive.astype(jnp.int32))
 
 
 def rollout_for_video(
     env: Any, network: AbstractStatefulModule, length: int, key: PRNGKeyArray
 ) -> tuple[list[Any], Any, Any]:
-    """Run `length` steps in inference mode; return what `env.render` takes.
+    """Run `length` steps of one env in inference mode; return what
+    `env.render` takes, and the first episode's return and length.
 
     Playground envs (states with a `data` field) get the list of env states;
-    Brax and built-in envs get the list of `pipeline_state`s. Also returns the
-    first episode's return and length.
+    Brax and built-in envs get the list of `pipeline_state`s. `key` is used
+    as in [`eqx_ppo.ppo.run_fresh_episodes`][].
     """
-    states, total, steps = _scan_episode(
-        env, eqx.nn.inference_mode(network), length, key
-    )
+    states, total, steps = _episode(env, eqx.nn.inference_mode(network), length, key)
     trajectory = states if hasattr(states, "data") else states.pipeline_state
     frames_input = [
         jax.tree.map(lambda x, i=i: x[i], trajectory) for i in range(length)

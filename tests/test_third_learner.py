@@ -1,0 +1,121 @@
+"""A third algorithm is one file: a config, a learner, and the shared driver.
+
+The learner here is advantage actor-critic (A2C: the policy gradient with a
+learned baseline, no ratio clipping), written only against the public engine.
+"""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import eqx_ppo
+from eqx_ppo.ppo import replay
+
+
+@eqx_ppo.register_config
+class A2CConfig(eqx_ppo.LearnerConfig):
+    gamma: jax.Array = eqx.field(
+        converter=lambda v: jnp.asarray(v, jnp.float32), default=0.9
+    )
+    value_weight: jax.Array = eqx.field(
+        converter=lambda v: jnp.asarray(v, jnp.float32), default=0.5
+    )
+
+
+@eqx_ppo.register_config
+@dataclasses.dataclass(frozen=True)
+class A2CTrainConfig(eqx_ppo.DriverConfig):
+    a2c: A2CConfig = dataclasses.field(default_factory=A2CConfig)
+
+
+class A2C(eqx_ppo.AbstractLearner):
+    config: A2CConfig
+
+    def acting(self, network, obs):
+        del obs
+        return network
+
+    def loss(self, network, batch, *, axis_name=None):
+        del axis_name
+        rep = replay(network, *batch, bootstrap_truncation=False)
+        data = batch.data
+        values = rep.output.value_estimates
+        advantages = eqx_ppo.gae(
+            data.reward,
+            jax.lax.stop_gradient(values),
+            jax.lax.stop_gradient(rep.next_values),
+            data.done,
+            data.truncated,
+            gamma=self.config.gamma,
+            lambda_=1.0,
+        )
+        policy = -jnp.mean(sum(jax.tree.leaves(rep.output.loglikelihoods)) * advantages)
+        value = 0.5 * jnp.mean(
+            jnp.square(values - jax.lax.stop_gradient(values + advantages))
+        )
+        total = policy + self.config.value_weight * value + jnp.mean(rep.regularization)
+        return total, {"loss/total": total, "losses/value": value}
+
+
+ENV = eqx_ppo.envs.make("move_to_center")
+
+
+def networks(key):
+    return eqx_ppo.make_mlp_actor_critic(2, 2, (16,), (16,), key=key)
+
+
+def config(total_steps=4096, n_seeds=4):
+    return A2CTrainConfig(
+        a2c=A2CConfig(
+            n_envs=32,
+            rollout_length=8,
+            total_steps=total_steps,
+            n_epochs=1,
+            n_minibatches=1,
+            learning_rate=3e-3,
+            gamma=0.9,
+        ),
+        eval=eqx_ppo.EvalConfig(
+            every_steps=total_steps, n_envs=16, max_episode_length=20
+        ),
+        n_seeds=n_seeds,
+        progress=False,
+    )
+
+
+def test_a_third_learner_trains_on_the_shared_driver():
+    run = config()
+    first = eqx_ppo.train(ENV, networks, A2C(run.a2c), run, key=jax.random.key(0))
+    returns = np.asarray(first.eval_history[-1]["eval/episode_reward/mean"])
+    before = np.asarray(first.eval_history[0]["eval/episode_reward/mean"])
+    assert returns.shape == (4,)
+    # Each seed against its own start (initial returns vary widely). Measured
+    # over keys 0, 77 and 1000: median gains 4.2-7.0, at most one seed lost 0.5.
+    gains = returns - before
+    assert np.median(gains) > 2.0
+    assert np.sum(gains > 0) >= 3
+    assert "losses/value/mean" in first.final_metrics
+
+
+def test_a_third_learners_checkpoint_resumes(tmp_path):
+    run = config(total_steps=512, n_seeds=1)
+    eqx_ppo.train(
+        ENV,
+        networks,
+        A2C(run.a2c),
+        run,
+        checkpoint_fn=eqx_ppo.make_checkpoint_fn(tmp_path, run),
+    )
+    header = eqx_ppo.read_header(tmp_path)
+    assert header.config == run
+    state = eqx_ppo.load_checkpoint(
+        tmp_path,
+        like=lambda c: eqx_ppo.init_states(ENV, networks, A2C(c.a2c), c),
+        config=dataclasses.replace(run, progress=True),
+    )
+    longer = dataclasses.replace(run, a2c=dataclasses.replace(run.a2c, total_steps=768))
+    result = eqx_ppo.train(ENV, networks, A2C(longer.a2c), longer, initial_state=state)
+    assert int(result.training_state.steps) == 768
