@@ -345,7 +345,11 @@ def _record(args: argparse.Namespace) -> int:
 
     run_dir, run, env, network, _ = _load_for_analysis(args.checkpoint)
     activations, dones = record_activations_rollout(
-        env, network, args.n_envs, args.episode_length, jax.random.key(args.seed)
+        env,
+        network,
+        n_envs=args.n_envs,
+        max_episode_length=args.episode_length,
+        key=jax.random.key(args.seed),
     )
     flat = {
         "/".join(

@@ -20,7 +20,9 @@ def test_record_activations_rollout_shapes_masking_and_original_untouched(getkey
     env = eqx_ppo.envs.make("recall")  # 5-step episodes, terminated by the env
     net = eqx_ppo.make_lstm_actor_critic(2, 1, 8, key=getkey(), actor_hidden_sizes=[6])
     before = jax.tree.map(jnp.copy, eqx.filter(net, eqx.is_array))
-    acts, dones = eqx_ppo.record_activations_rollout(env, net, 3, 8, getkey())
+    acts, dones = eqx_ppo.record_activations_rollout(
+        env, net, n_envs=3, max_episode_length=8, key=getkey()
+    )
     assert dones.shape == (8, 3)
     # Pre-step flag: the 5-step episode is over from step 5 on, not before.
     np.testing.assert_array_equal(np.asarray(dones[:, 0]), [0, 0, 0, 0, 0, 1, 1, 1])
@@ -35,8 +37,12 @@ def test_record_activations_rollout_shapes_masking_and_original_untouched(getkey
     # Inference mode: the action is the mean, so its log-likelihood is the
     # density at the mode, and a rerun with the same key repeats exactly.
     key = jax.random.key(7)
-    a1, _ = eqx_ppo.record_activations_rollout(env, net, 3, 8, key)
-    a2, _ = eqx_ppo.record_activations_rollout(env, net, 3, 8, key)
+    a1, _ = eqx_ppo.record_activations_rollout(
+        env, net, n_envs=3, max_episode_length=8, key=key
+    )
+    a2, _ = eqx_ppo.record_activations_rollout(
+        env, net, n_envs=3, max_episode_length=8, key=key
+    )
     assert _trees_equal(a1, a2)
 
 
@@ -52,7 +58,9 @@ def test_eval_net_metrics_are_episode_means():
         logging_level=eqx_ppo.LoggingLevel.NETWORK_METRICS,
         logging_percentiles=(100,),
     )
-    acts, dones = eqx_ppo.record_activations_rollout(env, net, 4, 5, jax.random.key(1))
+    acts, dones = eqx_ppo.record_activations_rollout(
+        env, net, n_envs=4, max_episode_length=5, key=jax.random.key(1)
+    )
     hidden = acts[1]["value"][0]  # [T, N, 4]
     # eval/net reports percentiles of the per-episode MEAN activation, not peaks.
     episode_mean = np.asarray(hidden).mean(axis=0)

@@ -100,5 +100,5 @@ def test_registering_two_classes_of_one_name_is_refused():
 
 
 def test_an_unknown_config_type_in_a_header_is_named():
-    with pytest.raises(CheckpointError, match="Unknown config type 'Nope'"):
+    with pytest.raises(CheckpointError, match="config: unknown config type 'Nope'"):
         config_from_dict({"_type": "Nope"})

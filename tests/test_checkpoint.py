@@ -397,6 +397,34 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
         ckpt.load_checkpoint(path, env=env, networks=recurrent)
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda h: h.pop("config"), r"unreadable or incomplete \(KeyError: 'config'\)"),
+        (
+            lambda h: h["config"]["ppo"]["logging_level"]["flags"].append("LOUD"),
+            r"config\.ppo\.logging_level: unknown LoggingLevel flag 'LOUD'",
+        ),
+        (
+            lambda h: h["config"]["ppo"].update(n_envs=0),
+            r"config\.ppo: the saved PPOConfig is invalid: PPOConfig\(n_envs=0\)",
+        ),
+        (
+            lambda h: h["config"]["ppo"].pop("_type"),
+            r"config\.ppo: a sub-config saved without its \"_type\"",
+        ),
+    ],
+    ids=["no-config", "unknown-flag", "invalid-value", "no-type"],
+)
+def test_malformed_header_names_the_file_and_field(saved, tmp_path, edit, message):
+    path, _ = copy(saved, tmp_path)
+    header = json.loads((path / "header.json").read_text())
+    edit(header)
+    (path / "header.json").write_text(json.dumps(header))
+    with pytest.raises(ckpt.CheckpointError, match=rf"header\.json.*{message}"):
+        ckpt.read_header(path)
+
+
 def test_wrong_version_or_missing_header_is_refused(saved, tmp_path):
     path, _ = copy(saved, tmp_path)
     env, networks, _ = small_setup()
@@ -481,7 +509,11 @@ def test_crash_mid_save_keeps_previous_checkpoint(saved, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(ckpt, "write_header", fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"step_000000008 failed \(OSError: disk full\).*earlier checkpoint.*"
+        r"is intact",
+    ):
         ckpt.save_checkpoint(directory, state, config=config, step=8, keep=1)
     monkeypatch.undo()
     assert sorted(p.name for p in directory.iterdir()) == [path.name]

@@ -384,3 +384,30 @@ def test_train_keys_are_checked(unchecked, getkey):
         train_ppo(ENV, mlp, config, key=keys)
     with pytest.raises(TypeError, match=r"train_ppo\(key=0\): expected a PRNG key"):
         train_ppo(ENV, mlp, config, key=0)
+
+
+@pytest.mark.parametrize("state", [(), {0: ()}], ids=["tuple", "missing-layer"])
+def test_container_state_must_come_from_initialize_state(unchecked, getkey, state):
+    net = mlp(getkey())  # a Sequential of a normaliser and a PPOAdapter
+    with pytest.raises(
+        TypeError, match=r"`Sequential`: the state must be the dict .*initial_state\(\)"
+    ):
+        net(state, jnp.zeros(2), key=getkey())
+
+
+def test_record_activations_rollout_takes_keywords(getkey):
+    from eqx_ppo import record_activations_rollout
+
+    net, key = mlp(getkey()), getkey()
+    acts, dones = record_activations_rollout(
+        ENV, net, n_envs=2, max_episode_length=3, key=key
+    )
+    with pytest.warns(DeprecationWarning, match="pass n_envs=, max_episode_length="):
+        old_acts, old_dones = record_activations_rollout(ENV, net, 2, 3, key)
+    assert jnp.array_equal(dones, old_dones)
+    assert all(
+        jnp.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(acts), jax.tree.leaves(old_acts), strict=True)
+    )
+    with pytest.raises(TypeError, match=r"missing keyword arguments \['key'\]"):
+        record_activations_rollout(ENV, net, n_envs=2, max_episode_length=3)

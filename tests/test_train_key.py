@@ -20,12 +20,14 @@ def networks(key):
     return eqx_ppo.make_mlp_actor_critic(2, 2, (8,), (8,), key=key)
 
 
-def config(seed=0, n_seeds=1):
+def config(seed=0, n_seeds=1, evaluate=False):
     return eqx_ppo.TrainConfig(
         ppo=eqx_ppo.PPOConfig(
             n_envs=4, rollout_length=4, total_steps=32, n_minibatches=2, n_epochs=1
         ),
-        eval=eqx_ppo.EvalConfig(every_steps=32, n_envs=2, max_episode_length=5),
+        eval=eqx_ppo.EvalConfig(
+            enabled=evaluate, every_steps=32, n_envs=2, max_episode_length=5
+        ),
         seed=seed,
         n_seeds=n_seeds,
         progress=False,
@@ -47,8 +49,10 @@ def data(x):
 
 
 def test_key_equals_the_seed_it_replaces():
-    by_seed = eqx_ppo.train_ppo(ENV, networks, config(seed=5))
-    by_key = eqx_ppo.train_ppo(ENV, networks, config(seed=0), key=jax.random.key(5))
+    by_seed = eqx_ppo.train_ppo(ENV, networks, config(seed=5, evaluate=True))
+    by_key = eqx_ppo.train_ppo(
+        ENV, networks, config(seed=0, evaluate=True), key=jax.random.key(5)
+    )
     # Same program, same keys: bit-identical state and eval metrics.
     assert same(by_seed.training_state, by_key.training_state)
     assert by_seed.eval_history == by_key.eval_history

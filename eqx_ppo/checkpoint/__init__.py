@@ -227,13 +227,17 @@ def read_header(path: str | os.PathLike) -> CheckpointHeader:
             "state_bytes": int(raw["state_bytes"]),
             "state_sha256": str(raw["state_sha256"]),
         }
+        saved_config = raw["config"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"{path / HEADER} is unreadable or incomplete ({type(e).__name__}: "
             f"{e}); the checkpoint is corrupted."
         ) from e
     _check_versions(path, fields["format_version"], fields["library_version"])
-    config = None if raw["config"] is None else config_from_dict(raw["config"])
+    try:
+        config = None if saved_config is None else config_from_dict(saved_config)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path / HEADER}: {e}") from e
     return CheckpointHeader(path=path, config=config, **fields)
 
 

@@ -114,35 +114,57 @@ def _encode(value: Any, where: str) -> Any:
 def config_from_dict(data: dict[str, Any]) -> Any:
     """The config that [`config_to_dict`][] turned into `data`.
 
-    Fields missing from `data` take their defaults; unknown fields raise.
+    Fields missing from `data` take their defaults. Anything else that does
+    not rebuild (an unknown type, field or flag, a sub-config without its
+    `"_type"`, a value the config refuses) raises a [`CheckpointError`][]
+    naming the field.
     """
-    return _decode(data)
+    return _decode(data, "config")
 
 
-def _decode(value: Any) -> Any:
+def _decode(value: Any, where: str) -> Any:
     if isinstance(value, list):
-        return tuple(_decode(v) for v in value)
+        return tuple(_decode(v, f"{where}[{i}]") for i, v in enumerate(value))
     if not isinstance(value, dict):
         return value
     kind = value.get("_type")
     if kind is None:
-        return {k: _decode(v) for k, v in value.items()}
+        return {k: _decode(v, f"{where}[{k!r}]") for k, v in value.items()}
     cls = _TYPES.get(kind)
     if cls is None:
-        raise CheckpointError(f"Unknown config type {kind!r} in checkpoint header.")
+        raise CheckpointError(f"{where}: unknown config type {kind!r}.")
     if issubclass(cls, enum.Flag):
         flags = cls(0)
-        for name in value["flags"]:
+        for name in value.get("flags", ()):
+            if name not in cls.__members__:
+                raise CheckpointError(
+                    f"{where}: unknown {kind} flag {name!r}; known flags: "
+                    f"{sorted(cls.__members__)}."
+                )
             flags |= cls[name]
         return flags
-    fields = {k: _decode(v) for k, v in value.items() if k != "_type"}
-    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+    fields = {k: _decode(v, f"{where}.{k}") for k, v in value.items() if k != "_type"}
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - set(known))
     if unknown:
         raise CheckpointError(
-            f"The saved {kind} has fields {unknown} this version of eqx_ppo does "
-            "not know; it was written by a newer version."
+            f"{where}: the saved {kind} has fields {unknown} this version of "
+            "eqx_ppo does not know; it was written by a newer version."
         )
-    return cls(**fields)
+    for name, field_value in fields.items():
+        if isinstance(field_value, dict) and _is_config_field(known[name]):
+            raise CheckpointError(
+                f'{where}.{name}: a sub-config saved without its "_type".'
+            )
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: the saved {kind} is invalid: {e}") from e
+
+
+def _is_config_field(field: dataclasses.Field) -> bool:
+    factory = field.default_factory
+    return factory is not dataclasses.MISSING and type(factory()).__name__ in _TYPES
 
 
 def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:

@@ -128,6 +128,13 @@ def write_atomically(
             _remove(final)
         os.replace(tmp, final)
         _fsync_dir(directory)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"Saving {final} failed ({type(e).__name__}: {e}); the half-written "
+            f"copy was removed and every earlier checkpoint in {directory} is "
+            "intact. Free space or fix the folder, then save again."
+        ) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

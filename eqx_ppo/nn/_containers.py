@@ -124,6 +124,22 @@ def _replay_children(
     return SequenceOutput(last, outputs, loss)
 
 
+def _check_state(container: str, state: Any, names: Iterable[Any]) -> None:
+    """A container's carry is a dict by child; say how to build one otherwise."""
+    missing = (
+        list(names)
+        if not isinstance(state, Mapping)
+        else [n for n in names if n not in state]
+    )
+    if missing:
+        seen = type(state).__name__ if not isinstance(state, Mapping) else sorted(state)
+        raise TypeError(
+            f"`{container}`: the state must be the dict of its children's carries "
+            f"(keys {list(names)}), got {seen!r}. Build it with "
+            "`net.initial_state()` (one env) or `net.initialize_state(batch_size)`."
+        )
+
+
 def _check_has_keys(container: str, x: Any, names: Iterable[str]) -> None:
     if not isinstance(x, Mapping):
         raise TypeError(
@@ -190,6 +206,7 @@ class Sequential(AbstractStatefulModule):
         *,
         key: PRNGKeyArray | None = None,
     ) -> StatefulModuleOutput:
+        _check_state("Sequential", state, range(len(self.layers)))
         extras = _child_extras(extras, range(len(self.layers)))
         keys = route_keys(key, self.layers)
         next_state, metrics, new_extras = {}, {}, {}
@@ -280,6 +297,7 @@ class _AbstractNamedContainer(AbstractStatefulModule):
         *,
         key: PRNGKeyArray | None = None,
     ) -> StatefulModuleOutput:
+        _check_state(type(self).__name__, state, self.modules)
         out = _run_children(self.modules, state, self._child_inputs(x), extras, key)
         return out._replace(output=self._combine(out.output))
 

@@ -6,6 +6,7 @@ mask, before the next step. The transition keeps the pre-reset (terminal)
 observation for truncation bootstrapping.
 """
 
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -435,11 +436,17 @@ def eval_rollout(
 def record_activations_rollout(
     env: Any,
     network: AbstractStatefulModule,
-    n_envs: int,
-    max_episode_length: int,
-    key: PRNGKeyArray,
+    *positional: Any,
+    n_envs: int | None = None,
+    max_episode_length: int | None = None,
+    key: PRNGKeyArray | None = None,
 ) -> tuple[PyTree[Array], Bool[Array, "time env"]]:
     """Run one deterministic episode per env and stack every layer's activations.
+
+    Call it as `record_activations_rollout(env, network, *, n_envs,
+    max_episode_length, key)`, like [`eqx_ppo.eval_rollout`][]. The old
+    positional form `(env, network, n_envs, max_episode_length, key)` still
+    works for one release, with a `DeprecationWarning`.
 
     `network` is copied with [`eqx_ppo.with_recording`][] and put in inference
     mode; the original is untouched. Envs are **not** reset mid-rollout: each
@@ -454,6 +461,10 @@ def record_activations_rollout(
     """
     from ..recording import with_recording
 
+    n_envs, max_episode_length, key = _keyword_only(
+        positional, n_envs=n_envs, max_episode_length=max_episode_length, key=key
+    )
+    check_key("record_activations_rollout", key)
     recorder = eqx.nn.inference_mode(with_recording(network))
     steps = run_fresh_episodes(
         env,
@@ -465,3 +476,33 @@ def record_activations_rollout(
         save=SaveAt(activations=True),
     )
     return steps.activations, steps.finished
+
+
+def _keyword_only(positional: tuple, **given: Any) -> tuple:
+    """`record_activations_rollout`'s arguments, given by keyword or (deprecated)
+    by position."""
+    names = list(given)
+    if positional:
+        if len(positional) > len(names) or any(
+            given[n] is not None for n in names[: len(positional)]
+        ):
+            raise TypeError(
+                "record_activations_rollout(env, network, *, n_envs, "
+                "max_episode_length, key): pass these three by keyword."
+            )
+        warnings.warn(
+            "record_activations_rollout(env, network, n_envs, max_episode_length, "
+            "key) is deprecated: pass n_envs=, max_episode_length= and key= by "
+            "keyword, as eval_rollout takes them.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        given.update(zip(names, positional, strict=False))
+    missing = [n for n in names if given[n] is None]
+    if missing:
+        raise TypeError(
+            f"record_activations_rollout: missing keyword arguments {missing}; "
+            "call it as record_activations_rollout(env, network, n_envs=..., "
+            "max_episode_length=..., key=...)."
+        )
+    return tuple(given[n] for n in names)
