@@ -18,7 +18,7 @@ import numpy as np
 from . import envs
 from .logging import JSONLLogger, LoggingLevel
 from .nn import make_lstm_actor_critic, make_mlp_actor_critic
-from .ppo import EvalConfig, PPOConfig, TrainConfig, train_ppo
+from .ppo import EvalConfig, PPOConfig, TrainConfig, select_seed, train_ppo
 
 DEFAULT_ENV = "move_to_center"
 
@@ -35,27 +35,78 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with every default, except `None` and on/off switches."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+RESUMABLE_FLAGS = frozenset({"--resume", "--steps", "--no-progress"})
+"""The `train` flags a resumed run honours; the run's `run.json` fixes the rest."""
+
+
+class CLIError(Exception):
+    """A mistake in the command line: printed as one line, exit status 2."""
+
+
+def _env_kwargs(text: str) -> dict[str, Any]:
+    """`k=v,k=v` -> a dict; each value is read as JSON if it parses (numbers,
+    `true`/`false`), else kept as a string."""
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(
+                f"expected name=value pairs like backend=spring; got {item!r}"
+            )
+        try:
+            kwargs[name] = json.loads(value)
+        except ValueError:
+            kwargs[name] = value
+    return kwargs
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eqx-ppo", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train a policy and write a run folder")
+    train = sub.add_parser(
+        "train", help="train a policy and write a run folder", formatter_class=_Defaults
+    )
     train.add_argument(
         "--env",
         default=DEFAULT_ENV,
         help=f"built-in env ({', '.join(envs.registered_names())}) "
-        "or brax:<name> / gymnax:<name>; default %(default)s",
+        "or brax:<name> / gymnax:<name>",
     )
-    train.add_argument("--steps", type=int, default=300_000, help="env steps")
-    train.add_argument("--n-envs", type=int, default=128)
-    train.add_argument("--rollout-length", type=int, default=20)
+    train.add_argument(
+        "--env-kwargs",
+        type=_env_kwargs,
+        default=None,
+        metavar="K=V,...",
+        help="options for the env, e.g. backend=spring for brax:inverted_pendulum "
+        "(the environments guide lists each backend's)",
+    )
+    train.add_argument(
+        "--steps",
+        type=int,
+        default=300_000,
+        help="env steps in all (with --resume: train on up to this many)",
+    )
+    train.add_argument("--n-envs", type=int, default=128, help="parallel envs")
+    train.add_argument(
+        "--rollout-length", type=int, default=20, help="steps per env per iteration"
+    )
     train.add_argument(
         "--seeds",
         type=int,
         default=1,
         help="train this many seeds in one vmapped program",
     )
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0, help="the first seed")
     train.add_argument(
         "--hidden",
         type=_sizes,
@@ -69,10 +120,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="LSTM_SIZE",
         help="use an LSTM policy with this many units",
     )
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--entropy-weight", type=float, default=1e-2)
-    train.add_argument("--minibatches", type=int, default=4)
-    train.add_argument("--epochs", type=int, default=4)
+    train.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    train.add_argument(
+        "--entropy-weight", type=float, default=1e-2, help="entropy bonus weight"
+    )
+    train.add_argument(
+        "--minibatches", type=int, default=4, help="minibatches per epoch"
+    )
+    train.add_argument("--epochs", type=int, default=4, help="epochs per iteration")
     train.add_argument(
         "--eval-every",
         type=int,
@@ -89,24 +144,38 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         type=pathlib.Path,
         default=None,
-        help="continue the run in this folder from its latest checkpoint",
+        help="continue the run in this folder from its latest checkpoint; only "
+        "--steps and --no-progress may be given with it",
     )
-    train.add_argument("--no-progress", action="store_true")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     for name, text in (
         ("eval", "evaluate a checkpoint"),
         ("record", "record activations of a checkpoint"),
     ):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, formatter_class=_Defaults)
         p.add_argument(
             "--checkpoint",
             type=pathlib.Path,
             required=True,
             help="a run folder or one checkpoint folder in it",
         )
-        p.add_argument("--n-envs", type=int, default=16)
-        p.add_argument("--episode-length", type=int, default=200)
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--n-envs", type=int, default=16, help="episodes, one per env")
+        p.add_argument(
+            "--episode-length",
+            type=int,
+            default=None,
+            help="steps per env (default: the env's own episode limit)",
+        )
+        p.add_argument(
+            "--seed",
+            type=int,
+            default=0,
+            help="which of a multi-seed run's seeds (0 .. seeds-1)",
+        )
+        p.add_argument(
+            "--eval-seed", type=int, default=0, help="seed of the episodes' randomness"
+        )
         if name == "record":
             p.add_argument(
                 "--out",
@@ -170,6 +239,11 @@ def train_config(run: dict[str, Any], progress: bool) -> TrainConfig:
     )
 
 
+def _make_env(run: dict[str, Any]) -> Any:
+    """The env a run's `run.json` names, with its `--env-kwargs`."""
+    return envs.make(run["env"], **run.get("env_kwargs", {}))
+
+
 def _episode_length(env: Any) -> int:
     return int(getattr(env, "max_len", 0) or 1000)
 
@@ -179,13 +253,24 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         out = args.resume
+        refused = sorted(args.given - RESUMABLE_FLAGS)
+        if refused:
+            raise CLIError(
+                f"--resume {out}: {', '.join(refused)} cannot change a run (its "
+                "settings are in run.json); drop them, or start a new run with --out."
+            )
+        if not (out / "run.json").is_file():
+            raise CLIError(f"--resume {out}: no run.json there; not a run folder.")
+        if latest_checkpoint(out / "checkpoints") is None:
+            raise CLIError(f"--resume {out}: the run has no checkpoint to resume from.")
         run = json.loads((out / "run.json").read_text())
         run["steps"] = max(run["steps"], args.steps)
-        (out / "run.json").write_text(json.dumps(run, indent=2))
     else:
-        env_probe = envs.make(args.env)
+        env_kwargs = args.env_kwargs or {}
+        env_probe = envs.make(args.env, **env_kwargs)
         run = {
             "env": args.env,
+            "env_kwargs": env_kwargs,
             "steps": args.steps,
             "n_envs": args.n_envs,
             "rollout_length": args.rollout_length,
@@ -202,10 +287,16 @@ def _train(args: argparse.Namespace) -> int:
         }
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = args.out or pathlib.Path("runs") / f"{args.env.replace(':', '_')}-{stamp}"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "run.json").write_text(json.dumps(run, indent=2))
-    env = envs.make(run["env"])
+        if (out / "metrics.jsonl").exists():
+            raise CLIError(
+                f"{out} already holds a run; continue it with --resume {out}, or "
+                "pass another --out."
+            )
+    env = _make_env(run)
+    # Built before anything is written: bad flags leave no folder behind.
     config = train_config(run, progress=not args.no_progress)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(run, indent=2))
 
     def networks(key):
         return build_network(run, env, key)
@@ -217,7 +308,8 @@ def _train(args: argparse.Namespace) -> int:
             latest, env=env, networks=networks, config=config
         )
         print(f"resuming from {latest}")
-    metrics_log = JSONLLogger(out / "metrics.jsonl")
+    resuming = args.resume is not None
+    metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
     print(
         f"training {run['env']} for {run['steps']:,} steps "
         f"({run['seeds']} seed(s), {run['n_envs']} envs) -> {out}"
@@ -236,7 +328,7 @@ def _train(args: argparse.Namespace) -> int:
             "pass a larger --steps to continue."
         )
         return 0
-    eval_log = JSONLLogger(out / "eval.jsonl")
+    eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
     for record in result.eval_history:
         eval_log({k: v for k, v in record.items() if k != "step"}, record["step"])
     history = [
@@ -288,17 +380,29 @@ def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:
     plt.close(fig)
 
 
-def _load_for_analysis(path: pathlib.Path):
+def _load_for_analysis(path: pathlib.Path, seed: int):
     from .checkpoint import latest_checkpoint, load_checkpoint
 
     run_dir = path if (path / "run.json").exists() else path.parent.parent
+    if not (run_dir / "run.json").is_file():
+        raise CLIError(
+            f"--checkpoint {path}: not a run folder or a checkpoint inside one "
+            "(no run.json found)."
+        )
     run = json.loads((run_dir / "run.json").read_text())
+    if not 0 <= seed < run["seeds"]:
+        raise CLIError(
+            f"--seed {seed}: the run trained {run['seeds']} seed(s); pass 0 .. "
+            f"{run['seeds'] - 1}."
+        )
     checkpoint = (
         latest_checkpoint(path / "checkpoints")
         if (path / "checkpoints").exists()
         else path
     )
-    env = envs.make(run["env"])
+    if checkpoint is None:
+        raise CLIError(f"--checkpoint {path}: the run has no checkpoint yet.")
+    env = _make_env(run)
     config = train_config(run, progress=False)
     state = load_checkpoint(
         checkpoint,
@@ -308,9 +412,7 @@ def _load_for_analysis(path: pathlib.Path):
     )
     network = state.network
     if run["seeds"] > 1:
-        network = jax.tree.map(
-            lambda x: x[0] if isinstance(x, jax.Array) else x, network
-        )
+        network = select_seed(network, seed)
     return run_dir, run, env, network, checkpoint
 
 
@@ -319,20 +421,20 @@ def _eval(args: argparse.Namespace) -> int:
 
     from .ppo import eval_rollout
 
-    _, run, env, network, checkpoint = _load_for_analysis(args.checkpoint)
+    _, run, env, network, checkpoint = _load_for_analysis(args.checkpoint, args.seed)
     metrics = eqx.filter_jit(
         eval_rollout,
     )(
         env,
         eqx.nn.inference_mode(network),
-        jax.random.key(args.seed),
+        jax.random.key(args.eval_seed),
         n_envs=args.n_envs,
-        max_episode_length=args.episode_length,
+        max_episode_length=args.episode_length or run["episode_length"],
         logging_percentiles=(0, 50, 100),
     )
     print(
         f"{checkpoint} ({run['env']}"
-        + (f", seed 0 of {run['seeds']}" if run["seeds"] > 1 else "")
+        + (f", seed {args.seed} of {run['seeds']}" if run["seeds"] > 1 else "")
         + ")"
     )
     for k, v in sorted(metrics.items()):
@@ -343,13 +445,14 @@ def _eval(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from .ppo import record_activations_rollout
 
-    run_dir, run, env, network, _ = _load_for_analysis(args.checkpoint)
+    run_dir, run, env, network, _ = _load_for_analysis(args.checkpoint, args.seed)
+    length = args.episode_length or run["episode_length"]
     activations, dones = record_activations_rollout(
         env,
         network,
         n_envs=args.n_envs,
-        max_episode_length=args.episode_length,
-        key=jax.random.key(args.seed),
+        max_episode_length=length,
+        key=jax.random.key(args.eval_seed),
     )
     flat = {
         "/".join(
@@ -358,21 +461,35 @@ def _record(args: argparse.Namespace) -> int:
         for path, leaf in jax.tree_util.tree_leaves_with_path(activations)
     }
     out = args.out or run_dir / "activations.npz"
-    np.savez_compressed(out, dones=np.asarray(dones), **flat)
+    dones = np.asarray(dones)
+    np.savez_compressed(out, dones=dones, **flat)
     print(
-        f"recorded {len(flat)} layers over {args.episode_length} steps x "
-        f"{args.n_envs} envs -> {out}"
+        f"recorded {len(flat)} layers over {length} steps x {args.n_envs} envs -> {out}"
     )
     for name, value in flat.items():
-        print(f"  {name}: shape {value.shape}, peak |a| {np.abs(value).max():.3f}")
+        peak = live_peak(value, dones)
+        print(f"  {name}: shape {value.shape}, peak |a| over live steps {peak:.3f}")
     return 0
+
+
+def live_peak(value: np.ndarray, dones: np.ndarray) -> float:
+    """The largest `|activation|` over the steps before each env's episode
+    ended (`dones[t, i]` marks steps after it, as the recording guide masks)."""
+    live = ~dones.reshape(dones.shape + (1,) * (value.ndim - 2))
+    return float(np.abs(np.where(live, value, 0.0)).max())
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `eqx-ppo` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.given = {a.split("=")[0] for a in argv[1:] if a.startswith("--")}
     commands = {"train": _train, "eval": _eval, "record": _record}
-    return commands[args.command](args)
+    try:
+        return commands[args.command](args)
+    except CLIError as e:
+        print(f"eqx-ppo {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

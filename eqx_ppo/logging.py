@@ -107,14 +107,22 @@ def per_seed_columns(metrics: Metrics) -> dict[str, float]:
 
 
 class JSONLLogger:
-    """Appends one JSON object per call to `path`: `{"step": ..., **metrics}`.
+    """Writes one JSON object per call to `path`: `{"step": ..., **metrics}`.
 
     Non-finite values are written as `null`, so every line is strict JSON;
-    multi-seed values stay lists.
+    multi-seed values stay lists. A log is one run's: if `path` already holds
+    lines (an earlier run's), construction raises a `FileExistsError` naming
+    it, unless `append=True` (e.g. when resuming that run), which adds to it.
     """
 
-    def __init__(self, path: str | pathlib.Path):
+    def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
+        if not append and self.path.exists() and self.path.stat().st_size > 0:
+            raise FileExistsError(
+                f"JSONLLogger: {self.path} already holds a log (an earlier run's?), "
+                "and adding to it would mix two runs. Log to a new path, or pass "
+                "append=True to continue it (e.g. when resuming that run)."
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, metrics: Metrics, step: int) -> None:

@@ -188,3 +188,60 @@ def test_gymnax_pendulum_matches_builtin(gymnax, getkey):
 def test_gymnax_unknown_name(gymnax):
     with pytest.raises(ValueError, match="gymnax has no env 'Nope-v0'"):
         make("gymnax:Nope-v0")
+
+
+def test_gymnax_env_params_set_parameters_and_max_len(gymnax, getkey):
+    chain = make("gymnax:MemoryChain-bsuite", env_params={"memory_length": 10})
+    assert chain.env_params.memory_length == 10
+    assert make("gymnax:CartPole-v1").max_len == 500
+    assert RewardScalingWrapper(make("gymnax:CartPole-v1"), 2.0).max_len == 500
+    _, params = gymnax.make("Pendulum-v1")
+    short = make(
+        "gymnax:Pendulum-v1", env_params=params.replace(max_steps_in_episode=7)
+    )
+    assert short.max_len == 7
+    _, states = rollout(short, jax.random.split(getkey(), 2), jnp.zeros((2, 1)), 7)
+    np.testing.assert_array_equal(states.info["truncation"][-1], 1.0)
+    with pytest.raises(ValueError, match=r"\['memory'\] are not parameters of"):
+        make("gymnax:MemoryChain-bsuite", env_params={"memory": 10})
+
+
+class _StableGymnaxAPI:
+    """A gymnax env as the stable-gymnax API serves it: no `is_truncated`; the
+    time limit is reported in `step_env`'s info."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        if name == "is_truncated":
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = self._env.step_env(key, state, action, params)
+        return obs, state, reward, done, {"truncated": state.time >= 5}
+
+
+def test_gymnax_adapter_reads_truncation_from_info_without_is_truncated(gymnax, getkey):
+    inner, params = gymnax.make("Pendulum-v1")
+    env = GymnaxAdapter(_StableGymnaxAPI(inner), params)
+    assert not hasattr(env.env, "is_truncated")
+    _, states = rollout(env, jax.random.split(getkey(), 2), jnp.zeros((2, 1)), 6)
+    expected = np.zeros((6, 2))
+    expected[4:] = 1.0  # time reaches 5 at the fifth step
+    np.testing.assert_array_equal(states.info["truncation"], expected)
+
+
+def test_playground_on_cpu_defaults_to_the_jax_backend(playground, monkeypatch):
+    # Stand-ins for the registry: what `make` asks for, without loading MuJoCo.
+    asked = []
+    registry = playground.registry
+    monkeypatch.setattr(
+        registry, "load", lambda name, config_overrides: asked.append(config_overrides)
+    )
+    assert jax.default_backend() == "cpu"
+    with pytest.warns(UserWarning, match="on CPU, using the JAX \\(MJX\\) backend"):
+        make("playground:PointMass", episode_length=None)
+    make("playground:PointMass", impl="warp", episode_length=None)
+    assert asked == [{"impl": "jax"}, {"impl": "warp"}]

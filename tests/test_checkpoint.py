@@ -551,3 +551,10 @@ def test_process_killed_mid_save_leaves_previous_checkpoint_loadable(saved, tmp_
     # The next save clears the leftover.
     ckpt.save_checkpoint(directory, state, config=config, step=9, keep=1)
     assert sorted(os.listdir(directory)) == ["step_000000009"]
+
+
+def test_checkpoint_folders_get_the_usual_permissions(saved):
+    path, _ = saved
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o777 & ~mask

@@ -1,6 +1,7 @@
 """`eqx-ppo train / eval / record` end to end on a tiny budget."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -69,6 +70,64 @@ def test_resume_continues_and_extends_history(run_dir, capsys):
     assert "already trained" in capsys.readouterr().out
 
 
+def test_resume_refuses_flags_it_cannot_honour(run_dir, capsys):
+    before = (run_dir / "run.json").read_text()
+    argv = ["train", "--resume", str(run_dir), "--lr", "0.5", "--seeds", "4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"eqx-ppo train: --resume {run_dir}: --lr, --seeds cannot change a run "
+        "(its settings are in run.json); drop them, or start a new run with --out."
+    ]
+    assert (run_dir / "run.json").read_text() == before
+
+
+def test_missing_folders_get_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "run.json").write_text("{}")
+    assert main(["train", "--resume", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err == (
+        f"eqx-ppo train: --resume {tmp_path / 'empty'}: the run has no checkpoint "
+        "to resume from.\n"
+    )
+    assert main(["eval", "--checkpoint", str(tmp_path / "nowhere")]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+
+
+def test_bad_flags_leave_no_run_folder(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="divisible by n_minibatches"):
+        main(["train", "--out", str(out), "--n-envs", "30", "--no-progress"])
+    assert not out.exists()
+
+
+def test_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, default in {
+        "--steps": 300000,
+        "--n-envs": 128,
+        "--rollout-length": 20,
+        "--lr": 0.001,
+        "--entropy-weight": 0.01,
+        "--minibatches": 4,
+        "--epochs": 4,
+        "--env": "move_to_center",
+    }.items():
+        # the first "(default: ...)" after the flag is its own
+        first = rf"{flag} \S+ (?:(?!\(default:).)*\(default: {default}\)"
+        assert re.search(first, text), flag
+
+
+def test_train_refuses_an_out_folder_holding_a_run(run_dir, capsys):
+    before = (run_dir / "metrics.jsonl").read_text()
+    assert main(["train", "--out", str(run_dir), "--steps", "640"]) == 2
+    err = capsys.readouterr().err
+    assert f"eqx-ppo train: {run_dir} already holds a run; continue it with" in err
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
 def test_eval_and_record(run_dir, capsys):
     assert (
         main(
@@ -85,6 +144,18 @@ def test_eval_and_record(run_dir, capsys):
         == 0
     )
     assert "eval/episode_reward/mean" in capsys.readouterr().out
+    seeds = {}
+    for seed in (0, 1):
+        argv = ["eval", "--checkpoint", str(run_dir), "--seed", str(seed)]
+        assert main(argv + ["--n-envs", "4", "--episode-length", "20"]) == 0
+        printed = capsys.readouterr().out
+        assert f"seed {seed} of 2" in printed
+        seeds[seed] = printed.splitlines()[1:]
+    assert seeds[0] != seeds[1]  # two different trained networks
+    assert main(["eval", "--checkpoint", str(run_dir), "--seed", "2"]) == 2
+    assert (
+        "--seed 2: the run trained 2 seed(s); pass 0 .. 1." in capsys.readouterr().err
+    )
     out = run_dir / "acts.npz"
     assert (
         main(
@@ -94,14 +165,15 @@ def test_eval_and_record(run_dir, capsys):
                 str(run_dir),
                 "--n-envs",
                 "3",
-                "--episode-length",
-                "20",
                 "--out",
                 str(out),
             ]
         )
         == 0
     )
+    printed = capsys.readouterr().out
+    assert "20 steps x 3 envs" in printed  # move_to_center's own episode limit
+    assert "peak |a| over live steps" in printed
     with np.load(out) as data:
         assert data["dones"].shape == (20, 3)
         assert data["1/action/0"].shape == (20, 3, 8)
@@ -112,3 +184,30 @@ def test_bad_flags_are_rejected():
         main(["train", "--hidden", "8,-1"])
     with pytest.raises(ValueError, match="unknown env"):
         main(["train", "--env", "nope", "--no-progress"])
+
+
+def test_env_kwargs_reach_the_env():
+    import jax
+    import jax.numpy as jnp
+
+    from eqx_ppo.cli import _env_kwargs, _make_env
+
+    assert _env_kwargs("backend=spring,start_radius=2.5,on=true") == {
+        "backend": "spring",
+        "start_radius": 2.5,
+        "on": True,
+    }
+    run = {"env": "move_to_center", "env_kwargs": _env_kwargs("start_radius=2.5")}
+    start = _make_env(run).reset(jax.random.key(0)).obs
+    assert float(jnp.linalg.norm(start)) == pytest.approx(2.5)
+    assert _make_env({"env": "move_to_center"})  # run.json from before the flag
+    with pytest.raises(SystemExit):
+        main(["train", "--env-kwargs", "spring"])
+
+
+def test_record_peaks_count_live_steps_only():
+    from eqx_ppo.cli import live_peak
+
+    value = np.array([[[1.0], [-2.0]], [[0.5], [9.0]], [[3.0], [0.0]]])  # [T, B, 1]
+    dones = np.array([[False, False], [False, True], [False, True]])
+    assert live_peak(value, dones) == 3.0  # the 9.0 came after env 1's episode

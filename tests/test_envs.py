@@ -456,3 +456,23 @@ def test_state_is_brax_compatible(getkey):
         "metrics",
         "info",
     }
+
+
+def test_the_playground_extra_stays_below_its_pytorch_rewrite():
+    # `playground` 1.0 on PyPI is a PyTorch rewrite, not MuJoCo Playground.
+    import pathlib
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads(
+        (pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text()
+    )["project"]
+    pins = [
+        Requirement(r)
+        for extra in project["optional-dependencies"].values()
+        for r in extra
+        if Requirement(r).name == "playground"
+    ]
+    assert pins and all(not p.specifier.contains("1.0") for p in pins)
+    assert all(p.specifier.contains("0.0.5") for p in pins)

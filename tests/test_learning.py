@@ -84,6 +84,7 @@ def test_move_to_center_learns():
     _assert_learned(finals, median=-2.6, low=-3.0)
 
 
+@pytest.mark.slow  # 20-35 s; keeps the default suite under 15 min
 def test_parrot_learns():
     env = envs.make("parrot")
     obs = env.observation_size
@@ -116,6 +117,7 @@ def _recall(networks):
     )
 
 
+@pytest.mark.slow  # 20-35 s; keeps the default suite under 15 min
 def test_recurrent_policy_solves_memory_task_feed_forward_cannot():
     lstm = _recall(lambda k: eqx_ppo.make_lstm_actor_critic(2, 1, 16, key=k))
     ff = _recall(lambda k: eqx_ppo.make_mlp_actor_critic(2, 1, [16], [16], key=k))
@@ -125,6 +127,7 @@ def test_recurrent_policy_solves_memory_task_feed_forward_cannot():
     assert np.max(ff) < 1.8, ff
 
 
+@pytest.mark.slow  # 20-35 s; keeps the default suite under 15 min
 def test_dict_obs_actions_and_rewards_end_to_end():
     env = envs.make("two_arm")
     record = _train(env, lambda k: two_arm_network(env, k), steps=120_000)

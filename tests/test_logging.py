@@ -103,3 +103,63 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
         "throughput/train_sps",
     ):
         assert expected in keys, expected
+
+
+def test_jsonl_logger_never_mixes_two_runs(tmp_path):
+    path = tmp_path / "m.jsonl"
+    JSONLLogger(path)({"a": 1.0}, 1)
+    with pytest.raises(FileExistsError, match=r"m\.jsonl already holds a log.*append"):
+        JSONLLogger(path)
+    JSONLLogger(path, append=True)({"a": 2.0}, 2)
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == [1, 2]
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()
+    JSONLLogger(empty)({"a": 3.0}, 3)  # an empty file holds no run yet
+
+
+class _FakeBar:
+    """Records what the driver does with its progress bar."""
+
+    made: list["_FakeBar"] = []
+
+    def __init__(self, *, total, initial, unit, unit_scale, desc):
+        self.total, self.n, self.unit, self.descs = total, initial, unit, [desc]
+        self.postfixes = []
+        _FakeBar.made.append(self)
+
+    def update(self, n):
+        self.n += n
+
+    def set_description(self, desc):
+        self.descs.append(desc)
+
+    def set_postfix(self, **kwargs):
+        self.postfixes.append(kwargs)
+
+    def close(self):
+        pass
+
+
+def test_progress_bar_counts_env_steps_of_all_seeds_and_says_compiling(monkeypatch):
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", _FakeBar)
+    _FakeBar.made.clear()
+    config = eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=4, rollout_length=5, total_steps=50, n_minibatches=2
+        ),  # 50 steps round up to 3 iterations of 20
+        eval=eqx_ppo.EvalConfig(every_steps=20, n_envs=2, max_episode_length=5),
+        n_seeds=2,
+        progress=True,
+    )
+    env = eqx_ppo.envs.make("move_to_center")
+    eqx_ppo.train_ppo(
+        env, lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=k), config
+    )
+    [bar] = _FakeBar.made
+    assert bar.unit == "env-step"
+    assert bar.total == bar.n == 3 * 20 * 2  # the real total, both seeds
+    assert bar.descs[0] == "compiling" and bar.descs[-1] == "train"
+    assert all(set(p) == {"eval_return"} for p in bar.postfixes)

@@ -39,6 +39,12 @@ class _HashingWriter:
         return self.file.write(data)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _fsync_dir(path: pathlib.Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -121,6 +127,9 @@ def write_atomically(
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{PREFIX}{int(step):09d}"
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=directory))
+    # mkdtemp makes a private (0700) folder; a checkpoint gets the usual
+    # permissions, as `mkdir` would give it under the current umask.
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         fill(tmp)
         _fsync_dir(tmp)

@@ -33,8 +33,11 @@ class GymnaxAdapter(AbstractEnv):
        `pipeline_state["key"]` and splits it every step: episodes are
        reproducible from the reset key alone.
     2. `done` is termination or the env's time limit; `info["truncation"]` is 1
-       when the time limit (`is_truncated`) ended an episode that did not also
-       terminate.
+       when the time limit ended an episode that did not also terminate. The
+       time limit is gymnax's `is_truncated`; envs on the stable-gymnax API
+       (e.g. `popgym-arcade`), which have no such method, report it in the
+       `info` of `step_env` (`"truncation"` or `"truncated"`). `max_len` is
+       the params' `max_steps_in_episode`.
     3. A `Discrete(n)` action space becomes `n_actions = n` (the action is an
        `int32` scalar, `action_size = n` logits). A `Box` space becomes
        `action_size = prod(shape)` with actions in `[-1, 1]`, mapped linearly
@@ -121,10 +124,13 @@ class GymnaxAdapter(AbstractEnv):
         step_key, next_key = jax.random.split(state.pipeline_state["key"])
         action = self._action(action)
         with jax.numpy_dtype_promotion("standard"):
-            obs, env_state, reward, terminated, _ = self.env.step_env(
+            obs, env_state, reward, terminated, info = self.env.step_env(
                 step_key, state.pipeline_state["env_state"], action, self.env_params
             )
-            truncated = self.env.is_truncated(env_state, self.env_params)
+            if hasattr(self.env, "is_truncated"):
+                truncated = self.env.is_truncated(env_state, self.env_params)
+            else:
+                truncated = info.get("truncation", info.get("truncated", False))
         terminated = jnp.asarray(terminated, bool)
         truncated = jnp.asarray(truncated, bool)
         return State(
@@ -154,3 +160,9 @@ class GymnaxAdapter(AbstractEnv):
     @property
     def dt(self) -> float:
         return float(getattr(self.env_params, "dt", 1.0))
+
+    @property
+    def max_len(self) -> int | None:
+        """The episode limit, `env_params.max_steps_in_episode` (`None` without)."""
+        limit = getattr(self.env_params, "max_steps_in_episode", None)
+        return None if limit is None else int(limit)

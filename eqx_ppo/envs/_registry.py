@@ -1,8 +1,12 @@
 """`make`: ready-to-train envs by name, built-in or from Brax, Playground, gymnax."""
 
+import dataclasses
 import functools
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
+
+import jax
 
 from ._cartpole import CartPole
 from ._counter import Counter
@@ -68,6 +72,16 @@ def _playground(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
         raise ValueError(
             f"make('playground:{name}'): MuJoCo Playground has no env {name!r}."
         )
+    if "impl" not in kwargs and jax.default_backend() == "cpu":
+        # MuJoCo Warp, Playground's default, is slow to start on CPU (minutes
+        # for the first reset and step, against about one for MJX).
+        warnings.warn(
+            f"make('playground:{name}'): on CPU, using the JAX (MJX) backend; "
+            "pass impl='warp' to use MuJoCo Warp, or impl='jax' to choose it "
+            "and silence this.",
+            stacklevel=3,
+        )
+        kwargs = {**kwargs, "impl": "jax"}
     env = registry.load(name, config_overrides=kwargs or None)
     return env, int(registry.get_default_config(name).episode_length)
 
@@ -79,7 +93,19 @@ def _gymnax(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
         raise _missing("gymnax", "gymnax") from e
     if name not in gymnax.registered_envs:
         raise ValueError(f"make('gymnax:{name}'): gymnax has no env {name!r}.")
+    env_params = kwargs.pop("env_params", None)
     env, params = gymnax.make(name, **kwargs)
+    if isinstance(env_params, Mapping):
+        known = {f.name for f in dataclasses.fields(params)}
+        unknown = sorted(set(env_params) - known)
+        if unknown:
+            raise ValueError(
+                f"make('gymnax:{name}', env_params=...): {unknown} are not "
+                f"parameters of {type(params).__name__}; it has {sorted(known)}."
+            )
+        params = params.replace(**env_params)
+    elif env_params is not None:
+        params = env_params
     return GymnaxAdapter(env, params), None
 
 
@@ -105,8 +131,14 @@ def make(
       protocol; nothing is converted.
     - `"playground:<name>"`: `mujoco_playground.registry.load(name,
       config_overrides=kwargs)`, limited to the env config's `episode_length`.
+      On CPU, without an `impl=`, the JAX (MJX) backend is chosen, with a
+      warning: MuJoCo Warp, Playground's default, takes minutes to start
+      there.
     - `"gymnax:<name>"`: `gymnax.make(name, **kwargs)` in a
       [`eqx_ppo.envs.GymnaxAdapter`][]; gymnax envs keep their own time limit.
+      `env_params=` sets the env's parameters: a dict of fields to change
+      (e.g. `{"memory_length": 10}` for `MemoryChain-bsuite`) or a gymnax
+      params object; the other keyword arguments go to the constructor.
 
     **Arguments:**
 

@@ -153,7 +153,8 @@ class PPOConfig(LearnerConfig):
 
     Structural fields (sizes, counts, flags) are static: they fix array shapes
     and the compiled program. Coefficients (`learning_rate`, `clip_range`,
-    `discounting_factor`, `gae_lambda`, `critic_loss_weight`, and `target_kl`
+    `discounting_factor`, `gae_lambda`, `critic_loss_weight`,
+    `reward_scaling`, and `target_kl`
     and `value_clip_range` when set) are float32 arrays, so changing one does
     not recompile and `jax.vmap` can sweep them.
 
@@ -191,6 +192,12 @@ class PPOConfig(LearnerConfig):
     - `value_clip_range`: clip the value loss as CleanRL's `clip_vloss`:
       `max((V - t)^2, (V_old + clip(V - V_old, -c, c) - t)^2)`, with `V_old`
       the rollout's value. `None` (default) for the plain squared error.
+    - `reward_scaling`: the loss multiplies every reward by it (Brax's
+      `reward_scaling`), so advantages and value targets are in scaled units
+      while the rollout, its metrics and evaluation stay in the env's units.
+      For one factor per key of a dict reward, wrap the env in
+      [`eqx_ppo.envs.RewardScalingWrapper`][] instead (then evaluation sees
+      scaled rewards unless `train_ppo(eval_env=...)` gets the unwrapped env).
     - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam.
     - `lr_schedule`: `"constant"`, `"linear"` (to 0 at `total_steps`) or
       `"cosine"` (to 0 at `total_steps`).
@@ -218,6 +225,7 @@ class PPOConfig(LearnerConfig):
     critic_loss_weight: Float[Array, ""] = _coefficient()
     target_kl: Float[Array, ""] | None = _optional_coefficient()
     value_clip_range: Float[Array, ""] | None = _optional_coefficient()
+    reward_scaling: Float[Array, ""] = _coefficient()
 
     def __init__(
         self,
@@ -243,6 +251,7 @@ class PPOConfig(LearnerConfig):
         logging_percentiles: tuple[int | float, ...] | None = None,
         target_kl: float | Array | None = None,
         value_clip_range: float | Array | None = None,
+        reward_scaling: float | Array = 1.0,
     ):
         self.n_envs = n_envs
         self.rollout_length = rollout_length
@@ -266,6 +275,7 @@ class PPOConfig(LearnerConfig):
         self.critic_loss_weight = critic_loss_weight
         self.target_kl = target_kl
         self.value_clip_range = value_clip_range
+        self.reward_scaling = reward_scaling
 
     def __check_init__(self):
         _check_choice("truncation", self.truncation, ("drop", "bootstrap"))
@@ -276,6 +286,7 @@ class PPOConfig(LearnerConfig):
             "critic_loss_weight": (0.0, None),
             "target_kl": (0.0, None),
             "value_clip_range": (0.0, None),
+            "reward_scaling": (0.0, None),
         }
         for name, (low, high) in bounds.items():
             if getattr(self, name) is not None:

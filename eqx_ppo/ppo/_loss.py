@@ -215,6 +215,7 @@ def ppo_loss(
         bootstrap_truncation=config.truncation == "bootstrap",
     )
     values = rep.output.value_estimates
+    rewards = jax.tree.map(lambda r: r * config.reward_scaling, data.reward)
     advantages = jax.tree.map(
         lambda r, v, nv: gae(
             r,
@@ -226,7 +227,7 @@ def ppo_loss(
             lambda_=config.gae_lambda,
             bootstrap_truncation=config.truncation == "bootstrap",
         ),
-        data.reward,
+        rewards,
         values,
         rep.next_values,
     )

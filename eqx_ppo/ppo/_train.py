@@ -450,8 +450,12 @@ def _drive(
     final_metrics: dict[str, Any] = {}
     iteration = int(np.max(jax.device_get(state.iteration)))
     start_iteration = iteration
+    # One rate: env steps over all seeds; the total is what the run really
+    # takes (whole iterations), so the bar never runs past it.
     progress = _progress(
-        config.progress and main, iteration * spi, iteration_config.total_steps
+        config.progress and main,
+        iteration * spi * n_seeds,
+        total_iterations * spi * n_seeds,
     )
 
     def run_eval(step: int) -> dict[str, Any]:
@@ -519,15 +523,8 @@ def _drive(
             final_metrics = metrics
         iteration = next_stop
         if progress is not None:
-            progress.update(n_active * spi)
-            progress.set_postfix(
-                sps=f"{n_active * spi * n_seeds / elapsed:.0f}",
-                **(
-                    {"eval_return": _mean(eval_history[-1]["eval/episode_reward/mean"])}
-                    if eval_history
-                    else {}
-                ),
-            )
+            progress.set_description("train")
+            progress.update(n_active * spi * n_seeds)
     if progress is not None:
         progress.close()
     return TrainResult(
@@ -544,12 +541,18 @@ def _mean(value: float | Sequence[float]) -> str:
 
 
 def _progress(enabled: bool, initial: int, total: int):
+    """A bar of env steps over all seeds; it says "compiling" until the first
+    compiled chunk returns (the driver then sets "train")."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
     return tqdm(
-        total=total, initial=initial, unit="step", unit_scale=True, desc="train"
+        total=total,
+        initial=initial,
+        unit="env-step",
+        unit_scale=True,
+        desc="compiling",
     )
 
 
