@@ -126,18 +126,15 @@ def _replay_children(
 
 def _check_state(container: str, state: Any, names: Iterable[Any]) -> None:
     """A container's carry is a dict by child; say how to build one otherwise."""
-    missing = (
-        list(names)
-        if not isinstance(state, Mapping)
-        else [n for n in names if n not in state]
+    names = list(names)
+    if isinstance(state, Mapping) and all(name in state for name in names):
+        return
+    seen = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+    raise TypeError(
+        f"`{container}`: the state must be the dict of its children's carries "
+        f"(keys {names}), got {seen!r}. Build it with "
+        "`net.initial_state()` (one env) or `net.initialize_state(batch_size)`."
     )
-    if missing:
-        seen = type(state).__name__ if not isinstance(state, Mapping) else sorted(state)
-        raise TypeError(
-            f"`{container}`: the state must be the dict of its children's carries "
-            f"(keys {list(names)}), got {seen!r}. Build it with "
-            "`net.initial_state()` (one env) or `net.initialize_state(batch_size)`."
-        )
 
 
 def _check_has_keys(container: str, x: Any, names: Iterable[str]) -> None:

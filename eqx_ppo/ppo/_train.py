@@ -159,20 +159,19 @@ def seed_keys(
     n_seeds = config.n_seeds
     if key is None:
         return jnp.stack([jax.random.key(config.seed + i) for i in range(n_seeds)])
-    if eqx.is_array(key) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.ndim == 1:
-            if key.shape[0] != n_seeds:
-                raise ValueError(
-                    f"{where}(key=<{key.shape[0]} keys>): one key per seed needs "
-                    f"n_seeds={key.shape[0]}, but the config has "
-                    f"n_seeds={n_seeds}. Fix: set TrainConfig(n_seeds="
-                    f"{key.shape[0]}), or pass one key to split."
-                )
-            return key
-        check_key(where, key)
-        return key[None] if n_seeds == 1 else jax.random.split(key, n_seeds)
+    typed = eqx.is_array(key) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if typed and key.ndim == 1:
+        if key.shape[0] != n_seeds:
+            raise ValueError(
+                f"{where}(key=<{key.shape[0]} keys>): one key per seed needs "
+                f"n_seeds={key.shape[0]}, but the config has "
+                f"n_seeds={n_seeds}. Fix: set TrainConfig(n_seeds="
+                f"{key.shape[0]}), or pass one key to split."
+            )
+        return key
     check_key(where, key)
-    key = jax.random.wrap_key_data(key)
+    if not typed:
+        key = jax.random.wrap_key_data(key)
     return key[None] if n_seeds == 1 else jax.random.split(key, n_seeds)
 
 
