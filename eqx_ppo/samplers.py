@@ -25,7 +25,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .nn._module import AbstractStatefulModule, StatefulModuleOutput, split_key
+from .nn._module import (
+    AbstractStatefulModule,
+    StatefulModuleOutput,
+    check_coefficient,
+    coefficient,
+    split_key,
+)
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
@@ -84,7 +90,7 @@ def _sampler_output(
     action: Array,
     log_likelihood: Float[Array, ""],
     entropy: Float[Array, ""],
-    entropy_weight: float,
+    entropy_weight: Float[Array, ""],
     metrics: dict[str, Array],
     extras: Array,
 ) -> StatefulModuleOutput:
@@ -117,19 +123,21 @@ class NormalTanhSampler(AbstractStatefulModule):
 
     **Arguments:**
 
-    - `entropy_weight`: weight of the entropy bonus.
+    - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
+      leaf, so a sweep over it neither recompiles nor trains it.
     - `min_std`: floor added to the softplus std, `>= 0`. The default 1e-3 is
       nnx-ppo's; the factories (`make_mlp_actor_critic`, ...) pass 0.1.
     - `std_scale`: multiplier applied after the floor, `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    entropy_weight: float = eqx.field(static=True)
+    entropy_weight: Float[Array, ""] = coefficient()
     min_std: float = eqx.field(static=True, default=1e-3)
     std_scale: float = eqx.field(static=True, default=1.0)
     inference: bool = False
 
     def __check_init__(self):
+        check_coefficient("NormalTanhSampler(entropy_weight)", self.entropy_weight)
         _check_std_params("NormalTanhSampler", self.min_std, self.std_scale)
 
     def __call__(
@@ -174,19 +182,21 @@ class NormalSampler(AbstractStatefulModule):
 
     **Arguments:**
 
-    - `entropy_weight`: weight of the entropy bonus.
+    - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
+      leaf, so a sweep over it neither recompiles nor trains it.
     - `min_std`: floor added to the softplus std, `>= 0`. The default 1e-3 is
       nnx-ppo's; the factories (`make_mlp_actor_critic`, ...) pass 0.1.
     - `std_scale`: multiplier applied after the floor, `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    entropy_weight: float = eqx.field(static=True)
+    entropy_weight: Float[Array, ""] = coefficient()
     min_std: float = eqx.field(static=True, default=1e-3)
     std_scale: float = eqx.field(static=True, default=1.0)
     inference: bool = False
 
     def __check_init__(self):
+        check_coefficient("NormalSampler(entropy_weight)", self.entropy_weight)
         _check_std_params("NormalSampler", self.min_std, self.std_scale)
 
     def __call__(
@@ -228,16 +238,18 @@ class CategoricalSampler(AbstractStatefulModule):
 
     **Arguments:**
 
-    - `entropy_weight`: weight of the entropy bonus.
+    - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
+      leaf, so a sweep over it neither recompiles nor trains it.
     - `n_actions`: the number of categories, or a tuple of them (multi-discrete).
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    entropy_weight: float = eqx.field(static=True)
+    entropy_weight: Float[Array, ""] = coefficient()
     n_actions: int | tuple[int, ...] = eqx.field(static=True)
     inference: bool = False
 
     def __check_init__(self):
+        check_coefficient("CategoricalSampler(entropy_weight)", self.entropy_weight)
         sizes = self._group_sizes()
         if not sizes or any(
             isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes

@@ -380,13 +380,22 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
     ):
         ckpt.load_checkpoint(path, env=env, networks=wider)
 
+    def other_min_std(key):
+        return eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=key, min_std=0.5)
+
+    with pytest.raises(ckpt.CheckpointError, match="static structure differs"):
+        ckpt.load_checkpoint(path, env=env, networks=other_min_std)
+
+    # A coefficient is a leaf: the saved value wins over the template's.
     def other_entropy(key):
         return eqx_ppo.make_mlp_actor_critic(
             2, 2, [4], [4], key=key, entropy_weight=0.5
         )
 
-    with pytest.raises(ckpt.CheckpointError, match="static structure differs"):
-        ckpt.load_checkpoint(path, env=env, networks=other_entropy)
+    loaded = ckpt.load_checkpoint(path, env=env, networks=other_entropy)
+    assert float(loaded.network.layers[1].action.layers[-1].entropy_weight) == float(
+        jnp.float32(1e-2)
+    )
 
     def recurrent(key):
         return eqx_ppo.make_lstm_actor_critic(2, 2, 4, key=key)

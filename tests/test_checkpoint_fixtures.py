@@ -8,6 +8,7 @@ import dataclasses
 import pathlib
 import sys
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -66,3 +67,49 @@ def test_release_distillation_checkpoint_loads_and_resumes():
     )
     result = train_distillation(env, teacher, made.student, config, initial_state=state)
     assert int(result.training_state.steps) == 96
+
+
+def test_format2_checkpoint_reads_static_coefficients_as_leaves():
+    import make_format2_checkpoint as made2
+
+    path = FIXTURES / "checkpoints" / "format2"
+    assert eqx_ppo.read_header(eqx_ppo.latest_checkpoint(path)).format_version == 2
+    env = eqx_ppo.envs.make("move_to_center")
+    state = eqx_ppo.load_checkpoint(path, env=env, networks=made2.networks)
+    actor, critic = state.network.action, state.network.value
+    coefficients = [
+        actor.layers[1].kl_weight,
+        actor.layers[1].ar1_weight,
+        actor.layers[3].entropy_weight,
+        critic.layers[0].kl_weight,
+    ]
+    assert all(
+        isinstance(c, jax.Array) and c.dtype == jnp.float32 for c in coefficients
+    )
+    assert [float(c) for c in coefficients] == [
+        float(jnp.float32(v)) for v in (0.5, 0.25, 0.02, 0.3)
+    ]
+    assert not any(jax.tree.leaves(eqx_ppo.nn.trainable(actor.layers[3])))
+    config = dataclasses.replace(
+        made2.config(), ppo=dataclasses.replace(made2.config().ppo, total_steps=64)
+    )
+    result = eqx_ppo.train_ppo(env, made2.networks, config, initial_state=state)
+    assert int(result.training_state.steps) == 64
+    assert _finite(result.training_state)
+
+
+def test_format2_coefficients_come_from_the_file_like_any_leaf():
+    import make_format2_checkpoint as made2
+
+    def networks(key):
+        net = made2.networks(key)
+        return eqx.tree_at(lambda n: n.action.layers[3].entropy_weight, net, 0.5)
+
+    state = eqx_ppo.load_checkpoint(
+        FIXTURES / "checkpoints" / "format2",
+        env=eqx_ppo.envs.make("move_to_center"),
+        networks=networks,
+    )
+    assert float(state.network.action.layers[3].entropy_weight) == float(
+        jnp.float32(0.02)
+    )

@@ -12,6 +12,7 @@ from eqx_ppo.nn import (
     CategoricalSampler,
     NormalSampler,
     NormalTanhSampler,
+    VariationalBottleneck,
     apply_batched,
 )
 from tests._helpers import assert_ulp_close
@@ -299,3 +300,65 @@ def test_categorical_validates():
         sampler((), jnp.zeros(4), key=jax.random.key(0))
     with pytest.raises(ValueError, match="needs `key=`"):
         sampler((), jnp.zeros(5))
+
+
+@pytest.mark.parametrize(
+    "layer, field, size",
+    [
+        (lambda: NormalTanhSampler(0.01), "entropy_weight", 6),
+        (lambda: CategoricalSampler(0.01, 3), "entropy_weight", 3),
+        (
+            lambda: VariationalBottleneck(4, 3, kl_weight=0.01, key=jax.random.key(1)),
+            "kl_weight",
+            4,
+        ),
+    ],
+)
+def test_coefficients_are_traced_leaves_that_are_never_trained(layer, field, size):
+    """Changing a coefficient reuses the compiled program, and vmap sweeps it."""
+    import eqx_ppo
+
+    module = layer()
+    assert not getattr(eqx_ppo.nn.trainable(module), field)
+    traces = []
+
+    @eqx.filter_jit
+    def regularization(m):
+        traces.append(1)
+        x = jnp.linspace(-1.0, 1.0, size)
+        return m((), x, key=jax.random.key(0)).regularization_loss
+
+    def with_weight(w):
+        return eqx.tree_at(lambda m: getattr(m, field), module, w)
+
+    base = regularization(with_weight(jnp.float32(1.0)))
+    doubled = regularization(with_weight(jnp.float32(2.0)))
+    assert len(traces) == 1
+    assert_ulp_close(doubled, 2 * base, 1)
+    swept = jax.vmap(lambda w: regularization(with_weight(w)))(jnp.arange(3.0))
+    assert_ulp_close(swept, jnp.arange(3.0) * base, 1)
+
+
+def test_weight_decay_leaves_the_entropy_weight_alone():
+    import eqx_ppo
+
+    config = eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=4,
+            rollout_length=4,
+            total_steps=32,
+            n_minibatches=2,
+            n_epochs=1,
+            weight_decay=0.5,
+            learning_rate=1e-2,
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        progress=False,
+    )
+    result = eqx_ppo.train_ppo(
+        eqx_ppo.envs.make("move_to_center"),
+        lambda key: eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=key),
+        config,
+    )
+    sampler = result.training_state.network.layers[1].action.layers[-1]
+    assert float(sampler.entropy_weight) == float(jnp.float32(1e-2))

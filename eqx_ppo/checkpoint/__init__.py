@@ -95,9 +95,10 @@ from ._files import (
 from ._leaves import check_structure, deserialise, saved_structure, serialise
 from ._migrations import find_migration, register_migration as register_migration
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The checkpoint layout version; bumped when the layout changes (2: the
-training state's carries are one `carry` field, distillation included)."""
+training state's carries are one `carry` field, distillation included; 3:
+layer coefficients such as `entropy_weight` are traced leaves)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +331,7 @@ def load_checkpoint(
     template = _template(header, like, env, networks)
     migration = find_migration(header.format_version, header.treedef)
     if migration is not None:
-        template = migration.to_saved(template)
+        template = migration.to_saved(template, header.treedef)
     check_structure(header.path, header.leaves, header.treedef, template)
     file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
     state = deserialise(file, template, header.leaves)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 class Migration(NamedTuple):
     format_version: int
     root: str
-    to_saved: Callable[[Any], Any]
+    to_saved: Callable[[Any, str], Any]
     from_saved: Callable[[Any], Any]
 
 
@@ -26,15 +26,17 @@ def register_migration(
     format_version: int,
     *,
     root: str,
-    to_saved: Callable[[Any], Any],
+    to_saved: Callable[[Any, str], Any],
     from_saved: Callable[[Any], Any],
 ) -> None:
     """Load format-`format_version` checkpoints whose state is a `root` (the
     class name at the root of the saved pytree) into today's layout.
 
-    `to_saved(template)` gives today's template in the saved layout and
-    `from_saved(state)` today's state from one read in the saved layout;
-    both only move leaves, so they work on arrays and on shape templates.
+    `to_saved(template, saved_treedef)` gives today's template in the saved
+    layout (`saved_treedef`, the saved pytree definition, supplies static
+    values today's template holds as leaves) and `from_saved(state)` today's
+    state from one read in the saved layout; both work on arrays and on
+    shape templates.
     """
     _MIGRATIONS.append(Migration(format_version, root, to_saved, from_saved))
 

@@ -31,6 +31,7 @@ from ._module import (
     State as State,
     StatefulModuleOutput as StatefulModuleOutput,
     apply_batched as apply_batched,
+    coefficient as coefficient,
     reset_where as reset_where,
     route_keys as route_keys,
     route_sequence_keys as route_sequence_keys,

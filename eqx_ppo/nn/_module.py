@@ -38,6 +38,7 @@ parallel form (an associative scan) may override it.
 """
 
 import abc
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -194,23 +195,64 @@ def _is_statistics(node: Any) -> bool:
     return isinstance(node, AbstractStatistics)
 
 
+def coefficient(**kwargs: Any) -> Any:
+    """A field for a layer's coefficient, e.g. an entropy or KL weight.
+
+    The value is stored as a float32 array: a pytree leaf, so changing it
+    (`eqx.tree_at`) does not recompile and a sweep can `vmap` over it, but
+    [`eqx_ppo.nn.trainable`][] leaves it out, so the optimiser never moves it.
+    """
+    return eqx.field(
+        converter=lambda x: jnp.asarray(x, jnp.float32),
+        metadata={"coefficient": True},
+        **kwargs,
+    )
+
+
+def check_coefficient(where: str, value: Any) -> None:
+    """Raise if a concrete coefficient is negative (traced values pass)."""
+    if not isinstance(value, jax.core.Tracer) and not value >= 0:
+        raise ValueError(f"`{where}={value}` must be >= 0.")
+
+
+def _coefficients(node: Any) -> tuple[str, ...]:
+    if not isinstance(node, eqx.Module):
+        return ()
+    fields = dataclasses.fields(node)
+    return tuple(f.name for f in fields if f.metadata.get("coefficient", False))
+
+
 def trainable(model: PyTree) -> PyTree[bool]:
     """A filter spec selecting the trainable leaves of `model`.
 
     Trainable means: a floating-point array not inside an
-    [`eqx_ppo.nn.AbstractStatistics`][]. Use it with `eqx.partition`:
+    [`eqx_ppo.nn.AbstractStatistics`][] and not a
+    [`coefficient`][eqx_ppo.nn.coefficient] field. Use it with `eqx.partition`:
 
     ```python
     params, static = eqx.partition(model, eqx_ppo.nn.trainable(model))
     ```
     """
 
+    def special(node: Any) -> bool:
+        return _is_statistics(node) or bool(_coefficients(node))
+
     def mark(node: Any) -> Any:
         if _is_statistics(node):
             return jax.tree.map(lambda _: False, node)
+        names = _coefficients(node)
+        if names:
+            spec = jax.tree.map(
+                mark, node, is_leaf=lambda x: x is not node and special(x)
+            )
+            return eqx.tree_at(
+                lambda s: [getattr(s, n) for n in names],
+                spec,
+                replace=[False] * len(names),
+            )
         return eqx.is_inexact_array(node)
 
-    return jax.tree.map(mark, model, is_leaf=_is_statistics)
+    return jax.tree.map(mark, model, is_leaf=special)
 
 
 def zero_loss() -> Float[Array, ""]:

@@ -9,16 +9,17 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from ._dense import Dense, check_size, check_vector
-from ._module import AbstractStatefulModule, State, StatefulModuleOutput
+from ._module import (
+    AbstractStatefulModule,
+    State,
+    StatefulModuleOutput,
+    check_coefficient,
+    coefficient,
+)
 
 AR1State = dict[str, Any]
 """An AR(1) bottleneck carry: `{"prev": <last sample [latent_size]>,
 "valid": <bool scalar: False at an episode start, when there is no last sample>}`."""
-
-
-def _check_weight(name: str, value: float) -> None:
-    if not value >= 0:
-        raise ValueError(f"{name}={value} must be >= 0.")
 
 
 class GaussianHead(eqx.Module):
@@ -101,7 +102,7 @@ class VariationalBottleneck(AbstractStatefulModule):
     """
 
     head: GaussianHead
-    kl_weight: float = eqx.field(static=True)
+    kl_weight: Float[Array, ""] = coefficient()
     inference: bool = False
 
     def __init__(
@@ -110,7 +111,7 @@ class VariationalBottleneck(AbstractStatefulModule):
         latent_size: int,
         *,
         key: PRNGKeyArray,
-        kl_weight: float = 1.0,
+        kl_weight: float | Float[Array, ""] = 1.0,
         min_std: float = 1e-6,
         inference: bool = False,
     ):
@@ -124,11 +125,11 @@ class VariationalBottleneck(AbstractStatefulModule):
             finite.
         - `inference`: output `mu` instead of a sample.
         """
-        _check_weight("VariationalBottleneck(kl_weight)", kl_weight)
+        check_coefficient("VariationalBottleneck(kl_weight)", kl_weight)
         self.head = GaussianHead(
             "VariationalBottleneck", in_size, latent_size, min_std, key
         )
-        self.kl_weight = float(kl_weight)
+        self.kl_weight = kl_weight
         self.inference = inference
 
     def __call__(
@@ -170,8 +171,8 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
     """
 
     head: GaussianHead
-    kl_weight: float = eqx.field(static=True)
-    ar1_weight: float = eqx.field(static=True)
+    kl_weight: Float[Array, ""] = coefficient()
+    ar1_weight: Float[Array, ""] = coefficient()
     backprop_through_time: bool = eqx.field(static=True)
     inference: bool = False
 
@@ -181,9 +182,9 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         latent_size: int,
         *,
         key: PRNGKeyArray,
-        kl_weight: float = 1.0,
+        kl_weight: float | Float[Array, ""] = 1.0,
         min_std: float = 1e-6,
-        ar1_weight: float = 1.0,
+        ar1_weight: float | Float[Array, ""] = 1.0,
         backprop_through_time: bool = False,
         inference: bool = False,
     ):
@@ -195,13 +196,13 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         - `backprop_through_time`: let the penalty's gradient flow into the
             previous step's sample as well.
         """
-        _check_weight("AR1VariationalBottleneck(kl_weight)", kl_weight)
-        _check_weight("AR1VariationalBottleneck(ar1_weight)", ar1_weight)
+        check_coefficient("AR1VariationalBottleneck(kl_weight)", kl_weight)
+        check_coefficient("AR1VariationalBottleneck(ar1_weight)", ar1_weight)
         self.head = GaussianHead(
             "AR1VariationalBottleneck", in_size, latent_size, min_std, key
         )
-        self.kl_weight = float(kl_weight)
-        self.ar1_weight = float(ar1_weight)
+        self.kl_weight = kl_weight
+        self.ar1_weight = ar1_weight
         self.backprop_through_time = backprop_through_time
         self.inference = inference
 
