@@ -55,7 +55,6 @@ from .ppo._config import (
 )
 from .ppo._learner import AbstractLearner, Axis, Loss, Minibatch, Module
 from .ppo._loss import replay_policy
-from .ppo._rollout import Transition
 from .ppo._sharding import pmean
 from .ppo._step import (
     TrainingState,
@@ -267,14 +266,16 @@ class _StudentWithTeacher(AbstractStatefulModule):
     """The student, with the teacher running beside it on the same input.
 
     Output, regularisation and metrics are the student's; the carry is
-    `{"student", "teacher"}` (so the rollout resets both by the same mask);
-    extras are the student's own plus the teacher's sampler extras. The
-    student gets the step's key unchanged, so replaying it alone reproduces
-    its noise.
+    `{"student", "teacher"}` (so the rollout resets both by the same mask).
+    The extras are the student's, with each sampler's replaced by the
+    matching teacher sampler's: replaying the student alone on them scores
+    the teacher's actions. The student gets the step's key unchanged, so
+    that replay reproduces its noise.
     """
 
     student: AbstractStatefulModule
     teacher: AbstractStatefulModule
+    student_paths: tuple = eqx.field(static=True)
     teacher_paths: tuple = eqx.field(static=True)
 
     def __call__(
@@ -297,10 +298,11 @@ class _StudentWithTeacher(AbstractStatefulModule):
             output=student_out.output,
             regularization_loss=student_out.regularization_loss,
             metrics=student_out.metrics,
-            extras={
-                "student": student_out.extras,
-                "teacher": _take(teacher_out.extras, self.teacher_paths),
-            },
+            extras=_put(
+                student_out.extras,
+                self.student_paths,
+                _take(teacher_out.extras, self.teacher_paths),
+            ),
         )
 
     def initial_state(self) -> dict[str, State]:
@@ -341,21 +343,9 @@ class Distillation(AbstractLearner):
         self.config = config
         self.teacher = eqx.nn.inference_mode(teacher)
 
-    def _paths(self, network: AbstractStatefulModule, obs: PyTree[Array]):
-        return _sampler_paths(self.teacher, network, _single_env(obs))
-
     def acting(self, network: Module, obs: PyTree[Array]) -> Module:
-        _, teacher_paths = self._paths(network, obs)
-        return _StudentWithTeacher(network, self.teacher, teacher_paths)
-
-    def network_extras(self, extras: Any) -> Any:
-        return extras["student"]
-
-    def replay_batch(self, network: Module, data: Transition) -> Transition:
-        first_step = jax.tree.map(lambda x: x[0], data.obs)
-        student_paths, _ = self._paths(network, first_step)
-        extras = _put(data.extras["student"], student_paths, data.extras["teacher"])
-        return data._replace(extras=extras)
+        paths = _sampler_paths(self.teacher, network, _single_env(obs))
+        return _StudentWithTeacher(network, self.teacher, *paths)
 
     def loss(
         self, network: Module, batch: Minibatch, *, axis_name: Axis = None

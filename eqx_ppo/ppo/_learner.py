@@ -72,13 +72,10 @@ class AbstractLearner(eqx.Module):
 
         Its carry is the training state's `carry`; `obs` is a batch of
         observations `[n_envs, ...]` (for shape checks). It must end in a
-        [`eqx_ppo.nn.PPOAdapter`][] output.
+        [`eqx_ppo.nn.PPOAdapter`][] output, and its `extras` have the
+        network's structure: the loss replays the network on them and
+        `update_statistics` folds them in.
         """
-
-    def network_extras(self, extras: Any) -> Any:
-        """The trained network's part of the acting module's rollout `extras`,
-        for `update_statistics`. The default: all of it."""
-        return extras
 
     def replay_batch(self, network: Module, data: Transition) -> Transition:
         """The transitions the loss replays, from the rollout's. The default:

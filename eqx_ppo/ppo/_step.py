@@ -368,9 +368,7 @@ def step(
         target_kl=learner.target_kl,
     )
     all_data = gather_envs(data._replace(key=None), axis_name)
-    network = eqx.combine(params, static).update_statistics(
-        learner.network_extras(all_data.extras)
-    )
+    network = eqx.combine(params, static).update_statistics(all_data.extras)
     metrics = iteration_metrics(
         config,
         loss_metrics,
