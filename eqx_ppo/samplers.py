@@ -103,7 +103,21 @@ def _sampler_output(
     )
 
 
-class NormalTanhSampler(AbstractStatefulModule):
+class _GaussianSampler(AbstractStatefulModule):
+    """The fields and checks the two Gaussian samplers share."""
+
+    entropy_weight: Float[Array, ""] = coefficient()
+    min_std: float = eqx.field(static=True, default=1e-3)
+    std_scale: float = eqx.field(static=True, default=1.0)
+    inference: bool = False
+
+    def __check_init__(self):
+        name = type(self).__name__
+        check_coefficient(f"{name}(entropy_weight)", self.entropy_weight)
+        _check_std_params(name, self.min_std, self.std_scale)
+
+
+class NormalTanhSampler(_GaussianSampler):
     """A Gaussian squashed by `tanh`: actions in `(-1, 1)`.
 
     The input is one env's `[mean, pre_std]` (size `2 * action_size`):
@@ -130,15 +144,6 @@ class NormalTanhSampler(AbstractStatefulModule):
     - `std_scale`: multiplier applied after the floor, `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
-
-    entropy_weight: Float[Array, ""] = coefficient()
-    min_std: float = eqx.field(static=True, default=1e-3)
-    std_scale: float = eqx.field(static=True, default=1.0)
-    inference: bool = False
-
-    def __check_init__(self):
-        check_coefficient("NormalTanhSampler(entropy_weight)", self.entropy_weight)
-        _check_std_params("NormalTanhSampler", self.min_std, self.std_scale)
 
     def __call__(
         self,
@@ -171,7 +176,7 @@ class NormalTanhSampler(AbstractStatefulModule):
         )
 
 
-class NormalSampler(AbstractStatefulModule):
+class NormalSampler(_GaussianSampler):
     """An unsquashed Gaussian: `action = mean + std * eps`, unbounded.
 
     Same input and std parameterisation as [`eqx_ppo.nn.NormalTanhSampler`][]
@@ -180,24 +185,8 @@ class NormalSampler(AbstractStatefulModule):
     `sum(0.5 + 0.5 * log(2 pi) + log(std))`. `extras` is the action. Metrics:
     `mu`, `sigma`. In inference mode the action is the mean.
 
-    **Arguments:**
-
-    - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
-      leaf, so a sweep over it neither recompiles nor trains it.
-    - `min_std`: floor added to the softplus std, `>= 0`. The default 1e-3 is
-      nnx-ppo's; the factories (`make_mlp_actor_critic`, ...) pass 0.1.
-    - `std_scale`: multiplier applied after the floor, `> 0`.
-    - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
+    **Arguments:** as [`eqx_ppo.nn.NormalTanhSampler`][]'s.
     """
-
-    entropy_weight: Float[Array, ""] = coefficient()
-    min_std: float = eqx.field(static=True, default=1e-3)
-    std_scale: float = eqx.field(static=True, default=1.0)
-    inference: bool = False
-
-    def __check_init__(self):
-        check_coefficient("NormalSampler(entropy_weight)", self.entropy_weight)
-        _check_std_params("NormalSampler", self.min_std, self.std_scale)
 
     def __call__(
         self,

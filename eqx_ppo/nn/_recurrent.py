@@ -6,7 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Key, PRNGKeyArray
 
 from ._dense import (
     Initializer,
@@ -40,16 +40,46 @@ def _init_gates(
     return jnp.concatenate([init_param(name, init, k, shape) for k in keys], axis=-1)
 
 
-def _defaults(
+def _init_weights(
+    layer: str,
+    in_size: int,
+    hidden_size: int,
+    n_gates: int,
+    keys: Key[Array, " 3"] | list[PRNGKeyArray],
     kernel_init: Initializer | None,
     recurrent_init: Initializer | None,
     bias_init: Initializer | None,
-) -> tuple[Initializer, Initializer, Initializer]:
-    return (
+) -> tuple[Array, Array, Array]:
+    """The gate-stacked `kernel`, `recurrent_kernel` and `bias` of a layer.
+
+    `keys` are the kernel's, recurrent kernel's and bias's keys. Defaults:
+    LeCun-normal input kernels, orthogonal recurrent kernels, zero biases.
+    """
+    check_size(f"{layer}(in_size=...)", in_size)
+    check_size(f"{layer}(hidden_size=...)", hidden_size)
+    kernel_key, recurrent_key, bias_key = keys
+    kernel = _init_gates(
+        f"{layer}(kernel_init=...)",
         jax.nn.initializers.lecun_normal() if kernel_init is None else kernel_init,
-        orthogonal() if recurrent_init is None else recurrent_init,
-        jax.nn.initializers.zeros if bias_init is None else bias_init,
+        kernel_key,
+        (in_size, hidden_size),
+        n_gates,
     )
+    recurrent_kernel = _init_gates(
+        f"{layer}(recurrent_init=...)",
+        orthogonal() if recurrent_init is None else recurrent_init,
+        recurrent_key,
+        (hidden_size, hidden_size),
+        n_gates,
+    )
+    bias = _init_gates(
+        f"{layer}(bias_init=...)",
+        jax.nn.initializers.zeros if bias_init is None else bias_init,
+        bias_key,
+        (hidden_size,),
+        n_gates,
+    )
+    return kernel, recurrent_kernel, bias
 
 
 def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
@@ -123,24 +153,15 @@ class LSTM(AbstractStatefulModule):
             `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
         - `bias_init`: initialiser of each gate's bias; default zeros.
         """
-        check_size("LSTM(in_size=...)", in_size)
-        check_size("LSTM(hidden_size=...)", hidden_size)
-        kernel_key, recurrent_key, bias_key = jax.random.split(key, 3)
-        kernel_init, recurrent_init, bias_init = _defaults(
-            kernel_init, recurrent_init, bias_init
-        )
-        self.kernel = _init_gates(
-            "LSTM(kernel_init=...)", kernel_init, kernel_key, (in_size, hidden_size), 4
-        )
-        self.recurrent_kernel = _init_gates(
-            "LSTM(recurrent_init=...)",
-            recurrent_init,
-            recurrent_key,
-            (hidden_size, hidden_size),
+        self.kernel, self.recurrent_kernel, self.bias = _init_weights(
+            "LSTM",
+            in_size,
+            hidden_size,
             4,
-        )
-        self.bias = _init_gates(
-            "LSTM(bias_init=...)", bias_init, bias_key, (hidden_size,), 4
+            jax.random.split(key, 3),
+            kernel_init,
+            recurrent_init,
+            bias_init,
         )
         if trainable_initial_state:
             self.initial_h = jnp.zeros(hidden_size, jnp.float32)
@@ -247,29 +268,15 @@ class GRU(AbstractStatefulModule):
             `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
         - `bias_init`: initialiser of every bias; default zeros.
         """
-        check_size("GRU(in_size=...)", in_size)
-        check_size("GRU(hidden_size=...)", hidden_size)
-        kernel_key, recurrent_key, bias_key, recurrent_bias_key = jax.random.split(
-            key, 4
-        )
-        kernel_init, recurrent_init, bias_init = _defaults(
-            kernel_init, recurrent_init, bias_init
-        )
-        self.kernel = _init_gates(
-            "GRU(kernel_init=...)", kernel_init, kernel_key, (in_size, hidden_size), 3
-        )
-        self.recurrent_kernel = _init_gates(
-            "GRU(recurrent_init=...)",
-            recurrent_init,
-            recurrent_key,
-            (hidden_size, hidden_size),
-            3,
-        )
-        self.bias = _init_gates(
-            "GRU(bias_init=...)", bias_init, bias_key, (hidden_size,), 3
+        *keys, recurrent_bias_key = jax.random.split(key, 4)
+        self.kernel, self.recurrent_kernel, self.bias = _init_weights(
+            "GRU", in_size, hidden_size, 3, keys, kernel_init, recurrent_init, bias_init
         )
         self.recurrent_bias = init_param(
-            "GRU(bias_init=...)", bias_init, recurrent_bias_key, (hidden_size,)
+            "GRU(bias_init=...)",
+            jax.nn.initializers.zeros if bias_init is None else bias_init,
+            recurrent_bias_key,
+            (hidden_size,),
         )
         self.initial_h = (
             jnp.zeros(hidden_size, jnp.float32) if trainable_initial_state else None
