@@ -26,6 +26,7 @@ from ._factories import (
 )
 from ._module import (
     AbstractStatefulModule as AbstractStatefulModule,
+    AbstractStatelessLayer as AbstractStatelessLayer,
     AbstractStatistics as AbstractStatistics,
     SequenceOutput as SequenceOutput,
     State as State,

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._module import AbstractStatefulModule, State, StatefulModuleOutput, zero_loss
+from ._module import AbstractStatelessLayer
 
 Initializer = Callable[..., Array]
 """A `jax.nn.initializers`-style callable `(key, shape, dtype) -> array`."""
@@ -120,7 +120,7 @@ def init_param(
     return value
 
 
-class Dense(AbstractStatefulModule):
+class Dense(AbstractStatelessLayer):
     """A linear layer `activation(x @ kernel + bias)` for one env.
 
     The defaults match flax: a LeCun-normal (truncated normal, variance
@@ -183,22 +183,10 @@ class Dense(AbstractStatefulModule):
         self.in_size = in_size
         self.out_size = out_size
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
-    def __call__(
-        self,
-        state: State,
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        """Apply the layer to one env's input; returns carry `()`."""
-        del state, extras, key
+    def forward(self, x: Float[Array, " in_size"]) -> Float[Array, " out_size"]:
+        """Apply the layer to one env's input."""
         check_vector("Dense", x, self.in_size)
         y = x @ self.kernel
         if self.bias is not None:
             y = y + self.bias
-        return StatefulModuleOutput((), self.activation(y), zero_loss(), {}, None)
+        return self.activation(y)

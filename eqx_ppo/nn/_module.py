@@ -183,6 +183,35 @@ class AbstractStatefulModule(eqx.Module):
         )
 
 
+class AbstractStatelessLayer(AbstractStatefulModule):
+    """A deterministic layer without carry, loss or metrics: implement `forward`.
+
+    `__call__` ignores `state`, `extras` and `key` and returns `forward(x)`
+    with carry `()`, zero regularisation and no metrics; `uses_key` is
+    `False`, so containers hand it no key.
+    """
+
+    @abc.abstractmethod
+    def forward(self, x: Any) -> Any:
+        """The output for one env's input `x`."""
+
+    @property
+    def uses_key(self) -> bool:
+        return False
+
+    def __call__(
+        self,
+        state: State,
+        x: Any,
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """`forward(x)`, with carry `()`."""
+        del state, extras, key
+        return StatefulModuleOutput((), self.forward(x), zero_loss(), {}, None)
+
+
 class AbstractStatistics(eqx.Module):
     """Marks arrays that are never trained (e.g. a normaliser's running moments).
 

@@ -6,19 +6,15 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, PyTree
 
-from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+from ._module import AbstractStatelessLayer
 
 FilterSpec = str | int | tuple[str | int, ...] | Callable[[Any], Any]
 """One entry of a [`eqx_ppo.nn.Filter`][] spec: a key, a path of keys, or a function."""
 
 
-def _stateless(output: Any) -> StatefulModuleOutput:
-    return StatefulModuleOutput((), output, zero_loss(), {}, None)
-
-
-class Splitter(AbstractStatefulModule):
+class Splitter(AbstractStatelessLayer):
     """Splits the last axis into named slices, in argument order.
 
     `Splitter(mean=3, value=1)` maps `x` of shape `(4,)` to
@@ -46,19 +42,7 @@ class Splitter(AbstractStatefulModule):
                 )
         self.sizes = tuple(sizes.items())
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
-    def __call__(
-        self,
-        state: tuple[()],
-        x: Float[Array, "*batch features"],
-        extras: None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        del state, extras, key
+    def forward(self, x: Float[Array, "*batch features"]) -> Any:
         total = sum(size for _, size in self.sizes)
         if x.shape[-1] != total:
             described = ", ".join(f"{name}={size}" for name, size in self.sizes)
@@ -71,7 +55,7 @@ class Splitter(AbstractStatefulModule):
         for name, size in self.sizes:
             output[name] = x[..., start : start + size]
             start += size
-        return _stateless(output)
+        return output
 
 
 def _flatten(x: Any, preserve_levels: int) -> Any:
@@ -93,7 +77,7 @@ def _flatten(x: Any, preserve_levels: int) -> Any:
     )
 
 
-class Flattener(AbstractStatefulModule):
+class Flattener(AbstractStatelessLayer):
     """Flattens a pytree of arrays into one feature vector.
 
     With `preserve_levels=0` every leaf is raveled and the results are
@@ -118,20 +102,8 @@ class Flattener(AbstractStatefulModule):
                 "preserve_levels must be >= 0."
             )
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
-    def __call__(
-        self,
-        state: tuple[()],
-        x: PyTree[Array],
-        extras: None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        del state, extras, key
-        return _stateless(_flatten(x, self.preserve_levels))
+    def forward(self, x: PyTree[Array]) -> Any:
+        return _flatten(x, self.preserve_levels)
 
 
 def _select(x: Any, out_key: str, spec: FilterSpec) -> Any:
@@ -151,7 +123,7 @@ def _select(x: Any, out_key: str, spec: FilterSpec) -> Any:
     return value
 
 
-class Filter(AbstractStatefulModule):
+class Filter(AbstractStatelessLayer):
     """Selects parts of a pytree into a new dict.
 
     `spec` maps each output key to
@@ -189,23 +161,11 @@ class Filter(AbstractStatefulModule):
                 )
         self.spec = tuple(spec.items())
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
-    def __call__(
-        self,
-        state: tuple[()],
-        x: Any,
-        extras: None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        del state, extras, key
-        return _stateless({k: _select(x, k, entry) for k, entry in self.spec})
+    def forward(self, x: Any) -> Any:
+        return {k: _select(x, k, entry) for k, entry in self.spec}
 
 
-class Scale(AbstractStatefulModule):
+class Scale(AbstractStatelessLayer):
     """Multiplies every leaf of the input by a fixed factor.
 
     The factor is static configuration, never trained.
@@ -220,17 +180,5 @@ class Scale(AbstractStatefulModule):
     def __init__(self, factor: float):
         self.factor = float(factor)
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
-    def __call__(
-        self,
-        state: tuple[()],
-        x: PyTree[Array],
-        extras: None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        del state, extras, key
-        return _stateless(jax.tree.map(lambda leaf: leaf * self.factor, x))
+    def forward(self, x: PyTree[Array]) -> Any:
+        return jax.tree.map(lambda leaf: leaf * self.factor, x)
