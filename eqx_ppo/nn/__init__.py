@@ -24,6 +24,11 @@ from ._factories import (
     make_mlp as make_mlp,
     make_mlp_actor_critic as make_mlp_actor_critic,
 )
+from ._linear_recurrent import (
+    LRU as LRU,
+    MinGRU as MinGRU,
+    linear_recurrence as linear_recurrence,
+)
 from ._module import (
     AbstractStatefulModule as AbstractStatefulModule,
     AbstractStatelessLayer as AbstractStatelessLayer,

@@ -1,0 +1,429 @@
+"""Linear recurrences with a parallel replay: LRU (carry `(re, im)`), MinGRU (`h`).
+
+Both layers update their carry as `h_t = a_t * h_{t-1} + b_t` with `a_t`, `b_t`
+computed from the input `x_t` alone. A step is one such update; the loss
+replay computes the coefficients of all `T` steps at once and composes them
+with `jax.lax.associative_scan` (`linear_recurrence`), in `O(log T)`
+depth instead of a length-`T` scan, episode resets included.
+"""
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Complex, Float, Inexact, Key, PRNGKeyArray
+
+from ._dense import Initializer, check_size, check_vector
+from ._module import (
+    AbstractStatefulModule,
+    SequenceOutput,
+    StatefulModuleOutput,
+    zero_loss,
+)
+from ._recurrent import _check_hidden, _init_gates
+
+LRUState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
+"""An LRU carry `(re, im)`: the real and imaginary parts of the complex state."""
+
+
+def _compose(
+    earlier: tuple[Inexact[Array, "..."], Inexact[Array, "..."]],
+    later: tuple[Inexact[Array, "..."], Inexact[Array, "..."]],
+) -> tuple[Inexact[Array, "..."], Inexact[Array, "..."]]:
+    """The affine map `h -> a h + b` of `earlier` followed by that of `later`."""
+    a1, b1 = earlier
+    a2, b2 = later
+    return a2 * a1, a2 * b1 + b2
+
+
+def linear_recurrence(
+    a: Inexact[Array, " time *state"],
+    b: Inexact[Array, " time *state"],
+    h0: Inexact[Array, "*state"],
+    done: Bool[Array, " time"],
+    h_reset: Inexact[Array, "*state"],
+) -> tuple[Inexact[Array, " time *state"], Inexact[Array, "*state"]]:
+    """All states of `h_t = a_t * h_{t-1} + b_t` from `h0`, resetting on `done`.
+
+    As in [`eqx_ppo.nn.scan_sequence`][], `done[t]` replaces the state after
+    step `t` by `h_reset` before step `t + 1`. Returns the state after every
+    step (before its reset: what step `t` outputs) and the carry after the
+    last step (reset if that step was done).
+
+    A step that starts from a known state (`h0` at `t = 0`, `h_reset` after a
+    done) folds it into its offset, `b_t <- a_t * start + b_t`, and forgets
+    everything before it, `a_t <- 0`; then one associative scan composes the
+    steps, and the offsets it accumulates are the states themselves.
+    """
+    n_steps = done.shape[0]
+    per_step = (n_steps,) + (1,) * (a.ndim - 1)
+    first = (jnp.arange(n_steps) == 0).reshape(per_step)
+    restart = first | jnp.roll(done, 1).reshape(per_step)
+    start = jnp.where(first, h0, h_reset)
+    b = jnp.where(restart, a * start + b, b)
+    a = jnp.where(restart, jnp.zeros_like(a), a)
+    _, states = jax.lax.associative_scan(_compose, (a, b))
+    return states, jnp.where(done[-1], h_reset, states[-1])
+
+
+def _log_of_draw(value: Float[Array, "..."]) -> Float[Array, "..."]:
+    # A uniform draw is exactly 0 with probability 2^-23; flooring it keeps the
+    # log-parameter finite (an eigenvalue 0, or a real one) instead of -inf.
+    return jnp.log(jnp.maximum(value, jnp.finfo(jnp.float32).tiny))
+
+
+def _normal(
+    key: PRNGKeyArray, shape: tuple[int, ...], std: float
+) -> Float[Array, "..."]:
+    return std * jax.random.normal(key, shape, jnp.float32)
+
+
+def _check_radius(name: str, value: Any) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(
+            f"LRU({name}={value!r}) must lie in [0, 1): eigenvalue moduli of 1 or "
+            "more make the recurrence unstable."
+        )
+
+
+class LRU(AbstractStatefulModule):
+    """The Linear Recurrent Unit of Orvieto et al. (2023), for one env.
+
+    A complex diagonal recurrence read out by a real linear map:
+
+    ```
+    lambda = exp(-exp(nu_log) + i exp(theta_log))     gamma = exp(gamma_log)
+    h' = lambda * h + gamma * (x B)                   B = B_re + i B_im
+    y  = Re(h' C) + D x                               C = C_re + i C_im
+    ```
+
+    Every parameter is a real float32 array (`B` and `C` as their real and
+    imaginary parts; kernels stored `[in, out]` as in `Dense`), and so is the
+    carry: **the complex state is the tuple `(re, im)`** of two
+    `[hidden_size]` arrays, so checkpoints, `trainable` and `vmap` see only
+    real arrays. The output is the real `y`, which is also what a `Recorder`
+    around the layer records.
+
+    The initialisation follows the paper: `lambda` uniform on the ring
+    `r_min <= |lambda| <= r_max` with phase in `[0, max_phase]`,
+    `gamma_log = log(sqrt(1 - |lambda|^2))` (so white unit-variance inputs give a
+    unit-variance state however long the memory), `B ~ N(0, 1 / (2 in))`
+    per part, `C ~ N(0, 1 / hidden)` per part, `D ~ N(0, 1)`. The layer is
+    the paper's recurrence alone: its block's GELU/GLU, normalisation and
+    residual connection compose outside it, e.g. with `Dense` in a
+    `Sequential`.
+    """
+
+    nu_log: Float[Array, " hidden_size"]
+    theta_log: Float[Array, " hidden_size"]
+    gamma_log: Float[Array, " hidden_size"]
+    B_re: Float[Array, "in_size hidden_size"]
+    B_im: Float[Array, "in_size hidden_size"]
+    C_re: Float[Array, "hidden_size out_size"]
+    C_im: Float[Array, "hidden_size out_size"]
+    D: Float[Array, " in_size"] | Float[Array, "in_size out_size"]
+    initial_re: Float[Array, " hidden_size"] | None
+    initial_im: Float[Array, " hidden_size"] | None
+    in_size: int = eqx.field(static=True)
+    hidden_size: int = eqx.field(static=True)
+    out_size: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        hidden_size: int,
+        *,
+        key: PRNGKeyArray,
+        out_size: int | None = None,
+        r_min: float = 0.0,
+        r_max: float = 0.999,
+        max_phase: float = 2 * math.pi,
+        trainable_initial_state: bool = False,
+    ):
+        """**Arguments:**
+
+        - `in_size`: input features.
+        - `hidden_size`: size of the complex state (the paper's `N`); the
+            carry holds `2 * hidden_size` reals.
+        - `key`: PRNG key for the initialisers.
+        - `out_size`: output features; default `in_size`, as in the paper,
+            where the layer maps the model width to itself. Then `D` is the
+            paper's elementwise skip `D * x`; otherwise it is a real
+            `[in_size, out_size]` matrix (LeCun normal) and the skip is `x D`.
+        - `r_min`, `r_max`: the ring of initial eigenvalue moduli,
+            `0 <= r_min <= r_max < 1`. The default `[0, 0.999]` spreads the
+            memory from one step to about a thousand: the paper's appendix
+            uses `[0, 1)`, whose moduli near 1 leave no float32 room for
+            `gamma = sqrt(1 - |lambda|^2)`, and `0.999` is the cap of its
+            long-sequence runs (`[0.9, 0.999]`).
+        - `max_phase`: initial phases are uniform in `[0, max_phase]`,
+            `max_phase > 0`; the paper's default `2 pi` (smaller values bias
+            the state towards slow oscillations).
+        - `trainable_initial_state`: learn the initial state `(re, im)`
+            (initialised to zeros) instead of starting every episode from
+            zeros.
+        """
+        check_size("LRU(in_size=...)", in_size)
+        check_size("LRU(hidden_size=...)", hidden_size)
+        out_size = in_size if out_size is None else out_size
+        check_size("LRU(out_size=...)", out_size)
+        _check_radius("r_min", r_min)
+        _check_radius("r_max", r_max)
+        if r_min > r_max:
+            raise ValueError(
+                f"LRU(r_min={r_min!r}, r_max={r_max!r}): r_min must not exceed "
+                "r_max; they bound the ring of initial eigenvalue moduli."
+            )
+        if not max_phase > 0:
+            raise ValueError(
+                f"LRU(max_phase={max_phase!r}) must be > 0: initial phases are "
+                "drawn in [0, max_phase]."
+            )
+        radius_key, phase_key, b_re_key, b_im_key, c_re_key, c_im_key, d_key = (
+            jax.random.split(key, 7)
+        )
+        # Uniform on the ring's area: |lambda|^2 uniform in [r_min^2, r_max^2].
+        modulus_sq = jax.random.uniform(
+            radius_key, (hidden_size,), jnp.float32, r_min**2, r_max**2
+        )
+        self.nu_log = jnp.log(-0.5 * _log_of_draw(modulus_sq))
+        self.theta_log = _log_of_draw(
+            jax.random.uniform(phase_key, (hidden_size,), jnp.float32, 0.0, max_phase)
+        )
+        self.gamma_log = 0.5 * jnp.log1p(-jnp.exp(-2.0 * jnp.exp(self.nu_log)))
+        b_std = 1.0 / math.sqrt(2 * in_size)
+        c_std = 1.0 / math.sqrt(hidden_size)
+        self.B_re = _normal(b_re_key, (in_size, hidden_size), b_std)
+        self.B_im = _normal(b_im_key, (in_size, hidden_size), b_std)
+        self.C_re = _normal(c_re_key, (hidden_size, out_size), c_std)
+        self.C_im = _normal(c_im_key, (hidden_size, out_size), c_std)
+        if out_size == in_size:
+            self.D = _normal(d_key, (in_size,), 1.0)
+        else:
+            self.D = jax.nn.initializers.lecun_normal()(
+                d_key, (in_size, out_size), jnp.float32
+            )
+        if trainable_initial_state:
+            self.initial_re = jnp.zeros(hidden_size, jnp.float32)
+            self.initial_im = jnp.zeros(hidden_size, jnp.float32)
+        else:
+            self.initial_re = None
+            self.initial_im = None
+        self.in_size = in_size
+        self.hidden_size = hidden_size
+        self.out_size = out_size
+
+    def initial_state(self) -> LRUState:
+        """`(re, im)` of the initial state: the learned parameters, or zeros."""
+        if self.initial_re is None or self.initial_im is None:
+            zeros = jnp.zeros(self.hidden_size, jnp.float32)
+            return (zeros, zeros)
+        return (self.initial_re, self.initial_im)
+
+    @property
+    def uses_key(self) -> bool:
+        return False
+
+    def _coefficients(
+        self, xs: Float[Array, "*time in_size"]
+    ) -> tuple[Complex[Array, " hidden_size"], Complex[Array, "*time hidden_size"]]:
+        """`lambda` and the input term `gamma * (x B)` of the update."""
+        modulus = jnp.exp(-jnp.exp(self.nu_log))
+        phase = jnp.exp(self.theta_log)
+        lam = jax.lax.complex(modulus * jnp.cos(phase), modulus * jnp.sin(phase))
+        gamma = jnp.exp(self.gamma_log)
+        drive = jax.lax.complex(gamma * (xs @ self.B_re), gamma * (xs @ self.B_im))
+        return lam, drive
+
+    def _readout(
+        self, h: Complex[Array, "*time hidden_size"], xs: Float[Array, "*time in_size"]
+    ) -> Float[Array, "*time out_size"]:
+        """`y = Re(h C) + D x`."""
+        skip = xs * self.D if self.D.ndim == 1 else xs @ self.D
+        return jnp.real(h) @ self.C_re - jnp.imag(h) @ self.C_im + skip
+
+    def _check_carry(self, state: Any) -> None:
+        if not (isinstance(state, tuple) and len(state) == 2):
+            raise ValueError(
+                f"LRU carry must be the tuple (re, im); got {type(state).__name__}. "
+                "Use `initial_state()`."
+            )
+        _check_hidden("LRU", "re", state[0], self.hidden_size)
+        _check_hidden("LRU", "im", state[1], self.hidden_size)
+
+    def __call__(
+        self,
+        state: LRUState,
+        x: Float[Array, " in_size"],
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """One step for one env; returns `(re', im')` as carry and `y` as output."""
+        del extras, key
+        check_vector("LRU", x, self.in_size)
+        self._check_carry(state)
+        lam, drive = self._coefficients(x)
+        h = lam * jax.lax.complex(*state) + drive
+        y = self._readout(h, x)
+        return StatefulModuleOutput(
+            (jnp.real(h), jnp.imag(h)), y, zero_loss(), {}, None
+        )
+
+    def replay_sequence(
+        self,
+        state0: LRUState,
+        xs: Float[Array, "time in_size"],
+        extras: Any,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        """All `T` steps at once by an associative scan, resetting to `initial_state()`.
+
+        `reset_state` of this layer is `initial_state()`, so this is the reset
+        of the rollout and of `scan_sequence`.
+        """
+        del extras, keys
+        check_vector("LRU", xs[0], self.in_size)
+        self._check_carry(state0)
+        lam, drive = self._coefficients(xs)
+        reset = jax.lax.complex(*self.initial_state())
+        h, last = linear_recurrence(
+            jnp.broadcast_to(lam, drive.shape),
+            drive,
+            jax.lax.complex(*state0),
+            done,
+            reset,
+        )
+        return SequenceOutput(
+            (jnp.real(last), jnp.imag(last)),
+            self._readout(h, xs),
+            jnp.zeros(done.shape, jnp.float32),
+        )
+
+
+class MinGRU(AbstractStatefulModule):
+    """The minimal GRU of Feng et al. (2024), for one env; carry and output are `h`.
+
+    The gate and the candidate see only the input, so the update is linear
+    in `h` and replays in parallel. With the two blocks stacked in the order
+    `z, h` along the last axis of `kernel` and `bias`:
+
+    ```
+    z  = sigmoid(x W_z + b_z)        h~ = x W_h + b_h
+    h' = (1 - z) * h + z * h~
+    ```
+
+    This is the paper's plain minGRU: the candidate is linear, not passed
+    through the positive `g` of its log-space variant, which exists only to
+    scan in log space; here the scan works on `h` directly. Defaults:
+    LeCun-normal kernels (one per block), zero biases. With
+    `trainable_initial_state=True`, `initial_state()` returns the learned
+    `initial_h`.
+    """
+
+    kernel: Float[Array, "in_size gates"]
+    bias: Float[Array, " gates"]
+    initial_h: Float[Array, " hidden_size"] | None
+    in_size: int = eqx.field(static=True)
+    hidden_size: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        hidden_size: int,
+        *,
+        key: PRNGKeyArray,
+        trainable_initial_state: bool = False,
+        kernel_init: Initializer | None = None,
+        bias_init: Initializer | None = None,
+    ):
+        """**Arguments:**
+
+        - `in_size`: input features.
+        - `hidden_size`: size of `h`, and of the output.
+        - `key`: PRNG key for the initialisers.
+        - `trainable_initial_state`: learn `h0` (initialised to zeros)
+            instead of starting every episode from zeros.
+        - `kernel_init`: initialiser of each block's `[in_size, hidden_size]`
+            kernel; default LeCun normal.
+        - `bias_init`: initialiser of each block's bias; default zeros.
+        """
+        check_size("MinGRU(in_size=...)", in_size)
+        check_size("MinGRU(hidden_size=...)", hidden_size)
+        kernel_key, bias_key = jax.random.split(key)
+        if kernel_init is None:
+            kernel_init = jax.nn.initializers.lecun_normal()
+        if bias_init is None:
+            bias_init = jax.nn.initializers.zeros
+        self.kernel = _init_gates(
+            "MinGRU(kernel_init=...)",
+            kernel_init,
+            kernel_key,
+            (in_size, hidden_size),
+            2,
+        )
+        self.bias = _init_gates(
+            "MinGRU(bias_init=...)", bias_init, bias_key, (hidden_size,), 2
+        )
+        self.initial_h = (
+            jnp.zeros(hidden_size, jnp.float32) if trainable_initial_state else None
+        )
+        self.in_size = in_size
+        self.hidden_size = hidden_size
+
+    def initial_state(self) -> Float[Array, " hidden_size"]:
+        """`h0`: the learned parameter, or zeros."""
+        if self.initial_h is None:
+            return jnp.zeros(self.hidden_size, jnp.float32)
+        return self.initial_h
+
+    @property
+    def uses_key(self) -> bool:
+        return False
+
+    def _coefficients(
+        self, xs: Float[Array, "*time in_size"]
+    ) -> tuple[Float[Array, "*time hidden_size"], Float[Array, "*time hidden_size"]]:
+        """`1 - z` and `z * h~`: the update is `h' = (1 - z) * h + z * h~`."""
+        z, candidate = jnp.split(xs @ self.kernel + self.bias, 2, axis=-1)
+        z = jax.nn.sigmoid(z)
+        return 1.0 - z, z * candidate
+
+    def __call__(
+        self,
+        state: Float[Array, " hidden_size"],
+        x: Float[Array, " in_size"],
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """One step for one env; returns `h'` as both carry and output."""
+        del extras, key
+        check_vector("MinGRU", x, self.in_size)
+        _check_hidden("MinGRU", "h", state, self.hidden_size)
+        keep, write = self._coefficients(x)
+        h = keep * state + write
+        return StatefulModuleOutput(h, h, zero_loss(), {}, None)
+
+    def replay_sequence(
+        self,
+        state0: Float[Array, " hidden_size"],
+        xs: Float[Array, "time in_size"],
+        extras: Any,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        """All `T` steps at once by an associative scan, resetting to `initial_state()`.
+
+        `reset_state` of this layer is `initial_state()`, so this is the reset
+        of the rollout and of `scan_sequence`.
+        """
+        del extras, keys
+        check_vector("MinGRU", xs[0], self.in_size)
+        _check_hidden("MinGRU", "h", state0, self.hidden_size)
+        keep, write = self._coefficients(xs)
+        h, last = linear_recurrence(keep, write, state0, done, self.initial_state())
+        return SequenceOutput(last, h, jnp.zeros(done.shape, jnp.float32))

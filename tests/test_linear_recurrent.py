@@ -1,0 +1,371 @@
+import math
+
+import equinox as eqx
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_ppo
+from eqx_ppo.nn import Dense, Sequential, scan_sequence, trainable
+from eqx_ppo.nn._linear_recurrent import LRU, MinGRU, _log_of_draw
+
+T = 64
+# float32: the associative scan sums the same terms as the step loop in
+# another order; over 64 steps outputs and carries of size ~4 differ by at most
+# 7e-7 (measured), so 1e-5 leaves a wide margin and still catches a missed or
+# shifted reset, which moves values by O(1).
+TOL = dict(rtol=1e-5, atol=1e-5)
+# Gradients (of size up to ~35) differ by at most 8e-6 (measured).
+GRAD_TOL = dict(rtol=1e-4, atol=5e-5)
+
+
+@eqx.filter_jit
+def _step(layer, state, x):
+    return layer(state, x)
+
+
+@eqx.filter_jit
+def _replay(layer, state0, xs, done):
+    return layer.replay_sequence(state0, xs, None, None, done)
+
+
+@eqx.filter_jit
+def _reference(layer, state0, xs, done):
+    return scan_sequence(layer, state0, xs, None, None, done)
+
+
+def _done_patterns():
+    t = jnp.arange(T)
+    return {
+        "first": t == 0,
+        "two_in_a_row": (t == 10) | (t == 11),
+        "last": t == T - 1,
+        "random": jax.random.bernoulli(jax.random.key(3), 0.2, (T,)),
+        "none": jnp.zeros(T, bool),
+        "every": jnp.ones(T, bool),
+    }
+
+
+LAYERS = {
+    "mingru": lambda key: MinGRU(3, 5, key=key),
+    "mingru_h0": lambda key: MinGRU(3, 5, trainable_initial_state=True, key=key),
+    "lru": lambda key: LRU(3, 5, key=key),
+    "lru_h0": lambda key: LRU(3, 5, trainable_initial_state=True, key=key),
+    "lru_out": lambda key: LRU(3, 5, out_size=2, r_min=0.5, key=key),
+}
+
+
+def _with_random_initial_state(layer, key):
+    """Move a trainable initial state off zero, so a reset to zeros would show."""
+    if isinstance(layer, MinGRU) and layer.initial_h is not None:
+        h0 = jax.random.normal(key, (layer.hidden_size,))
+        return eqx.tree_at(lambda m: m.initial_h, layer, h0)
+    if isinstance(layer, LRU) and layer.initial_re is not None:
+        re, im = jax.random.normal(key, (2, layer.hidden_size))
+        return eqx.tree_at(lambda m: (m.initial_re, m.initial_im), layer, (re, im))
+    return layer
+
+
+def _random_state(layer, key):
+    leaves, treedef = jax.tree.flatten(layer.initial_state())
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree.unflatten(
+        treedef,
+        [
+            jax.random.normal(k, leaf.shape)
+            for k, leaf in zip(keys, leaves, strict=True)
+        ],
+    )
+
+
+def _assert_tree_close(actual, expected, **tol):
+    leaves, structure = jax.tree.flatten(actual)
+    expected_leaves, expected_structure = jax.tree.flatten(expected)
+    assert structure == expected_structure
+    for a, e in zip(leaves, expected_leaves, strict=True):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        np.testing.assert_allclose(a, e, **tol)
+
+
+def _set(module, **fields):
+    names = list(fields)
+    return eqx.tree_at(
+        lambda m: [getattr(m, n) for n in names],
+        module,
+        [jnp.asarray(fields[n], jnp.float32) for n in names],
+    )
+
+
+def test_mingru_hand_worked():
+    gru = MinGRU(1, 1, key=jax.random.key(0))
+    # Blocks [z, h]: z = sigmoid(0 x + ln 3) = 3/4, h~ = 2 x + 1.
+    gru = _set(gru, kernel=[[0.0, 2.0]], bias=[math.log(3.0), 1.0])
+    xs = jnp.array([[1.0], [0.0], [-1.0]])
+    h0 = jnp.array([0.4])
+    # h1 = 0.25 * 0.4 + 0.75 * 3 = 2.35
+    # h2 = 0.25 * 2.35 + 0.75 * 1 = 1.3375
+    # h3 = 0.25 * 1.3375 + 0.75 * (-1) = -0.415625
+    expected = [[2.35], [1.3375], [-0.415625]]
+    h, outs = h0, []
+    for x in xs:
+        out = _step(gru, h, x)
+        np.testing.assert_array_equal(out.output, out.next_state)
+        h = out.next_state
+        outs.append(h)
+    np.testing.assert_allclose(jnp.stack(outs), expected, rtol=1e-6)
+    replay = _replay(gru, h0, xs, jnp.zeros(3, bool))
+    np.testing.assert_allclose(replay.output, expected, rtol=1e-6)
+    np.testing.assert_allclose(replay.last_state, [-0.415625], rtol=1e-6)
+    # Done after step 2: step 3 starts from zeros, h3 = 0.75 * (-1) = -0.75.
+    replay = _replay(gru, h0, xs, jnp.array([False, True, False]))
+    np.testing.assert_allclose(replay.output, [[2.35], [1.3375], [-0.75]], rtol=1e-6)
+    # Done after the last step: the outputs stand, the carry is reset.
+    replay = _replay(gru, h0, xs, jnp.array([False, False, True]))
+    np.testing.assert_allclose(replay.output, expected, rtol=1e-6)
+    np.testing.assert_array_equal(replay.last_state, [0.0])
+
+
+def test_lru_hand_worked():
+    lru = LRU(1, 1, key=jax.random.key(0))
+    # lambda = exp(-ln 2 + i pi/2) = 0.5i, gamma = 0.5, B = 1 + i, C = 2 - i, D = 0.5.
+    lru = _set(
+        lru,
+        nu_log=[math.log(math.log(2.0))],
+        theta_log=[math.log(math.pi / 2)],
+        gamma_log=[math.log(0.5)],
+        B_re=[[1.0]],
+        B_im=[[1.0]],
+        C_re=[[2.0]],
+        C_im=[[-1.0]],
+        D=[0.5],
+    )
+    xs = jnp.array([[1.0], [2.0]])
+    # h1 = 0.5i * 0 + 0.5 (1 + i) 1 = 0.5 + 0.5i
+    # y1 = Re((2 - i)(0.5 + 0.5i)) + 0.5 * 1 = 1.5 + 0.5 = 2
+    # h2 = 0.5i (0.5 + 0.5i) + 0.5 (1 + i) 2 = 0.75 + 1.25i
+    # y2 = Re((2 - i)(0.75 + 1.25i)) + 0.5 * 2 = 2.75 + 1 = 3.75
+    state, ys = lru.initial_state(), []
+    for x in xs:
+        out = _step(lru, state, x)
+        state = out.next_state
+        ys.append(out.output)
+    np.testing.assert_allclose(jnp.stack(ys), [[2.0], [3.75]], rtol=1e-6)
+    np.testing.assert_allclose(state[0], [0.75], rtol=1e-6)
+    np.testing.assert_allclose(state[1], [1.25], rtol=1e-6)
+    replay = _replay(lru, lru.initial_state(), xs, jnp.zeros(2, bool))
+    np.testing.assert_allclose(replay.output, [[2.0], [3.75]], rtol=1e-6)
+    _assert_tree_close(replay.last_state, state, rtol=1e-6)
+
+
+def test_lru_matches_numpy_complex_reference(getkey):
+    lru = LRU(3, 5, out_size=2, key=getkey())
+    xs = np.asarray(jax.random.normal(getkey(), (T, 3)), np.float64)
+    re0, im0 = np.asarray(jax.random.normal(getkey(), (2, 5)), np.float64)
+    nu_log, theta_log, gamma_log, b_re, b_im, c_re, c_im, d = (
+        np.asarray(a, np.float64)
+        for a in (
+            lru.nu_log,
+            lru.theta_log,
+            lru.gamma_log,
+            lru.B_re,
+            lru.B_im,
+            lru.C_re,
+            lru.C_im,
+            lru.D,
+        )
+    )
+    lam = np.exp(-np.exp(nu_log) + 1j * np.exp(theta_log))
+    gamma, b, c = np.exp(gamma_log), b_re + 1j * b_im, c_re + 1j * c_im
+    h, ys = re0 + 1j * im0, []
+    for x in xs:
+        h = lam * h + gamma * (x @ b)
+        ys.append((h @ c).real + x @ d)
+    state = (jnp.asarray(re0, jnp.float32), jnp.asarray(im0, jnp.float32))
+    replay = _replay(lru, state, jnp.asarray(xs, jnp.float32), jnp.zeros(T, bool))
+    np.testing.assert_allclose(replay.output, np.stack(ys), **TOL)
+    np.testing.assert_allclose(replay.last_state[0], h.real, **TOL)
+    np.testing.assert_allclose(replay.last_state[1], h.imag, **TOL)
+
+
+def test_lru_init_and_real_parameters(getkey):
+    # Built under jit: one compilation instead of one per eager op.
+    lru = eqx.filter_jit(
+        lambda key: LRU(3, 256, r_min=0.4, r_max=0.9, max_phase=1.0, key=key)
+    )(getkey())
+    modulus = np.exp(-np.exp(np.asarray(lru.nu_log)))
+    phase = np.exp(np.asarray(lru.theta_log))
+    assert modulus.min() >= 0.4 - 1e-6 and modulus.max() <= 0.9 + 1e-6
+    assert phase.min() >= 0.0 and phase.max() <= 1.0 + 1e-6
+    np.testing.assert_allclose(
+        np.exp(lru.gamma_log), np.sqrt(1 - modulus**2), rtol=1e-5
+    )
+    assert lru.out_size == 3 and lru.D.shape == (3,)
+    assert LAYERS["lru_out"](getkey()).D.shape == (3, 2)
+    with_h0 = LAYERS["lru_h0"](getkey())
+    assert all(jax.tree.leaves(trainable(with_h0)))
+    for leaf in jax.tree.leaves((with_h0, with_h0.initial_state())):
+        assert leaf.dtype == jnp.float32
+    # r_min = 0: a modulus draw of exactly 0 would make nu_log infinite.
+    zero = jnp.zeros(2)
+    assert np.isfinite(np.asarray(jnp.log(-0.5 * _log_of_draw(zero)))).all()
+
+
+@pytest.mark.parametrize("name", ["mingru", "mingru_h0", "lru", "lru_h0", "lru_out"])
+def test_parallel_replay_equals_scan_sequence(getkey, name):
+    layer = _with_random_initial_state(LAYERS[name](getkey()), getkey())
+    xs = jax.random.normal(getkey(), (T, 3))
+    state0 = _random_state(layer, getkey())
+    patterns = _done_patterns()
+    done = jnp.stack(list(patterns.values()))
+
+    def both(layer, state0, xs, done):
+        return (
+            layer.replay_sequence(state0, xs, None, None, done),
+            scan_sequence(layer, state0, xs, None, None, done),
+        )
+
+    parallel, reference = eqx.filter_jit(jax.vmap(both, in_axes=(None, None, None, 0)))(
+        layer, state0, xs, done
+    )
+    for i, pattern in enumerate(patterns):
+        at = jax.tree.map(lambda leaf, i=i: leaf[i], (parallel, reference))
+        try:
+            _assert_tree_close(*at, **TOL)
+        except AssertionError as error:
+            raise AssertionError(f"done pattern {pattern!r}") from error
+    # A reset after the last step leaves the (learned or zero) initial state.
+    last = jax.tree.map(lambda leaf: leaf[list(patterns).index("last")], parallel)
+    _assert_tree_close(last.last_state, layer.initial_state(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["mingru_h0", "lru_h0"])
+def test_gradient_equals_scan_sequence(getkey, name):
+    layer = _with_random_initial_state(LAYERS[name](getkey()), getkey())
+    xs = jax.random.normal(getkey(), (16, 3))
+    state0 = _random_state(layer, getkey())
+    # Resets at the first step, two in a row, and one at the last step.
+    done = jnp.zeros(16, bool).at[jnp.array([0, 6, 7, 15])].set(True)
+
+    def loss(model_and_state, replay):
+        model, state = model_and_state
+        out = replay(model, state, xs, None, None, done)
+        # Uneven weights, so every output's gradient path counts separately.
+        weights = jnp.cos(jnp.arange(out.output.size)).reshape(out.output.shape)
+        return jnp.sum(weights * out.output) + sum(
+            jnp.sum(leaf) for leaf in jax.tree.leaves(out.last_state)
+        )
+
+    grad = eqx.filter_jit(eqx.filter_grad(loss))
+    parallel = grad((layer, state0), type(layer).replay_sequence)
+    reference = grad((layer, state0), scan_sequence)
+    _assert_tree_close(parallel, reference, **GRAD_TOL)
+    # The resets inside the sequence pass gradient to the learned initial state.
+    initial = parallel[0].initial_h if name == "mingru_h0" else parallel[0].initial_re
+    assert np.any(np.asarray(initial) != 0)
+
+
+@pytest.mark.parametrize("name", ["mingru", "lru"])
+def test_vmap_over_envs_equals_a_loop(getkey, name):
+    layer = LAYERS[name](getkey())
+    n_envs, n_steps = 3, 16
+    xs = jax.random.normal(getkey(), (n_envs, n_steps, 3))
+    done = jax.random.bernoulli(getkey(), 0.3, (n_envs, n_steps))
+    state0 = jax.vmap(_random_state, (None, 0))(layer, jax.random.split(getkey(), 3))
+    batched = eqx.filter_jit(jax.vmap(_replay, in_axes=(None, 0, 0, 0)))(
+        layer, state0, xs, done
+    )
+    for env in range(n_envs):
+        at = jax.tree.map(lambda leaf, e=env: leaf[e], (state0, xs, done, batched))
+        _assert_tree_close(at[3], _replay(layer, *at[:3]), rtol=1e-6, atol=1e-6)
+
+
+def test_replay_compiles_once(getkey):
+    traces = []
+
+    @eqx.filter_jit
+    def replay(layer, state0, xs, done):
+        traces.append(type(layer).__name__)
+        return layer.replay_sequence(state0, xs, None, None, done)
+
+    for cls in (MinGRU, LRU):
+        for _ in range(2):
+            layer = cls(3, 5, key=getkey())
+            done = jax.random.bernoulli(getkey(), 0.3, (8,))
+            xs = jax.random.normal(getkey(), (8, 3))
+            replay(layer, _random_state(layer, getkey()), xs, done)
+    assert traces == ["MinGRU", "LRU"]
+
+
+def test_bad_arguments_and_inputs(getkey):
+    for cls in (LRU, MinGRU):
+        with pytest.raises(ValueError, match="hidden_size"):
+            cls(2, 0, key=getkey())
+        with pytest.raises(ValueError, match="in_size"):
+            cls(-1, 3, key=getkey())
+    with pytest.raises(ValueError, match="out_size"):
+        LRU(2, 3, out_size=0, key=getkey())
+    with pytest.raises(ValueError, match=r"r_min=-0\.1.*\[0, 1\)"):
+        LRU(2, 3, r_min=-0.1, key=getkey())
+    with pytest.raises(ValueError, match=r"r_max=1\.0.*\[0, 1\)"):
+        LRU(2, 3, r_max=1.0, key=getkey())
+    with pytest.raises(ValueError, match="r_min must not exceed r_max"):
+        LRU(2, 3, r_min=0.9, r_max=0.5, key=getkey())
+    with pytest.raises(ValueError, match="max_phase"):
+        LRU(2, 3, max_phase=0.0, key=getkey())
+
+    lru = LAYERS["lru"](getkey())  # in 3, hidden 5
+    done = jnp.zeros(4, bool)
+    with pytest.raises(ValueError, match=r"LRU expects one env's input of shape \(3,"):
+        lru(lru.initial_state(), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"LRU expects one env's input of shape \(3,"):
+        lru.replay_sequence(lru.initial_state(), jnp.ones((4, 4)), None, None, done)
+    # A malformed carry is rejected by the runtime type checker when it is on
+    # (TypeError naming `state`), otherwise by the layer (ValueError).
+    with pytest.raises((ValueError, TypeError), match=r"tuple \(re, im\)|'state'"):
+        lru(jnp.zeros(5), jnp.ones(3))
+    with pytest.raises((ValueError, TypeError), match=r"carry im has|'state'"):
+        lru((jnp.zeros(5), jnp.zeros(4)), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"carry re has shape \(4,\), expected \(5,"):
+        lru((jnp.zeros(4), jnp.zeros(4)), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"carry re has shape \(4,\), expected \(5,"):
+        lru.replay_sequence(
+            (jnp.zeros(4), jnp.zeros(4)), jnp.ones((4, 3)), None, None, done
+        )
+
+    gru = LAYERS["mingru"](getkey())  # in 3, hidden 5
+    with pytest.raises(ValueError, match=r"MinGRU expects one env's input"):
+        gru(gru.initial_state(), jnp.ones(2))
+    with pytest.raises(ValueError, match=r"MinGRU carry h has shape \(4,\)"):
+        gru(jnp.zeros(4), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"MinGRU carry h has shape \(4,\)"):
+        gru.replay_sequence(jnp.zeros(4), jnp.ones((4, 3)), None, None, done)
+
+
+def _has_scan(jaxpr) -> bool:
+    return any(
+        eqn.primitive.name == "scan"
+        or any(_has_scan(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
+        for eqn in jaxpr.eqns
+    )
+
+
+def test_inside_sequential_equals_scan_sequence(getkey):
+    net = Sequential(
+        [
+            Dense(3, 3, activation="tanh", key=getkey()),
+            eqx_ppo.Recorder(LRU(3, 5, trainable_initial_state=True, key=getkey())),
+            MinGRU(3, 5, trainable_initial_state=True, key=getkey()),
+            Dense(5, 2, key=getkey()),
+        ]
+    )
+    xs = jax.random.normal(getkey(), (T, 3))
+    done = _done_patterns()["random"]
+    state0 = jax.tree.map(lambda s: s + 0.3, net.initial_state())
+    args = (state0, xs, done)
+    _assert_tree_close(_replay(net, *args), _reference(net, *args), **TOL)
+    # Dense layers run batched and the recurrences as associative scans: the
+    # replay holds no sequential scan at all.
+    jaxpr = jax.make_jaxpr(net.replay_sequence)(state0, xs, None, None, done)
+    assert not _has_scan(jaxpr.jaxpr)
