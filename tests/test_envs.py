@@ -49,6 +49,9 @@ def aval(x):
 
 
 def zero_action(env):
+    n_actions = getattr(env, "n_actions", None)
+    if n_actions is not None:  # discrete: choice 0 of each sub-action
+        return jnp.zeros(jnp.shape(n_actions), jnp.int32)
     return jax.tree.map(lambda n: jnp.zeros(n, jnp.float32), env.action_size)
 
 
@@ -105,6 +108,8 @@ def test_registry():
     assert registered_names() == (
         "cartpole",
         "cartpole_no_velocity",
+        "count_recall",
+        "count_recall_hard",
         "counter",
         "dict_obs_act",
         "move_to_center",
@@ -112,6 +117,10 @@ def test_registry():
         "pendulum",
         "pendulum_no_velocity",
         "recall",
+        "repeat_first",
+        "repeat_first_hard",
+        "repeat_previous",
+        "repeat_previous_hard",
         "two_arm",
     )
     assert isinstance(make("recall"), Recall)

@@ -8,6 +8,11 @@ from ._gymnax import GymnaxAdapter as GymnaxAdapter
 from ._move_to_center import MoveToCenter as MoveToCenter
 from ._parrot import Parrot as Parrot
 from ._pendulum import Pendulum as Pendulum
+from ._popgym import (
+    CountRecall as CountRecall,
+    RepeatFirst as RepeatFirst,
+    RepeatPrevious as RepeatPrevious,
+)
 from ._recall import Recall as Recall
 from ._registry import make as make, registered_names as registered_names
 from ._state import State as State

@@ -15,6 +15,7 @@ from ._gymnax import GymnaxAdapter
 from ._move_to_center import MoveToCenter
 from ._parrot import Parrot
 from ._pendulum import Pendulum
+from ._popgym import CountRecall, RepeatFirst, RepeatPrevious
 from ._recall import Recall
 from ._two_arm import TwoArm
 from ._wrappers import EpisodeWrapper
@@ -23,6 +24,8 @@ from ._wrappers import EpisodeWrapper
 _BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
     "cartpole": (CartPole, 500),
     "cartpole_no_velocity": (functools.partial(CartPole, hide_velocity=True), 500),
+    "count_recall": (CountRecall, None),
+    "count_recall_hard": (functools.partial(CountRecall, n_values=8, length=64), None),
     "counter": (Counter, None),
     "dict_obs_act": (DictObsAct, 20),
     "move_to_center": (MoveToCenter, 20),
@@ -30,6 +33,10 @@ _BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
     "pendulum": (Pendulum, 200),
     "pendulum_no_velocity": (functools.partial(Pendulum, hide_velocity=True), 200),
     "recall": (Recall, None),
+    "repeat_first": (RepeatFirst, None),
+    "repeat_first_hard": (functools.partial(RepeatFirst, n_cards=16, length=64), None),
+    "repeat_previous": (RepeatPrevious, None),
+    "repeat_previous_hard": (functools.partial(RepeatPrevious, k=8, length=64), None),
     "two_arm": (TwoArm, 20),
 }
 
@@ -122,7 +129,8 @@ def make(
     [`eqx_ppo.envs.EpisodeWrapper`][] time limit: 10 steps for `parrot`, 20
     for `move_to_center`, `dict_obs_act` and `two_arm`, 200 for the
     pendulums, 500 for the cart-poles (which also end when the pole falls);
-    `counter` and `recall` end by themselves.
+    `counter`, `recall` and the POPGym-style `count_recall*`, `repeat_first*`
+    and `repeat_previous*` end by themselves.
 
     Other simulators are imported only when asked for:
 
