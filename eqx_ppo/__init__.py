@@ -47,6 +47,7 @@ from .nn import (
     make_lstm_actor_critic as make_lstm_actor_critic,
     make_mlp as make_mlp,
     make_mlp_actor_critic as make_mlp_actor_critic,
+    make_recurrent_actor_critic as make_recurrent_actor_critic,
     trainable as trainable,
 )
 from .ppo import (

@@ -23,6 +23,7 @@ from ._factories import (
     make_lstm_actor_critic as make_lstm_actor_critic,
     make_mlp as make_mlp,
     make_mlp_actor_critic as make_mlp_actor_critic,
+    make_recurrent_actor_critic as make_recurrent_actor_critic,
 )
 from ._linear_recurrent import (
     LRU as LRU,

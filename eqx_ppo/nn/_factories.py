@@ -1,4 +1,4 @@
-"""Factories for the standard networks: MLPs and MLP / LSTM actor-critics.
+"""Factories for the standard networks: MLPs and MLP / recurrent actor-critics.
 
 Every actor-critic factory returns a [`eqx_ppo.nn.Sequential`][] whose last
 layer is a [`eqx_ppo.nn.PPOAdapter`][], preceded by the observation
@@ -38,9 +38,10 @@ from ..samplers import CategoricalSampler, NormalTanhSampler
 from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
 from ._dense import Dense, get_activation
+from ._linear_recurrent import LRU, MinGRU
 from ._module import AbstractStatefulModule
 from ._normalizer import Normalizer
-from ._recurrent import LSTM
+from ._recurrent import GRU, LSTM
 from ._utils import Flattener, Splitter
 
 Activation = str | Callable[[Array], Array]
@@ -203,7 +204,9 @@ def _action_head(
 def _actor_critic(
     obs_size: ObsSize,
     action_size: ActionSize,
-    make_trunk: Callable[[int, PRNGKeyArray], tuple[list[AbstractStatefulModule], int]],
+    make_trunk: Callable[
+        [str, int, PRNGKeyArray], tuple[list[AbstractStatefulModule], int]
+    ],
     actor_hidden_sizes: Sequence[int],
     critic_hidden_sizes: Sequence[int],
     *,
@@ -230,8 +233,8 @@ def _actor_critic(
     )
     actor_trunk_key, actor_key, critic_trunk_key, critic_key = jax.random.split(key, 4)
 
-    def port(trunk_key, mlp_key, hidden_sizes, out_size):
-        trunk, trunk_size = make_trunk(features, trunk_key)
+    def port(name, trunk_key, mlp_key, hidden_sizes, out_size):
+        trunk, trunk_size = make_trunk(name, features, trunk_key)
         mlp = _dense_stack(
             (trunk_size, *hidden_sizes, out_size),
             key=mlp_key,
@@ -243,9 +246,16 @@ def _actor_critic(
 
     adapter = PPOAdapter(
         action=Sequential(
-            [*port(actor_trunk_key, actor_key, actor_hidden_sizes, head_size), *head]
+            [
+                *port(
+                    "action", actor_trunk_key, actor_key, actor_hidden_sizes, head_size
+                ),
+                *head,
+            ]
         ),
-        value=Sequential(port(critic_trunk_key, critic_key, critic_hidden_sizes, 1)),
+        value=Sequential(
+            port("value", critic_trunk_key, critic_key, critic_hidden_sizes, 1)
+        ),
     )
     return Sequential([*preprocessing, adapter])
 
@@ -302,8 +312,8 @@ def make_mlp_actor_critic(
     - `discrete`: use [`eqx_ppo.nn.CategoricalSampler`][]s (integer actions).
     """
 
-    def no_trunk(features, key):
-        del key
+    def no_trunk(port, features, key):
+        del port, key
         return [], features
 
     return _actor_critic(
@@ -323,12 +333,75 @@ def make_mlp_actor_critic(
     )
 
 
-def make_lstm_actor_critic(
-    obs_size: ObsSize,
-    action_size: ActionSize,
-    lstm_size: int,
+_CELLS = ("lstm", "gru", "lru", "mingru")
+
+
+def _cell(
+    cell: str,
+    features: int,
+    hidden_size: int,
     *,
     key: PRNGKeyArray,
+    activation: Activation,
+    kernel_init: Callable[..., Array],
+    trainable_initial_state: bool,
+) -> list[AbstractStatefulModule]:
+    """The recurrent trunk of one port: the cell, and for the linear
+    recurrences a nonlinear input projection in front of it."""
+    if cell == "lstm":
+        return [
+            LSTM(
+                features,
+                hidden_size,
+                key=key,
+                kernel_init=kernel_init,
+                trainable_initial_state=trainable_initial_state,
+            )
+        ]
+    if cell == "gru":
+        return [
+            GRU(
+                features,
+                hidden_size,
+                key=key,
+                kernel_init=kernel_init,
+                trainable_initial_state=trainable_initial_state,
+            )
+        ]
+    projection_key, cell_key = jax.random.split(key)
+    projection = Dense(
+        features,
+        hidden_size,
+        key=projection_key,
+        activation=activation,
+        kernel_init=kernel_init,
+    )
+    if cell == "lru":
+        recurrence: AbstractStatefulModule = LRU(
+            hidden_size,
+            hidden_size,
+            key=cell_key,
+            trainable_initial_state=trainable_initial_state,
+        )
+    else:
+        recurrence = MinGRU(
+            hidden_size,
+            hidden_size,
+            key=cell_key,
+            kernel_init=kernel_init,
+            trainable_initial_state=trainable_initial_state,
+        )
+    return [projection, recurrence]
+
+
+def make_recurrent_actor_critic(
+    obs_size: ObsSize,
+    action_size: ActionSize,
+    hidden_size: int,
+    *,
+    key: PRNGKeyArray,
+    cell: str = "lstm",
+    recurrent_critic: bool = True,
     actor_hidden_sizes: Sequence[int] = (),
     critic_hidden_sizes: Sequence[int] = (),
     activation: Activation = "swish",
@@ -340,12 +413,23 @@ def make_lstm_actor_critic(
     discrete: bool = False,
     trainable_initial_state: bool = False,
 ) -> Sequential:
-    """A recurrent actor and critic: each port has its own LSTM, then an MLP.
+    """A recurrent actor and critic, each port with its own memory, then an MLP.
 
-    The actor and the critic each get an [`eqx_ppo.nn.LSTM`][] of width
-    `lstm_size` reading the (normalised, flattened) observation, so the two
-    memories are trained by their own losses and never interfere. With no
-    hidden sizes the structure is
+    The actor (and, with `recurrent_critic=True`, the critic) gets its own
+    recurrent trunk reading the (normalised, flattened) observation, so the
+    memories are trained by their own losses and never interfere:
+
+    - `cell="lstm"`: an [`eqx_ppo.nn.LSTM`][] of width `hidden_size`;
+    - `cell="gru"`: an [`eqx_ppo.nn.GRU`][];
+    - `cell="lru"`: `Dense(-> hidden_size, activation)` then an
+      [`eqx_ppo.nn.LRU`][] with `hidden_size` complex states and outputs;
+    - `cell="mingru"`: `Dense(-> hidden_size, activation)` then a
+      [`eqx_ppo.nn.MinGRU`][].
+
+    The linear recurrences (LRU, MinGRU) are linear in their input, so a
+    nonlinear projection comes first; they replay a whole sequence with one
+    associative scan instead of a length-`T` scan. With no hidden sizes the
+    LSTM network is
 
     ```python
     Sequential([
@@ -365,29 +449,47 @@ def make_lstm_actor_critic(
     - `obs_size`, `action_size`, `key`, `activation`, `normalize_obs`,
       `initializer_scale`, `entropy_weight`, `min_std`, `std_scale`,
       `discrete`: as in [`eqx_ppo.nn.make_mlp_actor_critic`][].
-    - `lstm_size`: hidden size of each LSTM.
+    - `hidden_size`: the width of each memory.
+    - `cell`: `"lstm"`, `"gru"`, `"lru"` or `"mingru"`.
+    - `recurrent_critic`: give the critic its own memory (the default); with
+      `False` the critic is a feed-forward MLP on the observation, the
+      cheaper common layout of recurrent PPO.
     - `actor_hidden_sizes`, `critic_hidden_sizes`: widths of the MLP layers
-      between each LSTM and its output layer; default none.
-    - `trainable_initial_state`: learn each LSTM's initial `(h, c)`.
+      between each trunk and its output layer; default none.
+    - `trainable_initial_state`: learn each memory's initial carry.
     """
-    if isinstance(lstm_size, bool) or not isinstance(lstm_size, int) or lstm_size < 1:
-        raise ValueError(f"lstm_size={lstm_size!r} must be a positive int.")
+    if cell not in _CELLS:
+        raise ValueError(
+            f"cell={cell!r} is not a recurrent cell; choose one of "
+            f"{', '.join(repr(c) for c in _CELLS)}."
+        )
+    if (
+        isinstance(hidden_size, bool)
+        or not isinstance(hidden_size, int)
+        or hidden_size < 1
+    ):
+        raise ValueError(f"hidden_size={hidden_size!r} must be a positive int.")
+    get_activation(activation)
     kernel_init = _kernel_init(initializer_scale)
 
-    def lstm_trunk(features, key):
-        lstm = LSTM(
+    def trunk(port, features, key):
+        if port == "value" and not recurrent_critic:
+            return [], features
+        layers = _cell(
+            cell,
             features,
-            lstm_size,
+            hidden_size,
             key=key,
+            activation=activation,
             kernel_init=kernel_init,
             trainable_initial_state=trainable_initial_state,
         )
-        return [lstm], lstm_size
+        return layers, hidden_size
 
     return _actor_critic(
         obs_size,
         action_size,
-        lstm_trunk,
+        trunk,
         actor_hidden_sizes,
         critic_hidden_sizes,
         key=key,
@@ -398,4 +500,48 @@ def make_lstm_actor_critic(
         entropy_weight=entropy_weight,
         min_std=min_std,
         std_scale=std_scale,
+    )
+
+
+def make_lstm_actor_critic(
+    obs_size: ObsSize,
+    action_size: ActionSize,
+    lstm_size: int,
+    *,
+    key: PRNGKeyArray,
+    recurrent_critic: bool = True,
+    actor_hidden_sizes: Sequence[int] = (),
+    critic_hidden_sizes: Sequence[int] = (),
+    activation: Activation = "swish",
+    normalize_obs: bool = True,
+    initializer_scale: float = 1.0,
+    entropy_weight: float = 1e-2,
+    min_std: float = 1e-1,
+    std_scale: float = 1.0,
+    discrete: bool = False,
+    trainable_initial_state: bool = False,
+) -> Sequential:
+    """[`eqx_ppo.nn.make_recurrent_actor_critic`][] with `cell="lstm"`.
+
+    `lstm_size` is its `hidden_size`; every other argument is the same.
+    """
+    if isinstance(lstm_size, bool) or not isinstance(lstm_size, int) or lstm_size < 1:
+        raise ValueError(f"lstm_size={lstm_size!r} must be a positive int.")
+    return make_recurrent_actor_critic(
+        obs_size,
+        action_size,
+        lstm_size,
+        key=key,
+        cell="lstm",
+        recurrent_critic=recurrent_critic,
+        actor_hidden_sizes=actor_hidden_sizes,
+        critic_hidden_sizes=critic_hidden_sizes,
+        activation=activation,
+        normalize_obs=normalize_obs,
+        initializer_scale=initializer_scale,
+        entropy_weight=entropy_weight,
+        min_std=min_std,
+        std_scale=std_scale,
+        discrete=discrete,
+        trainable_initial_state=trainable_initial_state,
     )

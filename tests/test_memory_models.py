@@ -1,0 +1,100 @@
+"""The recurrent factory with every cell: structure, training, vmap over seeds,
+checkpoint resume, recording shapes, and its argument errors."""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+import eqx_ppo
+from eqx_ppo import nn
+
+CELLS = ("lstm", "gru", "lru", "mingru")
+HIDDEN = 6
+
+
+def _config(total_steps=32, n_seeds=2):
+    return eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=4, rollout_length=8, total_steps=total_steps, n_minibatches=2
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        n_seeds=n_seeds,
+        progress=False,
+    )
+
+
+def _networks(cell):
+    return lambda key: nn.make_recurrent_actor_critic(2, 1, HIDDEN, cell=cell, key=key)
+
+
+@pytest.mark.parametrize(
+    "cell",
+    # The linear recurrences' parallel replay runs in the default suite; the
+    # scanned cells share the path every LSTM test exercises.
+    [pytest.param(c, marks=pytest.mark.slow) for c in ("lstm", "gru", "mingru")]
+    + ["lru"],
+)
+def test_cell_trains_over_seeds_resumes_and_records(cell, tmp_path):
+    env = eqx_ppo.envs.make("recall")
+    networks = _networks(cell)
+    result = eqx_ppo.train_ppo(env, networks, _config())
+    state = result.training_state
+    assert state.steps.shape == (2,) and int(state.steps[0]) == 32
+    params = eqx.filter(state.network, eqx_ppo.nn.trainable(state.network))
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
+
+    one = eqx_ppo.select_seed(state, 0)
+    eqx_ppo.save_checkpoint(tmp_path, one, config=_config(n_seeds=1), step=32)
+    loaded = eqx_ppo.load_checkpoint(tmp_path, env=env, networks=networks)
+    assert all(
+        bool(jnp.array_equal(a, b))
+        for a, b in zip(
+            jax.tree.leaves(loaded.network), jax.tree.leaves(one.network), strict=True
+        )
+    )
+    config = dataclasses.replace(
+        _config(n_seeds=1),
+        ppo=dataclasses.replace(_config().ppo, total_steps=64),
+    )
+    resumed = eqx_ppo.train_ppo(env, networks, config, initial_state=loaded)
+    assert int(resumed.training_state.steps) == 64
+
+    activations, _ = eqx_ppo.record_activations_rollout(
+        env, one.network, n_envs=3, max_episode_length=5, key=jax.random.key(0)
+    )
+    memory = activations[1]["action"][1 if cell in ("lru", "mingru") else 0]
+    assert memory.shape == (5, 3, HIDDEN) and memory.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_feed_forward_critic_has_no_carry(cell):
+    net = nn.make_recurrent_actor_critic(
+        3, 2, HIDDEN, cell=cell, recurrent_critic=False, key=jax.random.key(0)
+    )
+    carry = net.initial_state()
+    assert jax.tree.leaves(carry[1]["action"])
+    assert not jax.tree.leaves(carry[1]["value"])
+    out = net(carry, jnp.ones(3), key=jax.random.key(1))
+    assert out.output.value_estimates.shape == ()
+
+
+def test_lstm_shortcut_is_the_lstm_cell():
+    key = jax.random.key(3)
+    a = nn.make_lstm_actor_critic(3, 2, HIDDEN, key=key)
+    b = nn.make_recurrent_actor_critic(3, 2, HIDDEN, cell="lstm", key=key)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    assert all(
+        bool(jnp.array_equal(x, y))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def test_bad_cell_and_hidden_size_name_the_argument():
+    with pytest.raises(ValueError, match=r"cell='rnn'.*'lstm', 'gru', 'lru'"):
+        nn.make_recurrent_actor_critic(3, 2, 4, cell="rnn", key=jax.random.key(0))
+    for size in (0, -3, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="hidden_size"):
+            nn.make_recurrent_actor_critic(3, 2, size, key=jax.random.key(0))
