@@ -17,7 +17,7 @@ import numpy as np
 
 from . import envs
 from .logging import JSONLLogger, LoggingLevel
-from .nn import make_lstm_actor_critic, make_mlp_actor_critic
+from .nn import make_mlp_actor_critic, make_recurrent_actor_critic
 from .ppo import EvalConfig, PPOConfig, TrainConfig, select_seed, train_ppo
 
 DEFAULT_ENV = "move_to_center"
@@ -117,8 +117,14 @@ def _parser() -> argparse.ArgumentParser:
         "--recurrent",
         type=int,
         default=0,
-        metavar="LSTM_SIZE",
-        help="use an LSTM policy with this many units",
+        metavar="SIZE",
+        help="use a recurrent policy with this many units (the cell: --cell)",
+    )
+    train.add_argument(
+        "--cell",
+        choices=("lstm", "gru", "lru", "mingru"),
+        default="lstm",
+        help="the recurrent cell of --recurrent",
     )
     train.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     train.add_argument(
@@ -193,11 +199,12 @@ def build_network(run: dict[str, Any], env: Any, key: jax.Array):
     discrete = n_actions is not None
     action_size = n_actions if discrete else env.action_size
     if run["recurrent"]:
-        return make_lstm_actor_critic(
+        return make_recurrent_actor_critic(
             obs_size,
             action_size,
             run["recurrent"],
             key=key,
+            cell=run.get("cell", "lstm"),
             actor_hidden_sizes=run["hidden"],
             critic_hidden_sizes=run["hidden"],
             entropy_weight=run["entropy_weight"],
@@ -266,6 +273,11 @@ def _train(args: argparse.Namespace) -> int:
         run = json.loads((out / "run.json").read_text())
         run["steps"] = max(run["steps"], args.steps)
     else:
+        if "--cell" in args.given and not args.recurrent:
+            raise CLIError(
+                f"--cell {args.cell} picks the cell of a recurrent policy; add "
+                "--recurrent SIZE."
+            )
         env_kwargs = args.env_kwargs or {}
         env_probe = envs.make(args.env, **env_kwargs)
         run = {
@@ -278,6 +290,7 @@ def _train(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "hidden": list(args.hidden),
             "recurrent": args.recurrent,
+            "cell": args.cell,
             "lr": args.lr,
             "entropy_weight": args.entropy_weight,
             "minibatches": args.minibatches,

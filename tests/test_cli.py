@@ -211,3 +211,23 @@ def test_record_peaks_count_live_steps_only():
     value = np.array([[[1.0], [-2.0]], [[0.5], [9.0]], [[3.0], [0.0]]])  # [T, B, 1]
     dones = np.array([[False, False], [False, True], [False, True]])
     assert live_peak(value, dones) == 3.0  # the 9.0 came after env 1's episode
+
+
+def test_cell_picks_the_recurrent_layer(tmp_path, capsys):
+    import jax
+
+    from eqx_ppo import envs
+    from eqx_ppo.cli import build_network
+    from eqx_ppo.nn import LRU, LSTM
+
+    run = {"recurrent": 4, "cell": "lru", "hidden": [], "entropy_weight": 0.01}
+    recall = envs.make("recall")
+    net = build_network(run, recall, jax.random.key(0))
+    assert isinstance(net.layers[-1].action.layers[1], LRU)
+    del run["cell"]  # a run.json from before --cell
+    net = build_network(run, recall, jax.random.key(0))
+    assert isinstance(net.layers[-1].action.layers[0], LSTM)
+    out = tmp_path / "run"
+    assert main(["train", "--cell", "gru", "--out", str(out), "--no-progress"]) == 2
+    assert "add --recurrent SIZE" in capsys.readouterr().err
+    assert not out.exists()
