@@ -98,3 +98,34 @@ def test_bad_cell_and_hidden_size_name_the_argument():
     for size in (0, -3, 2.5, True):
         with pytest.raises((ValueError, TypeError), match="hidden_size"):
             nn.make_recurrent_actor_critic(3, 2, size, key=jax.random.key(0))
+
+
+def test_pixel_observations_go_through_a_shared_cnn_encoder():
+    net = nn.make_recurrent_actor_critic(
+        (24, 24, 3),
+        5,
+        HIDDEN,
+        cell="mingru",
+        discrete=True,
+        encoder=((8, 4, 2), (8, 3, 2)),
+        pixel_scale=1 / 255,
+        key=jax.random.key(0),
+    )
+    assert [type(layer).__name__ for layer in net.layers[0].layers] == [
+        "PixelScale",
+        "Conv2d",
+        "Conv2d",
+        "Flattener",
+        "Dense",
+    ]
+    image = jax.random.randint(jax.random.key(1), (24, 24, 3), 0, 256).astype(jnp.uint8)
+    out = net(net.initial_state(), image, key=jax.random.key(2))
+    assert out.output.actions.shape == () and 0 <= int(out.output.actions) < 5
+    with pytest.raises(ValueError, match=r"Conv2d\(in_channels=3\)"):
+        net(net.initial_state(), image[..., :1], key=jax.random.key(2))
+    with pytest.raises(ValueError, match="obs_size=.*encoder="):
+        nn.make_mlp_actor_critic((24, 24, 3), 2, [4], [4], key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"obs_shape=\(8, 8, 3\)"):
+        nn.make_mlp_actor_critic(
+            (8, 8, 3), 2, [4], [4], encoder="nature", key=jax.random.key(0)
+        )

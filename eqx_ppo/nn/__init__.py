@@ -13,6 +13,11 @@ from ._containers import (
     Parallel as Parallel,
     Sequential as Sequential,
 )
+from ._conv import (
+    Conv2d as Conv2d,
+    PixelScale as PixelScale,
+    make_cnn_encoder as make_cnn_encoder,
+)
 from ._delay import Delay as Delay
 from ._dense import (
     Dense as Dense,

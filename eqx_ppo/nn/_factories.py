@@ -7,7 +7,9 @@ preprocessing:
 - int `obs_size`: `{0: Normalizer, 1: adapter}`, or `{0: adapter}` with
   `normalize_obs=False`;
 - dict `obs_size`: `{0: Normalizer, 1: Flattener, 2: adapter}`, or
-  `{0: Flattener, 1: adapter}` with `normalize_obs=False`.
+  `{0: Flattener, 1: adapter}` with `normalize_obs=False`;
+- image `obs_size` `(H, W, C)` with `encoder=...`: `{0: CNN encoder,
+  1: adapter}`.
 
 Dict observations are normalised leaf by leaf (so each key keeps its own
 running statistics) and then flattened into one vector, keys in sorted order,
@@ -37,6 +39,7 @@ from jaxtyping import Array, PRNGKeyArray
 from ..samplers import CategoricalSampler, NormalTanhSampler
 from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
+from ._conv import make_cnn_encoder
 from ._dense import Dense, get_activation
 from ._linear_recurrent import LRU, MinGRU
 from ._module import AbstractStatefulModule
@@ -45,7 +48,8 @@ from ._recurrent import GRU, LSTM
 from ._utils import Flattener, Splitter
 
 Activation = str | Callable[[Array], Array]
-ObsSize = int | Mapping[str, Any]
+ObsSize = int | tuple[int, int, int] | Mapping[str, Any]
+Encoder = str | tuple[tuple[int, int, int], ...]
 ActionSize = int | tuple[int, ...] | Mapping[str, int | tuple[int, ...]]
 
 
@@ -142,9 +146,27 @@ def _leaf_size(name: str, shape: Any) -> int:
 
 
 def _preprocessing(
-    obs_size: ObsSize, normalize_obs: bool
+    obs_size: ObsSize,
+    normalize_obs: bool,
+    encoder: Encoder | None,
+    pixel_scale: float | None,
+    key: PRNGKeyArray,
 ) -> tuple[list[AbstractStatefulModule], int]:
     """The layers before the adapter, and the feature size they produce."""
+    if encoder is not None:
+        if not (isinstance(obs_size, tuple) and len(obs_size) == 3):
+            raise ValueError(
+                f"encoder={encoder!r} reads images: obs_size={obs_size!r} must be "
+                "one env's image shape (height, width, channels)."
+            )
+        cnn, size = make_cnn_encoder(obs_size, key=key, kind=encoder, scale=pixel_scale)
+        return [cnn], size
+    if isinstance(obs_size, tuple):
+        raise ValueError(
+            f"obs_size={obs_size!r} is a shape; for image observations [H, W, C] "
+            "pass encoder='nature' or 'impala_small' (a CNN encoder), for vectors "
+            "an int."
+        )
     if isinstance(obs_size, Mapping):
         if not obs_size:
             raise ValueError("obs_size={} has no entries; name at least one.")
@@ -218,12 +240,20 @@ def _actor_critic(
     entropy_weight: float,
     min_std: float,
     std_scale: float,
+    encoder: Encoder | None,
+    pixel_scale: float | None,
 ) -> Sequential:
     actor_hidden_sizes = _check_sizes("actor_hidden_sizes", actor_hidden_sizes)
     critic_hidden_sizes = _check_sizes("critic_hidden_sizes", critic_hidden_sizes)
     get_activation(activation)
     kernel_init = _kernel_init(initializer_scale)
-    preprocessing, features = _preprocessing(obs_size, normalize_obs)
+    if encoder is not None:
+        key, encoder_key = jax.random.split(key)
+    else:
+        encoder_key = key
+    preprocessing, features = _preprocessing(
+        obs_size, normalize_obs, encoder, pixel_scale, encoder_key
+    )
     head_size, head = _action_head(
         action_size,
         discrete=discrete,
@@ -274,6 +304,8 @@ def make_mlp_actor_critic(
     min_std: float = 1e-1,
     std_scale: float = 1.0,
     discrete: bool = False,
+    encoder: Encoder | None = None,
+    pixel_scale: float | None = None,
 ) -> Sequential:
     """A feed-forward actor and critic, each its own MLP on the same observation.
 
@@ -310,6 +342,13 @@ def make_mlp_actor_critic(
       (1e-3, nnx-ppo's): it keeps exploration alive on small tasks; pass
       `min_std=1e-3` for the sampler's default.
     - `discrete`: use [`eqx_ppo.nn.CategoricalSampler`][]s (integer actions).
+    - `encoder`: for image observations, `obs_size` is one env's
+      `(height, width, channels)` and a CNN from
+      [`eqx_ppo.nn.make_cnn_encoder`][] (`"nature"`, `"impala_small"` or a
+      custom spec) comes first, shared by the actor and the critic, in place
+      of the normaliser (`normalize_obs` is ignored).
+    - `pixel_scale`: with `encoder`, multiply the pixels by this first, e.g.
+      `1 / 255` for `uint8` images.
     """
 
     def no_trunk(port, features, key):
@@ -330,6 +369,8 @@ def make_mlp_actor_critic(
         entropy_weight=entropy_weight,
         min_std=min_std,
         std_scale=std_scale,
+        encoder=encoder,
+        pixel_scale=pixel_scale,
     )
 
 
@@ -411,6 +452,8 @@ def make_recurrent_actor_critic(
     min_std: float = 1e-1,
     std_scale: float = 1.0,
     discrete: bool = False,
+    encoder: Encoder | None = None,
+    pixel_scale: float | None = None,
     trainable_initial_state: bool = False,
 ) -> Sequential:
     """A recurrent actor and critic, each port with its own memory, then an MLP.
@@ -448,7 +491,8 @@ def make_recurrent_actor_critic(
 
     - `obs_size`, `action_size`, `key`, `activation`, `normalize_obs`,
       `initializer_scale`, `entropy_weight`, `min_std`, `std_scale`,
-      `discrete`: as in [`eqx_ppo.nn.make_mlp_actor_critic`][].
+      `discrete`, `encoder`, `pixel_scale`: as in
+      [`eqx_ppo.nn.make_mlp_actor_critic`][].
     - `hidden_size`: the width of each memory.
     - `cell`: `"lstm"`, `"gru"`, `"lru"` or `"mingru"`.
     - `recurrent_critic`: give the critic its own memory (the default); with
@@ -500,6 +544,8 @@ def make_recurrent_actor_critic(
         entropy_weight=entropy_weight,
         min_std=min_std,
         std_scale=std_scale,
+        encoder=encoder,
+        pixel_scale=pixel_scale,
     )
 
 
@@ -519,6 +565,8 @@ def make_lstm_actor_critic(
     min_std: float = 1e-1,
     std_scale: float = 1.0,
     discrete: bool = False,
+    encoder: Encoder | None = None,
+    pixel_scale: float | None = None,
     trainable_initial_state: bool = False,
 ) -> Sequential:
     """[`eqx_ppo.nn.make_recurrent_actor_critic`][] with `cell="lstm"`.
@@ -544,4 +592,6 @@ def make_lstm_actor_critic(
         std_scale=std_scale,
         discrete=discrete,
         trainable_initial_state=trainable_initial_state,
+        encoder=encoder,
+        pixel_scale=pixel_scale,
     )
