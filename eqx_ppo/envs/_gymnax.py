@@ -32,18 +32,23 @@ class GymnaxAdapter(AbstractEnv):
        resets. gymnax's `step` needs a key, so the state keeps one in
        `pipeline_state["key"]` and splits it every step: episodes are
        reproducible from the reset key alone.
-    2. `done` is termination or the env's time limit; `info["truncation"]` is 1
-       when the time limit ended an episode that did not also terminate. The
-       time limit is gymnax's `is_truncated`; envs on the stable-gymnax API
-       (e.g. `popgym-arcade`), which have no such method, report it in the
-       `info` of `step_env` (`"truncation"` or `"truncated"`). `max_len` is
-       the params' `max_steps_in_episode`.
+    2. `done` is the end of an episode, `info["truncation"]` 1 when the time
+       limit ended it (there is a next state to bootstrap from). On gymnax's
+       API, `step_env` returns termination and the limit is `is_truncated`;
+       truncation is the limit without termination. On the stable-gymnax API
+       (e.g. `popgym-arcade`), `step_env` returns `done`, the limit included,
+       and reports the limit in its `info` (`"truncated"` or
+       `"truncation"`); truncation is that flag. (A step that both terminates
+       and hits the limit counts as truncation there: the flags cannot tell
+       them apart, as some envs' `info["terminated"]` includes the limit.)
     3. A `Discrete(n)` action space becomes `n_actions = n` (the action is an
        `int32` scalar, `action_size = n` logits). A `Box` space becomes
        `action_size = prod(shape)` with actions in `[-1, 1]`, mapped linearly
        onto `[low, high]` unless `rescale_actions=False`.
-    4. Observations are cast to `float32` and flattened to a vector if they
-       are not one already (`observation_size` is then their total size).
+    4. Observations are cast to `float32` (values unchanged) and, unless
+       `flatten_obs=False`, flattened to a vector; `observation_size` is then
+       their total size, and otherwise their shape (e.g. `(128, 128, 3)` for
+       an image).
     5. gymnax code runs under JAX's standard dtype promotion, whatever the
        caller's setting, because some envs mix ints and floats.
 
@@ -52,18 +57,45 @@ class GymnaxAdapter(AbstractEnv):
     - `env`: a gymnax environment, e.g. `gymnax.make("CartPole-v1")[0]`.
     - `env_params`: its parameters; `env.default_params` if `None`.
     - `rescale_actions`: map continuous actions from `[-1, 1]` to the Box bounds.
+    - `flatten_obs`: flatten observations to a vector; `False` keeps their
+      shape (images stay `[H, W, C]` for a CNN).
+    - `truncation_from_info`: read the time limit from `step_env`'s `info`
+      (the stable-gymnax API) rather than from `is_truncated`; `None` chooses
+      the former exactly when the env has no `is_truncated` method.
+      `make("popgym_arcade:...")` passes `True`.
+    - `max_len`: the episode limit reported as `env.max_len`; by default the
+      params' `max_steps_in_episode` (`None` without). Some envs keep theirs
+      elsewhere (popgym-arcade's on the env object).
     """
 
     env: Any
     env_params: Any
     rescale_actions: bool = eqx.field(static=True)
+    flatten_obs: bool = eqx.field(static=True)
+    truncation_from_info: bool = eqx.field(static=True)
+    max_len: int | None = eqx.field(static=True)
 
     def __init__(
-        self, env: Any, env_params: Any = None, *, rescale_actions: bool = True
+        self,
+        env: Any,
+        env_params: Any = None,
+        *,
+        rescale_actions: bool = True,
+        flatten_obs: bool = True,
+        truncation_from_info: bool | None = None,
+        max_len: int | None = None,
     ):
         self.env = env
         self.env_params = env.default_params if env_params is None else env_params
         self.rescale_actions = rescale_actions
+        self.flatten_obs = flatten_obs
+        if truncation_from_info is None:
+            truncation_from_info = not hasattr(env, "is_truncated")
+        self.truncation_from_info = truncation_from_info
+        if max_len is None:
+            limit = getattr(self.env_params, "max_steps_in_episode", None)
+            max_len = None if limit is None else int(limit)
+        self.max_len = max_len
         from gymnax.environments import spaces
 
         space = self._action_space()
@@ -76,8 +108,9 @@ class GymnaxAdapter(AbstractEnv):
     def _action_space(self) -> Any:
         return self.env.action_space(self.env_params)
 
-    def _obs(self, obs: Any) -> Float[Array, " obs"]:
-        return jnp.ravel(jnp.asarray(obs, jnp.float32))
+    def _obs(self, obs: Any) -> Float[Array, "..."]:
+        obs = jnp.asarray(obs, jnp.float32)
+        return jnp.ravel(obs) if self.flatten_obs else obs
 
     def _action(self, action: Any) -> Array:
         space = self._action_space()
@@ -124,26 +157,29 @@ class GymnaxAdapter(AbstractEnv):
         step_key, next_key = jax.random.split(state.pipeline_state["key"])
         action = self._action(action)
         with jax.numpy_dtype_promotion("standard"):
-            obs, env_state, reward, terminated, info = self.env.step_env(
+            obs, env_state, reward, ended, info = self.env.step_env(
                 step_key, state.pipeline_state["env_state"], action, self.env_params
             )
-            if hasattr(self.env, "is_truncated"):
-                truncated = self.env.is_truncated(env_state, self.env_params)
-            else:
+            if self.truncation_from_info:
                 truncated = info.get("truncation", info.get("truncated", False))
-        terminated = jnp.asarray(terminated, bool)
+            else:
+                truncated = self.env.is_truncated(env_state, self.env_params)
+        ended = jnp.asarray(ended, bool)
         truncated = jnp.asarray(truncated, bool)
+        # gymnax's `ended` is termination alone; stable-gymnax's is `done`.
+        truncation = truncated if self.truncation_from_info else truncated & ~ended
         return State(
             pipeline_state={"env_state": _strong(env_state), "key": next_key},
             obs=self._obs(obs),
             reward=jnp.asarray(reward, jnp.float32).reshape(()),
-            done=(terminated | truncated).astype(jnp.float32),
-            info={"truncation": (truncated & ~terminated).astype(jnp.float32)},
+            done=(ended | truncated).astype(jnp.float32),
+            info={"truncation": truncation.astype(jnp.float32)},
         )
 
     @property
-    def observation_size(self) -> int:
-        return math.prod(self.env.observation_space(self.env_params).shape)
+    def observation_size(self) -> int | tuple[int, ...]:
+        shape = tuple(self.env.observation_space(self.env_params).shape)
+        return math.prod(shape) if self.flatten_obs else shape
 
     @property
     def action_size(self) -> int:
@@ -160,9 +196,3 @@ class GymnaxAdapter(AbstractEnv):
     @property
     def dt(self) -> float:
         return float(getattr(self.env_params, "dt", 1.0))
-
-    @property
-    def max_len(self) -> int | None:
-        """The episode limit, `env_params.max_steps_in_episode` (`None` without)."""
-        limit = getattr(self.env_params, "max_steps_in_episode", None)
-        return None if limit is None else int(limit)

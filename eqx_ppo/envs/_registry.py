@@ -1,4 +1,5 @@
-"""`make`: ready-to-train envs by name, built-in or from Brax, Playground, gymnax."""
+"""`make`: ready-to-train envs by name, built-in or from Brax, Playground, gymnax
+or popgym-arcade."""
 
 import dataclasses
 import functools
@@ -40,14 +41,14 @@ _BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
     "two_arm": (TwoArm, 20),
 }
 
-_PREFIXES = ("brax:", "playground:", "gymnax:")
+_PREFIXES = ("brax:", "playground:", "gymnax:", "popgym_arcade:")
 
 
 def registered_names() -> tuple[str, ...]:
     """The names of the built-in envs `make` knows, sorted.
 
-    `make` also accepts `"brax:<name>"`, `"playground:<name>"` and
-    `"gymnax:<name>"`, which are not listed.
+    `make` also accepts `"brax:<name>"`, `"playground:<name>"`,
+    `"gymnax:<name>"` and `"popgym_arcade:<name>"`, which are not listed.
     """
     return tuple(sorted(_BUILTIN))
 
@@ -116,6 +117,29 @@ def _gymnax(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
     return GymnaxAdapter(env, params), None
 
 
+def _popgym_arcade(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
+    try:
+        import popgym_arcade
+    except ImportError as e:
+        raise _missing("popgym-arcade", "popgym_arcade") from e
+    known = popgym_arcade.registration.REGISTERED_ENVIRONMENTS
+    if name not in known:
+        raise ValueError(
+            f"make('popgym_arcade:{name}'): popgym-arcade has no env {name!r}; it "
+            f"has {', '.join(known)}."
+        )
+    env, params = popgym_arcade.make(name, **kwargs)
+    # The limit lives on the env under one of two names; the params' field,
+    # where there is one, is the stable-gymnax default (1) for some envs.
+    limit = getattr(
+        env, "max_steps_in_episode", getattr(env, "max_episode_length", None)
+    )
+    adapter = GymnaxAdapter(
+        env, params, flatten_obs=False, truncation_from_info=True, max_len=limit
+    )
+    return adapter, None
+
+
 def make(
     name: str,
     *,
@@ -147,6 +171,11 @@ def make(
       `env_params=` sets the env's parameters: a dict of fields to change
       (e.g. `{"memory_length": 10}` for `MemoryChain-bsuite`) or a gymnax
       params object; the other keyword arguments go to the constructor.
+    - `"popgym_arcade:<name>"`: `popgym_arcade.make(name, **kwargs)` (e.g.
+      `partial_obs=True`, `obs_size=256`) in a
+      [`eqx_ppo.envs.GymnaxAdapter`][] that keeps the `[H, W, 3]` image
+      observations (`float32`, values 0 to 255) and reads the time limit
+      from `info`; the envs keep their own time limit.
 
     **Arguments:**
 
@@ -157,7 +186,12 @@ def make(
     """
     prefix, _, inner = name.partition(":")
     if inner:
-        makers = {"brax": _brax, "playground": _playground, "gymnax": _gymnax}
+        makers = {
+            "brax": _brax,
+            "playground": _playground,
+            "gymnax": _gymnax,
+            "popgym_arcade": _popgym_arcade,
+        }
         if prefix not in makers:
             raise ValueError(
                 f"make({name!r}): unknown prefix {prefix!r}; use one of "
