@@ -49,11 +49,18 @@ def _done_patterns():
 
 
 LAYERS = {
-    "mingru": lambda key: MinGRU(3, 5, key=key),
-    "mingru_h0": lambda key: MinGRU(3, 5, trainable_initial_state=True, key=key),
-    "lru": lambda key: LRU(3, 5, key=key),
-    "lru_h0": lambda key: LRU(3, 5, trainable_initial_state=True, key=key),
-    "lru_out": lambda key: LRU(3, 5, out_size=2, r_min=0.5, key=key),
+    # parallel_replay=True: the associative scan, whatever the backend.
+    "mingru": lambda key: MinGRU(3, 5, parallel_replay=True, key=key),
+    "mingru_h0": lambda key: MinGRU(
+        3, 5, trainable_initial_state=True, parallel_replay=True, key=key
+    ),
+    "lru": lambda key: LRU(3, 5, parallel_replay=True, key=key),
+    "lru_h0": lambda key: LRU(
+        3, 5, trainable_initial_state=True, parallel_replay=True, key=key
+    ),
+    "lru_out": lambda key: LRU(
+        3, 5, out_size=2, r_min=0.5, parallel_replay=True, key=key
+    ),
 }
 
 
@@ -355,8 +362,18 @@ def test_inside_sequential_equals_scan_sequence(getkey):
     net = Sequential(
         [
             Dense(3, 3, activation="tanh", key=getkey()),
-            eqx_ppo.Recorder(LRU(3, 5, trainable_initial_state=True, key=getkey())),
-            MinGRU(3, 5, trainable_initial_state=True, key=getkey()),
+            eqx_ppo.Recorder(
+                LRU(
+                    3,
+                    5,
+                    trainable_initial_state=True,
+                    parallel_replay=True,
+                    key=getkey(),
+                )
+            ),
+            MinGRU(
+                3, 5, trainable_initial_state=True, parallel_replay=True, key=getkey()
+            ),
             Dense(5, 2, key=getkey()),
         ]
     )
@@ -369,3 +386,19 @@ def test_inside_sequential_equals_scan_sequence(getkey):
     # replay holds no sequential scan at all.
     jaxpr = jax.make_jaxpr(net.replay_sequence)(state0, xs, None, None, done)
     assert not _has_scan(jaxpr.jaxpr)
+
+
+@pytest.mark.parametrize("layer", [LRU, MinGRU])
+def test_default_replay_is_the_sequential_scan_on_cpu(getkey, layer):
+    """On a CPU the step-by-step scan is the faster replay, so it is the default."""
+    xs = jax.random.normal(getkey(), (T, 3))
+    done = jnp.zeros(T, bool)
+
+    def replay(m):
+        return m.replay_sequence(m.initial_state(), xs, None, None, done).output
+
+    assert jax.default_backend() == "cpu"
+    default = layer(3, 5, key=jax.random.key(0))
+    parallel = layer(3, 5, parallel_replay=True, key=jax.random.key(0))
+    assert _has_scan(jax.make_jaxpr(replay)(default).jaxpr)
+    assert not _has_scan(jax.make_jaxpr(replay)(parallel).jaxpr)

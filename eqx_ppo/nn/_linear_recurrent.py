@@ -5,6 +5,13 @@ computed from the input `x_t` alone. A step is one such update; the loss
 replay computes the coefficients of all `T` steps at once and composes them
 with `jax.lax.associative_scan` (`linear_recurrence`), in `O(log T)`
 depth instead of a length-`T` scan, episode resets included.
+
+Depth only pays where there is parallel width to spend it on. On a CPU the
+associative scan's extra passes over the sequence cost more than the
+sequential scan saves (`python -m benchmarks.memory`), so by default
+(`parallel_replay=None`) the layers replay with the associative scan on
+GPUs and TPUs and with the step-by-step scan on CPUs; `True` or `False`
+forces one.
 """
 
 import math
@@ -20,6 +27,7 @@ from ._module import (
     AbstractStatefulModule,
     SequenceOutput,
     StatefulModuleOutput,
+    scan_sequence,
     zero_loss,
 )
 from ._recurrent import _check_hidden, _init_gates
@@ -66,6 +74,13 @@ def linear_recurrence(
     a = jnp.where(restart, jnp.zeros_like(a), a)
     _, states = jax.lax.associative_scan(_compose, (a, b))
     return states, jnp.where(done[-1], h_reset, states[-1])
+
+
+def _parallel(parallel_replay: bool | None) -> bool:
+    """Whether to replay with the associative scan (`None`: off CPUs)."""
+    if parallel_replay is None:
+        return jax.default_backend() != "cpu"
+    return parallel_replay
 
 
 def _log_of_draw(value: Float[Array, "..."]) -> Float[Array, "..."]:
@@ -129,6 +144,7 @@ class LRU(AbstractStatefulModule):
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
     out_size: int = eqx.field(static=True)
+    parallel_replay: bool | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -141,6 +157,7 @@ class LRU(AbstractStatefulModule):
         r_max: float = 0.999,
         max_phase: float = 2 * math.pi,
         trainable_initial_state: bool = False,
+        parallel_replay: bool | None = None,
     ):
         """**Arguments:**
 
@@ -164,6 +181,10 @@ class LRU(AbstractStatefulModule):
         - `trainable_initial_state`: learn the initial state `(re, im)`
             (initialised to zeros) instead of starting every episode from
             zeros.
+        - `parallel_replay`: replay with the associative scan (`True`), the
+            step-by-step scan (`False`), or the faster of the two for the
+            backend (`None`: associative on GPUs and TPUs, sequential on
+            CPUs; see the module docstring).
         """
         check_size("LRU(in_size=...)", in_size)
         check_size("LRU(hidden_size=...)", hidden_size)
@@ -214,6 +235,7 @@ class LRU(AbstractStatefulModule):
         self.in_size = in_size
         self.hidden_size = hidden_size
         self.out_size = out_size
+        self.parallel_replay = parallel_replay
 
     def initial_state(self) -> LRUState:
         """`(re, im)` of the initial state: the learned parameters, or zeros."""
@@ -283,8 +305,11 @@ class LRU(AbstractStatefulModule):
         """All `T` steps at once by an associative scan, resetting to `initial_state()`.
 
         `reset_state` of this layer is `initial_state()`, so this is the reset
-        of the rollout and of `scan_sequence`.
+        of the rollout and of `scan_sequence`. With `parallel_replay` off (on
+        a CPU by default) it is `scan_sequence` itself.
         """
+        if not _parallel(self.parallel_replay):
+            return scan_sequence(self, state0, xs, extras, keys, done)
         del extras, keys
         check_vector("LRU", xs[0], self.in_size)
         self._check_carry(state0)
@@ -329,6 +354,7 @@ class MinGRU(AbstractStatefulModule):
     initial_h: Float[Array, " hidden_size"] | None
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
+    parallel_replay: bool | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -339,6 +365,7 @@ class MinGRU(AbstractStatefulModule):
         trainable_initial_state: bool = False,
         kernel_init: Initializer | None = None,
         bias_init: Initializer | None = None,
+        parallel_replay: bool | None = None,
     ):
         """**Arguments:**
 
@@ -350,6 +377,7 @@ class MinGRU(AbstractStatefulModule):
         - `kernel_init`: initialiser of each block's `[in_size, hidden_size]`
             kernel; default LeCun normal.
         - `bias_init`: initialiser of each block's bias; default zeros.
+        - `parallel_replay`: as in [`eqx_ppo.nn.LRU`][].
         """
         check_size("MinGRU(in_size=...)", in_size)
         check_size("MinGRU(hidden_size=...)", hidden_size)
@@ -373,6 +401,7 @@ class MinGRU(AbstractStatefulModule):
         )
         self.in_size = in_size
         self.hidden_size = hidden_size
+        self.parallel_replay = parallel_replay
 
     def initial_state(self) -> Float[Array, " hidden_size"]:
         """`h0`: the learned parameter, or zeros."""
@@ -419,8 +448,11 @@ class MinGRU(AbstractStatefulModule):
         """All `T` steps at once by an associative scan, resetting to `initial_state()`.
 
         `reset_state` of this layer is `initial_state()`, so this is the reset
-        of the rollout and of `scan_sequence`.
+        of the rollout and of `scan_sequence`. With `parallel_replay` off (on
+        a CPU by default) it is `scan_sequence` itself.
         """
+        if not _parallel(self.parallel_replay):
+            return scan_sequence(self, state0, xs, extras, keys, done)
         del extras, keys
         check_vector("MinGRU", xs[0], self.in_size)
         _check_hidden("MinGRU", "h", state0, self.hidden_size)
