@@ -93,3 +93,36 @@ def test_vmapped_recurrent_init_runs_no_batched_qr():
         jax.vmap(lambda k: jax.nn.initializers.orthogonal()(k, (5, 5)))
     )
     assert (3, 5, 5) in _qr_operand_shapes(theirs(keys).jaxpr)
+
+
+def test_initialisation_compiles_once_per_shape():
+    """A second run with the same env, factory and config reuses the compiled
+    initialisation: the factory is traced once, whatever the key."""
+    import eqx_ppo
+
+    traces = []
+
+    def networks(key):
+        traces.append(1)
+        return eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=key)
+
+    env = eqx_ppo.envs.make("move_to_center")
+    for n_seeds in (1, 3):
+        config = eqx_ppo.TrainConfig(
+            ppo=eqx_ppo.PPOConfig(n_envs=4, rollout_length=4, total_steps=16),
+            n_seeds=n_seeds,
+            progress=False,
+        )
+        traces.clear()
+        first = eqx_ppo.ppo.init_state(env, networks, config)
+        eqx_ppo.ppo.init_state(env, networks, config, key=jax.random.key(7))
+        again = eqx_ppo.ppo.init_state(env, networks, config)
+        assert len(traces) == 1, n_seeds
+        assert all(
+            bool(np.array_equal(a, b))
+            for a, b in zip(
+                jax.tree.leaves(first.network),
+                jax.tree.leaves(again.network),
+                strict=True,
+            )
+        )

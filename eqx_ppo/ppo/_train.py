@@ -121,11 +121,28 @@ def init_states(
 
 
 def _init_states(env, networks, learner, config, key, where, networks_arg):
-    def one(init_key, train_key):
-        network = _build_network(networks, init_key, f"{where}({networks_arg}=...)")
-        return init(env, network, learner, key=train_key)
+    # Key data, not typed keys, cross the jit boundary: one compiled program
+    # for every key implementation is not needed, and the data is an array.
+    data = jax.random.key_data(seed_keys(where, key, config))
+    label = f"{where}({networks_arg}=...)"
+    if data.shape[0] == 1:
+        return _init_one(env, networks, learner, label, data[0])
+    return _init_stacked(env, networks, learner, label, data)
 
-    return init_seeds(one, seed_keys(where, key, config))
+
+def _init_seed(env, networks, learner, label, seed_key_data):
+    init_key, train_key, _ = _split_seed_key(seed_key_data)
+    network = _build_network(networks, init_key, label)
+    return init(env, network, learner, key=train_key)
+
+
+# Module-level programs, so that a second run of the same env, networks and
+# learner shapes reuses the compiled initialisation instead of tracing a new
+# closure (sweeps and sequential runs paid seconds per call).
+_init_one = eqx.filter_jit(_init_seed)
+_init_stacked = eqx.filter_jit(
+    eqx.filter_vmap(_init_seed, in_axes=(None, None, None, None, 0))
+)
 
 
 def init_state(
@@ -173,24 +190,6 @@ def seed_keys(
     if not typed:
         key = jax.random.wrap_key_data(key)
     return key[None] if n_seeds == 1 else jax.random.split(key, n_seeds)
-
-
-def init_seeds(
-    init_one: Callable[[PRNGKeyArray, PRNGKeyArray], Any], keys: Key[Array, " seed"]
-) -> Any:
-    """`init_one(network_init_key, training_key)` for every seed key, stacked on a
-    leading seed axis when there are several."""
-
-    def one(seed_key_data):
-        init_key, train_key, _ = _split_seed_key(seed_key_data)
-        return init_one(init_key, train_key)
-
-    # Key data, not typed keys, cross the jit boundary: one compiled program
-    # for every key implementation is not needed, and the data is an array.
-    data = jax.random.key_data(keys)
-    if keys.shape[0] == 1:
-        return eqx.filter_jit(one)(data[0])
-    return eqx.filter_jit(eqx.filter_vmap(one))(data)
 
 
 def _split_seed_key(key_data: Array) -> Key[Array, "3"]:
