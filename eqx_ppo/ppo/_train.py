@@ -283,8 +283,11 @@ def train_ppo(
       `initial_state`, the training key comes from the state; pass the
       original `key` (or seed) so evaluations draw the same noise as in an
       uninterrupted run.
-    - `log_fn`: called `(metrics, step)` after every iteration, with eval
-      metrics merged in when an eval ran.
+    - `log_fn`: called `(metrics, step)` once per iteration, in order, with
+      eval metrics merged in when an eval ran. The calls come in a burst
+      when each compiled chunk of iterations returns (`log_every_steps`), not
+      as each iteration ends: time a run by `step` (that iteration's env
+      steps) or `throughput/train_sps`, not by when `log_fn` is called.
     - `video_fn`: called with [`eqx_ppo.VideoData`][] when `config.video` is
       enabled and the eval env has `render`.
     - `checkpoint_fn`: called `(training_state, step)` every
