@@ -476,7 +476,8 @@ def train_distillation(
     - `student`: a network ending in a `PPOAdapter` with the teacher's action
       structure and sampler kinds, or a function `key -> network`.
     - `config`: a [`eqx_ppo.DistillationTrainConfig`][].
-    - `log_fn`: as in [`eqx_ppo.train_ppo`][] (calls come in a burst per
+    - `log_fn`: as in [`eqx_ppo.train_ppo`][], the eval metrics being the
+      student's (calls come in a burst per
       compiled chunk).
     - `video_fn`: called with [`eqx_ppo.VideoData`][] of the student.
     - `checkpoint_fn`: called `(distillation_state, step)` every
