@@ -140,20 +140,20 @@ def test_memory_benchmark_quick_writes_both_results(tmp_path, monkeypatch):
 
     replay = json.loads((tmp_path / "memory_replay.json").read_text())
     rows = {r["network"]: r for r in replay["rows"]}
-    assert set(rows) == {"lstm", "mingru"}
+    assert set(rows) == {"lstm", "mlp"}
     for r in rows.values():
         assert r["T"] == 4 and len(r["samples_ms"]) == 2 and r["loss_finite"]
         assert r["temp_bytes"] >= 0 and r["median_ms"] > 0
     assert rows["lstm"]["speedup_vs_lstm"] == 1.0
     text = (tmp_path / "memory_replay.md").read_text()
-    assert "| lstm | " in text and "(1.00x)" in text and "| mingru | " in text
+    assert "| lstm | " in text and "(1.00x)" in text and "| mlp (no memory" in text
 
     learning = json.loads((tmp_path / "memory_learning.json").read_text())
     (run,) = learning["runs"]
-    assert run["network"] == "mingru" and run["task"] == "recall"
+    assert run["network"] == "mlp" and run["task"] == "recall"
     assert len(run["curves"]) == 2  # one curve per seed
     assert len(run["eval_steps"]) == len(run["median_curve"]) >= 2
     assert run["final_worst"] <= run["final_median"] <= run["final_best"]
     assert learning["settings"]["n_seeds"] == 2
     text = (tmp_path / "memory_learning.md").read_text()
-    assert "`recall`" in text and "| mingru |" in text
+    assert "`recall`" in text and "| mlp |" in text

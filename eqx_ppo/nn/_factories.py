@@ -550,48 +550,20 @@ def make_recurrent_actor_critic(
 
 
 def make_lstm_actor_critic(
-    obs_size: ObsSize,
-    action_size: ActionSize,
-    lstm_size: int,
-    *,
-    key: PRNGKeyArray,
-    recurrent_critic: bool = True,
-    actor_hidden_sizes: Sequence[int] = (),
-    critic_hidden_sizes: Sequence[int] = (),
-    activation: Activation = "swish",
-    normalize_obs: bool = True,
-    initializer_scale: float = 1.0,
-    entropy_weight: float = 1e-2,
-    min_std: float = 1e-1,
-    std_scale: float = 1.0,
-    discrete: bool = False,
-    encoder: Encoder | None = None,
-    pixel_scale: float | None = None,
-    trainable_initial_state: bool = False,
+    obs_size: ObsSize, action_size: ActionSize, lstm_size: int, **kwargs: Any
 ) -> Sequential:
     """[`eqx_ppo.nn.make_recurrent_actor_critic`][] with `cell="lstm"`.
 
-    `lstm_size` is its `hidden_size`; every other argument is the same.
+    `lstm_size` is its `hidden_size`; the keyword arguments (`key=` among
+    them) are its own.
     """
+    if "cell" in kwargs:
+        raise TypeError(
+            "make_lstm_actor_critic builds LSTMs; for another cell call "
+            f"make_recurrent_actor_critic(..., cell={kwargs['cell']!r})."
+        )
     if isinstance(lstm_size, bool) or not isinstance(lstm_size, int) or lstm_size < 1:
         raise ValueError(f"lstm_size={lstm_size!r} must be a positive int.")
     return make_recurrent_actor_critic(
-        obs_size,
-        action_size,
-        lstm_size,
-        key=key,
-        cell="lstm",
-        recurrent_critic=recurrent_critic,
-        actor_hidden_sizes=actor_hidden_sizes,
-        critic_hidden_sizes=critic_hidden_sizes,
-        activation=activation,
-        normalize_obs=normalize_obs,
-        initializer_scale=initializer_scale,
-        entropy_weight=entropy_weight,
-        min_std=min_std,
-        std_scale=std_scale,
-        discrete=discrete,
-        trainable_initial_state=trainable_initial_state,
-        encoder=encoder,
-        pixel_scale=pixel_scale,
+        obs_size, action_size, lstm_size, cell="lstm", **kwargs
     )
