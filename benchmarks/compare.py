@@ -191,6 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--n-envs", type=int, default=256)
     parser.add_argument("--rollout-length", type=int, default=20)
+    parser.add_argument(
+        "--hidden",
+        default=None,
+        help="hidden sizes, e.g. 256,256,256,256 (default 4x32 MLP, 2x32 LSTM)",
+    )
     parser.add_argument("--no-ceilings", action="store_true")
     parser.add_argument("--name", default=None, help="results file stem")
     args = parser.parse_args(argv)
@@ -210,7 +215,11 @@ def main(argv: list[str] | None = None) -> None:
         rollout_length=args.rollout_length,
         total_steps=args.steps,
         n_chunks=args.chunks,
-        hidden=(32, 32, 32, 32) if args.policy == "mlp" else (32, 32),
+        hidden=tuple(int(h) for h in args.hidden.split(","))
+        if args.hidden
+        else (32, 32, 32, 32)
+        if args.policy == "mlp"
+        else (32, 32),
     )
     print(f"compare: {args.env}, {args.policy}, systems {systems}, {args.reps} reps")
     started = machine()

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--chunks", type=int, default=5)
     parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument("--name", default="multiseed", help="results file stem")
     args = parser.parse_args(argv)
 
     s, n = args.seeds, args.envs_per_seed
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         "spec": dataclasses.asdict(per_seed),
         "runs": runs,
     }
-    publish("multiseed", result, markdown, started)
+    publish(args.name, result, markdown, started)
 
 
 def _paired(runs, a: str, b: str, key: str) -> list[float]:

@@ -129,3 +129,13 @@ def test_pixel_observations_go_through_a_shared_cnn_encoder():
         nn.make_mlp_actor_critic(
             (8, 8, 3), 2, [4], [4], encoder="nature", key=jax.random.key(0)
         )
+
+
+def test_parallel_replay_reaches_the_linear_cells():
+    for cell in ("lru", "mingru"):
+        for choice in (None, True, False):
+            net = nn.make_recurrent_actor_critic(
+                3, 2, 4, cell=cell, parallel_replay=choice, key=jax.random.key(0)
+            )
+            ports = net[-1].action.layers[1], net[-1].value.layers[1]
+            assert all(p.parallel_replay is choice for p in ports)

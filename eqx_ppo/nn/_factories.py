@@ -386,6 +386,7 @@ def _cell(
     activation: Activation,
     kernel_init: Callable[..., Array],
     trainable_initial_state: bool,
+    parallel_replay: bool | None,
 ) -> list[AbstractStatefulModule]:
     """The recurrent trunk of one port: the cell, and for the linear
     recurrences a nonlinear input projection in front of it."""
@@ -423,6 +424,7 @@ def _cell(
             hidden_size,
             key=cell_key,
             trainable_initial_state=trainable_initial_state,
+            parallel_replay=parallel_replay,
         )
     else:
         recurrence = MinGRU(
@@ -431,6 +433,7 @@ def _cell(
             key=cell_key,
             kernel_init=kernel_init,
             trainable_initial_state=trainable_initial_state,
+            parallel_replay=parallel_replay,
         )
     return [projection, recurrence]
 
@@ -455,6 +458,7 @@ def make_recurrent_actor_critic(
     encoder: Encoder | None = None,
     pixel_scale: float | None = None,
     trainable_initial_state: bool = False,
+    parallel_replay: bool | None = None,
 ) -> Sequential:
     """A recurrent actor and critic, each port with its own memory, then an MLP.
 
@@ -501,6 +505,9 @@ def make_recurrent_actor_critic(
     - `actor_hidden_sizes`, `critic_hidden_sizes`: widths of the MLP layers
       between each trunk and its output layer; default none.
     - `trainable_initial_state`: learn each memory's initial carry.
+    - `parallel_replay`: how the LRU and MinGRU replay (see
+      [`eqx_ppo.nn.LRU`][]): `None` picks by backend, `True` forces the
+      associative scan, `False` the step-by-step scan.
     """
     if cell not in _CELLS:
         raise ValueError(
@@ -527,6 +534,7 @@ def make_recurrent_actor_critic(
             activation=activation,
             kernel_init=kernel_init,
             trainable_initial_state=trainable_initial_state,
+            parallel_replay=parallel_replay,
         )
         return layers, hidden_size
 
