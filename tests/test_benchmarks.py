@@ -80,7 +80,7 @@ def test_instructions_read_a_real_compiled_program():
     sources = {source for _, source in _instructions(text).values()}
     dense = [s for s in sources if s.startswith("eqx_ppo/nn/_dense.py:")]
     assert dense, sources
-    assert all("(Dense.__call__)" in s for s in dense)
+    assert all("(Dense.forward)" in s for s in dense)
     assert any(s.endswith(", backward") for s in dense)
 
 
