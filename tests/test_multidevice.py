@@ -109,19 +109,17 @@ def test_sharded_step_matches_one_device():
         # One device, given the minibatches the four devices use: global
         # minibatch j is the union of every device's local minibatch j (local
         # permutations of 4 envs from fold_in(key, device), offset by 4 * device).
-        original = eqx_ppo.ppo._step.epoch_permutations
+        original = eqx_ppo.ppo._step._permutations
 
-        def blockwise(key, n_envs, n_epochs, axis_name=None):
-            local = jnp.stack([original(jax.random.fold_in(key, d), n_envs // 4,
-                                        n_epochs) + d * (n_envs // 4)
-                               for d in range(4)], axis=1)  # [epoch, device, 4]
-            # Slice j of the epoch's order: every device's local slice j.
-            local = local.reshape(n_epochs, 4, 2, n_envs // 8)
-            return local.transpose(0, 2, 1, 3).reshape(n_epochs, n_envs)
+        def blockwise(key, n_envs, n_epochs, n_minibatches):
+            local = [original(jax.random.fold_in(key, d), n_envs // 4, n_epochs,
+                              n_minibatches) + d * (n_envs // 4)
+                     for d in range(4)]
+            return jnp.concatenate(local, axis=1)
 
-        eqx_ppo.ppo._step.epoch_permutations = blockwise
+        eqx_ppo.ppo._step._permutations = blockwise
         one, one_metrics = eqx.filter_jit(ppo_step)(ENV, config, state)
-        eqx_ppo.ppo._step.epoch_permutations = original
+        eqx_ppo.ppo._step._permutations = original
 
         # Every leaf (parameters, Adam moments, normaliser statistics, env
         # states, LSTM carries, key, counters) and every metric (losses,
