@@ -8,6 +8,7 @@ published numbers, on hand-made inputs and on a real compiled program.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import pytest
 
 from benchmarks._common import spread
 from benchmarks.multiseed import _paired
@@ -129,6 +130,7 @@ def test_spread_formats_median_and_range():
     assert spread([float("nan")]) == "n/a"
 
 
+@pytest.mark.slow
 def test_memory_benchmark_quick_writes_both_results(tmp_path, monkeypatch):
     import json
 

@@ -56,6 +56,7 @@ PAGES = sorted(DOCS.glob("*.md")) + sorted(DOCS.glob("guides/*.md"))
 SLOW_PAGES = {
     "guides/checkpointing.md",
     "guides/distillation.md",
+    "guides/memory-models.md",
     "guides/multi-device.md",
     "guides/multi-seed.md",
     "guides/recurrent.md",

@@ -32,10 +32,10 @@ def _networks(cell):
 
 @pytest.mark.parametrize(
     "cell",
-    # The linear recurrences' parallel replay runs in the default suite; the
-    # scanned cells share the path every LSTM test exercises.
-    [pytest.param(c, marks=pytest.mark.slow) for c in ("lstm", "gru", "mingru")]
-    + ["lru"],
+    # A whole train / save / load / resume / record cycle per cell (about
+    # 30 s each): with the slow tests. The default suite covers each layer's
+    # replay, checkpoint leaves and recording in its own tests.
+    [pytest.param(c, marks=pytest.mark.slow) for c in CELLS],
 )
 def test_cell_trains_over_seeds_resumes_and_records(cell, tmp_path):
     env = eqx_ppo.envs.make("recall")

@@ -14,6 +14,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+# Each test starts processes with 4 virtual devices (about 2.5 min in all):
+# they run with the slow tests, `pytest -m slow`, which CI runs too.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).parent.parent
 
 _PRELUDE = """
@@ -33,6 +39,7 @@ from jax.tree_util import Partial
 from eqx_ppo import LoggingLevel as L
 from eqx_ppo.ppo import PPOConfig, TrainConfig, EvalConfig, ppo_init, ppo_step
 from eqx_ppo.ppo._sharding import make_mesh, shard_state, shard_step
+
 
 ENV = eqx_ppo.envs.make("move_to_center")
 EVERY_LOG = (L.LOSSES | L.ACTOR_EXTRA | L.CRITIC_EXTRA | L.ROLLOUT_STATS
