@@ -56,9 +56,11 @@ PAGES = sorted(DOCS.glob("*.md")) + sorted(DOCS.glob("guides/*.md"))
 SLOW_PAGES = {
     "guides/checkpointing.md",
     "guides/distillation.md",
+    "guides/logging.md",
     "guides/memory-models.md",
     "guides/multi-device.md",
     "guides/multi-seed.md",
+    "guides/pytrees.md",
     "guides/recurrent.md",
 }
 TIMEOUT_S = 1200
