@@ -244,7 +244,8 @@ def check_coefficient(where: str, value: Any) -> None:
         raise ValueError(f"`{where}={value}` must be >= 0.")
 
 
-def _coefficients(node: Any) -> tuple[str, ...]:
+def coefficient_names(node: Any) -> tuple[str, ...]:
+    """The names of a module's `coefficient` fields; `()` for anything else."""
     if not isinstance(node, eqx.Module):
         return ()
     fields = dataclasses.fields(node)
@@ -264,12 +265,12 @@ def trainable(model: PyTree) -> PyTree[bool]:
     """
 
     def special(node: Any) -> bool:
-        return _is_statistics(node) or bool(_coefficients(node))
+        return _is_statistics(node) or bool(coefficient_names(node))
 
     def mark(node: Any) -> Any:
         if _is_statistics(node):
             return jax.tree.map(lambda _: False, node)
-        names = _coefficients(node)
+        names = coefficient_names(node)
         if names:
             spec = jax.tree.map(
                 mark, node, is_leaf=lambda x: x is not node and special(x)

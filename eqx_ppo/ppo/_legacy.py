@@ -22,6 +22,7 @@ from .. import samplers
 from ..checkpoint import register_migration
 from ..checkpoint._leaves import structure
 from ..nn import _variational
+from ..nn._module import coefficient_names
 from ._step import TrainingState as _Current
 
 
@@ -119,7 +120,7 @@ def _coefficients_to_saved(template: Any, saved_treedef: str) -> Any:
     def to_twin(node: Any) -> Any:
         fields = _fields(node)
         for name in fields:
-            if name in _coefficient_names(type(node)):
+            if name in coefficient_names(node):
                 placeholders.append(_Saved(len(placeholders)))
                 fields[name] = placeholders[-1]
         return _rebuild(_TWINS[type(node)], fields)
@@ -138,12 +139,6 @@ def _coefficients_to_saved(template: Any, saved_treedef: str) -> Any:
             for p, text in zip(placeholders, match.groups(), strict=True):
                 p.text = text
     return saved
-
-
-def _coefficient_names(cls: type) -> tuple[str, ...]:
-    return tuple(
-        f.name for f in dataclasses.fields(cls) if f.metadata.get("coefficient", False)
-    )
 
 
 def _coefficients_from_saved(state: Any) -> Any:
