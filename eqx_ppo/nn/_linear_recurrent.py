@@ -14,6 +14,7 @@ GPUs and TPUs and with the step-by-step scan on CPUs; `True` or `False`
 forces one.
 """
 
+import abc
 import math
 from typing import Any
 
@@ -103,7 +104,41 @@ def _check_radius(name: str, value: Any) -> None:
         )
 
 
-class LRU(AbstractStatefulModule):
+class _AbstractLinearRecurrence(AbstractStatefulModule):
+    """What LRU and MinGRU share: no key, and the choice of replay."""
+
+    parallel_replay: eqx.AbstractVar[bool | None]
+
+    @property
+    def uses_key(self) -> bool:
+        return False
+
+    def replay_sequence(
+        self,
+        state0: Any,
+        xs: Float[Array, "time in_size"],
+        extras: Any,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        """All `T` steps at once by an associative scan, resetting to `initial_state()`.
+
+        `reset_state` of these layers is `initial_state()`, so this is the reset
+        of the rollout and of `scan_sequence`. With `parallel_replay` off (on
+        a CPU by default) it is `scan_sequence` itself.
+        """
+        if not _parallel(self.parallel_replay):
+            return scan_sequence(self, state0, xs, extras, keys, done)
+        return self._associative_replay(state0, xs, done)
+
+    @abc.abstractmethod
+    def _associative_replay(
+        self, state0: Any, xs: Float[Array, "time in_size"], done: Bool[Array, " time"]
+    ) -> SequenceOutput:
+        """The replay by `linear_recurrence`."""
+
+
+class LRU(_AbstractLinearRecurrence):
     """The Linear Recurrent Unit of Orvieto et al. (2023), for one env.
 
     A complex diagonal recurrence read out by a real linear map:
@@ -244,10 +279,6 @@ class LRU(AbstractStatefulModule):
             return (zeros, zeros)
         return (self.initial_re, self.initial_im)
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
     ) -> tuple[Complex[Array, " hidden_size"], Complex[Array, "*time hidden_size"]]:
@@ -294,23 +325,12 @@ class LRU(AbstractStatefulModule):
             (jnp.real(h), jnp.imag(h)), y, zero_loss(), {}, None
         )
 
-    def replay_sequence(
+    def _associative_replay(
         self,
         state0: LRUState,
         xs: Float[Array, "time in_size"],
-        extras: Any,
-        keys: Key[Array, " time"] | None,
         done: Bool[Array, " time"],
     ) -> SequenceOutput:
-        """All `T` steps at once by an associative scan, resetting to `initial_state()`.
-
-        `reset_state` of this layer is `initial_state()`, so this is the reset
-        of the rollout and of `scan_sequence`. With `parallel_replay` off (on
-        a CPU by default) it is `scan_sequence` itself.
-        """
-        if not _parallel(self.parallel_replay):
-            return scan_sequence(self, state0, xs, extras, keys, done)
-        del extras, keys
         check_vector("LRU", xs[0], self.in_size)
         self._check_carry(state0)
         lam, drive = self._coefficients(xs)
@@ -329,7 +349,7 @@ class LRU(AbstractStatefulModule):
         )
 
 
-class MinGRU(AbstractStatefulModule):
+class MinGRU(_AbstractLinearRecurrence):
     """The minimal GRU of Feng et al. (2024), for one env; carry and output are `h`.
 
     The gate and the candidate see only the input, so the update is linear
@@ -409,10 +429,6 @@ class MinGRU(AbstractStatefulModule):
             return jnp.zeros(self.hidden_size, jnp.float32)
         return self.initial_h
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
     ) -> tuple[Float[Array, "*time hidden_size"], Float[Array, "*time hidden_size"]]:
@@ -437,23 +453,12 @@ class MinGRU(AbstractStatefulModule):
         h = keep * state + write
         return StatefulModuleOutput(h, h, zero_loss(), {}, None)
 
-    def replay_sequence(
+    def _associative_replay(
         self,
         state0: Float[Array, " hidden_size"],
         xs: Float[Array, "time in_size"],
-        extras: Any,
-        keys: Key[Array, " time"] | None,
         done: Bool[Array, " time"],
     ) -> SequenceOutput:
-        """All `T` steps at once by an associative scan, resetting to `initial_state()`.
-
-        `reset_state` of this layer is `initial_state()`, so this is the reset
-        of the rollout and of `scan_sequence`. With `parallel_replay` off (on
-        a CPU by default) it is `scan_sequence` itself.
-        """
-        if not _parallel(self.parallel_replay):
-            return scan_sequence(self, state0, xs, extras, keys, done)
-        del extras, keys
         check_vector("MinGRU", xs[0], self.in_size)
         _check_hidden("MinGRU", "h", state0, self.hidden_size)
         keep, write = self._coefficients(xs)
