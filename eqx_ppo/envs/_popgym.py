@@ -69,7 +69,32 @@ def _score(correct: Array, n_scored: int) -> Float[Array, ""]:
     return jnp.where(correct, 1.0, -1.0).astype(jnp.float32) / n_scored
 
 
-class RepeatPrevious(AbstractEnv):
+class _AbstractCardEnv(AbstractEnv):
+    """What the two card tasks share: `length` cards drawn at reset, one shown
+    per step (`_cards_state`), and a choice among `n_cards` as the action."""
+
+    n_cards: eqx.AbstractVar[int]
+    length: eqx.AbstractVar[int]
+
+    def reset(self, key: PRNGKeyArray) -> State:
+        cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
+        zero = jnp.zeros((), jnp.float32)
+        return _cards_state(cards, jnp.zeros((), jnp.int32), self.n_cards, zero, zero)
+
+    @property
+    def observation_size(self) -> int:
+        return self.n_cards + 1
+
+    @property
+    def action_size(self) -> int:
+        return self.n_cards
+
+    @property
+    def n_actions(self) -> int:
+        return self.n_cards
+
+
+class RepeatPrevious(_AbstractCardEnv):
     """Output the card shown `k` steps ago.
 
     At reset `length` cards in `{0, ..., n_cards - 1}` are drawn independently
@@ -121,11 +146,6 @@ class RepeatPrevious(AbstractEnv):
             "length > k, so some step is scored",
         )
 
-    def reset(self, key: PRNGKeyArray) -> State:
-        cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
-        zero = jnp.zeros((), jnp.float32)
-        return _cards_state(cards, jnp.zeros((), jnp.int32), self.n_cards, zero, zero)
-
     def step(self, state: State, action: Array) -> State:
         action = _check_discrete_action("RepeatPrevious", action, self.n_cards)
         cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
@@ -135,20 +155,8 @@ class RepeatPrevious(AbstractEnv):
         done = (t + 1 >= self.length).astype(jnp.float32)
         return _cards_state(cards, t + 1, self.n_cards, reward, done)
 
-    @property
-    def observation_size(self) -> int:
-        return self.n_cards + 1
 
-    @property
-    def action_size(self) -> int:
-        return self.n_cards
-
-    @property
-    def n_actions(self) -> int:
-        return self.n_cards
-
-
-class RepeatFirst(AbstractEnv):
+class RepeatFirst(_AbstractCardEnv):
     """Output the episode's first card on every step.
 
     At reset `length` cards in `{0, ..., n_cards - 1}` are drawn independently
@@ -186,29 +194,12 @@ class RepeatFirst(AbstractEnv):
             call, "length", self.length, 2, "with one step there is nothing to remember"
         )
 
-    def reset(self, key: PRNGKeyArray) -> State:
-        cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
-        zero = jnp.zeros((), jnp.float32)
-        return _cards_state(cards, jnp.zeros((), jnp.int32), self.n_cards, zero, zero)
-
     def step(self, state: State, action: Array) -> State:
         action = _check_discrete_action("RepeatFirst", action, self.n_cards)
         cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
         reward = _score(action == cards[0], self.length)
         done = (t + 1 >= self.length).astype(jnp.float32)
         return _cards_state(cards, t + 1, self.n_cards, reward, done)
-
-    @property
-    def observation_size(self) -> int:
-        return self.n_cards + 1
-
-    @property
-    def action_size(self) -> int:
-        return self.n_cards
-
-    @property
-    def n_actions(self) -> int:
-        return self.n_cards
 
 
 class CountRecall(AbstractEnv):
