@@ -26,6 +26,7 @@ SYSTEM_NAMES = {
     "base": "eqx_ppo baseline",
     "brax": "Brax PPO",
     "nnx": "nnx-ppo 0.3.0",
+    "rejax": "rejax PPO",
 }
 BASELINE_ENV = "EQX_PPO_BASELINE"
 """Names a checkout of eqx_ppo that the `base` system imports (an A/B baseline)."""

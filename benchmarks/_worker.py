@@ -318,7 +318,114 @@ def run_brax(spec: Spec) -> dict[str, Any]:
     return out
 
 
-RUNNERS = {"eqx": run_eqx, "base": run_eqx, "nnx": run_nnx, "brax": run_brax}
+# ------------------------------------------------------------------------ rejax
+
+
+def gymnax_view(env, episode_length: int):
+    """eqx_ppo's time-limited env behind the gymnax `Environment` API rejax steps.
+
+    `step` auto-resets on `done` and returns the five values rejax 0.1.3
+    unpacks (gymnax 1.0's own `step` returns six and needs a `time` field).
+    rejax treats every `done` as terminal (it has no truncation flag), so a
+    time-limit end is not bootstrapped there.
+    """
+    import jax
+    from flax import struct
+    from gymnax.environments import environment, spaces
+
+    @struct.dataclass
+    class Params:
+        max_steps_in_episode: int = episode_length
+
+    class View(environment.Environment):
+        @property
+        def default_params(self):
+            return Params()
+
+        def step(self, key, state, action, params=None):
+            state = env.step(state, action)
+            reward, done = state.reward, state.done.astype(bool)
+            fresh = env.reset(key)
+            state = jax.tree.map(lambda a, b: jax.lax.select(done, a, b), fresh, state)
+            return state.obs, state, reward, done, {}
+
+        def reset(self, key, params=None):
+            state = env.reset(key)
+            return state.obs, state
+
+        def action_space(self, params=None):
+            return spaces.Box(-1.0, 1.0, (env.action_size,))
+
+        def observation_space(self, params=None):
+            return spaces.Box(-float("inf"), float("inf"), (env.observation_size,))
+
+    return View()
+
+
+def run_rejax(spec: Spec) -> dict[str, Any]:
+    """rejax's PPO: its whole run is one compiled program; the timer reads its
+    per-chunk evaluation callback, which here only marks the time.
+
+    What it cannot match: minibatches of single transitions (ours are whole
+    env sequences), `max_grad_norm` clips element-wise (ours by global norm;
+    set to 0.5 like ours), the value loss is always clipped at `clip_eps`,
+    actor and critic have separate Adam states, and time-limit ends are
+    treated as terminal.
+    """
+    if spec.policy != "mlp":
+        raise ValueError("rejax PPO has no recurrent policy")
+    import jax
+    from rejax import PPO
+
+    env = gymnax_view(eqx_env(spec.env), EPISODE_LENGTH[spec.env])
+    timer = Boundaries(spec)
+
+    def mark_chunk(algo, ts, rng):
+        jax.debug.callback(lambda step: timer.mark(int(step)), ts.global_step)
+        return ()
+
+    algo = PPO.create(
+        env=env,
+        num_envs=spec.n_envs,
+        num_steps=spec.rollout_length,
+        num_minibatches=spec.n_minibatches,
+        num_epochs=spec.n_epochs,
+        total_timesteps=spec.run_steps,
+        eval_freq=spec.chunk_steps,
+        skip_initial_evaluation=True,
+        learning_rate=spec.learning_rate,
+        gamma=spec.discount,
+        gae_lambda=spec.gae_lambda,
+        clip_eps=spec.clip_range,
+        ent_coef=spec.entropy_weight,
+        vf_coef=1.0,
+        max_grad_norm=0.5,
+        normalize_observations=True,
+        agent_kwargs={"hidden_layer_sizes": spec.hidden, "activation": "swish"},
+    ).replace(eval_callback=mark_chunk)
+    ts, _ = jax.block_until_ready(jax.jit(algo.train)(jax.random.PRNGKey(spec.seed)))
+    out = timer.summary()
+    out["peak_rss_mb"] = peak_rss_mb()  # training only, before evaluation
+    if spec.evaluate:
+        actor = algo.actor
+
+        def act(params, carry, obs, key):
+            obs = algo.normalize_obs(params["rms"], obs)
+            mean = actor.apply(params["actor"], obs, method="_action_dist").mean()
+            return carry, jax.numpy.clip(mean, -1.0, 1.0)
+
+        params = {"actor": ts.actor_ts.params, "rms": ts.obs_rms_state}
+        out["eval_return"] = evaluate(eqx_env(spec.env), act, params, (), spec)
+    return out
+
+
+RUNNERS = {
+    "eqx": run_eqx,
+    "base": run_eqx,
+    "nnx": run_nnx,
+    "brax": run_brax,
+    "rejax": run_rejax,
+}
 
 
 def main() -> None:

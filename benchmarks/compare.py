@@ -1,4 +1,4 @@
-"""eqx_ppo against Brax PPO and nnx-ppo 0.3.0: same env, same hyperparameters.
+"""eqx_ppo against Brax PPO, rejax and nnx-ppo 0.3.0: same env, same hyperparameters.
 
     python -m benchmarks.compare --env inverted_pendulum --steps 1024000 --reps 3
     python -m benchmarks.compare --env move_to_center --policy lstm
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--policy", default="mlp", choices=["mlp", "lstm"])
     parser.add_argument(
-        "--systems", default=None, help="comma list of eqx,base,brax,nnx"
+        "--systems", default=None, help="comma list of eqx,base,brax,rejax,nnx"
     )
     parser.add_argument(
         "--baseline", default=None, help="checkout of eqx_ppo for the `base` system"
@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error("--systems base needs --baseline PATH")
             os.environ[BASELINE_ENV] = str(pathlib.Path(args.baseline).resolve())
     else:
-        systems = ["eqx", "brax", "nnx"] if args.policy == "mlp" else ["eqx", "nnx"]
+        systems = (
+            ["eqx", "brax", "rejax", "nnx"] if args.policy == "mlp" else ["eqx", "nnx"]
+        )
     base = Spec(
         env=args.env,
         policy=args.policy,
