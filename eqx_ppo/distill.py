@@ -48,7 +48,12 @@ from jaxtyping import Array, Float, Key, PRNGKeyArray, PyTree
 from .checkpoint import register_config
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
-from .nn._module import AbstractStatefulModule, State, StatefulModuleOutput
+from .nn._module import (
+    AbstractLayerWrapper,
+    AbstractStatefulModule,
+    State,
+    StatefulModuleOutput,
+)
 from .ppo._config import (
     DriverConfig,
     LearnerConfig,
@@ -140,31 +145,16 @@ class _SamplerExtras(eqx.Module):
     kind: str = eqx.field(static=True)
 
 
-class _SamplerProbe(AbstractStatefulModule):
+class _SamplerProbe(AbstractLayerWrapper):
     """Runs `layer` and marks its extras if it is a sampler."""
 
     layer: AbstractStatefulModule
 
-    @property
-    def uses_key(self) -> bool:
-        return self.layer.uses_key
-
-    def __call__(
-        self,
-        state: State,
-        x: Any,
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        out = self.layer(state, x, extras, key=key)
+    def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
         if _is_sampler_dict(out.output):
             marked = _SamplerExtras(out.extras, type(self.layer).__name__)
             return out._replace(extras=marked)
         return out
-
-    def initial_state(self) -> State:
-        return self.layer.initial_state()
 
 
 def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:

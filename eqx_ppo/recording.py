@@ -31,26 +31,26 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-from jaxtyping import Array, Bool, Key, PRNGKeyArray, PyTree
+from jaxtyping import PyTree
 
 from ._activation_key import ACTIVATION_KEY as ACTIVATION_KEY
 from .graph import PopulationGraph
 from .nn._module import (
+    AbstractLayerWrapper,
     AbstractStatefulModule,
-    SequenceOutput,
-    State,
     StatefulModuleOutput,
 )
 
 
-class Recorder(AbstractStatefulModule):
+class Recorder(AbstractLayerWrapper):
     """Runs `layer` unchanged and adds its forward output to the metrics.
 
     The output, carry, regularisation loss and extras are `layer`'s own; the
-    metrics are `layer`'s plus `{ACTIVATION_KEY: output}`. `initial_state`,
-    `reset_state` and `update_statistics` are forwarded (the last returns a
-    `Recorder` around the updated layer), and `eqx.nn.inference_mode` reaches
-    the layer through it.
+    metrics are `layer`'s plus `{ACTIVATION_KEY: output}`. The carry, resets,
+    statistics and key use are forwarded (`update_statistics` returns a
+    `Recorder` around the updated layer); a replay returns no metrics, so the
+    layer's own (possibly parallel) replay runs unchanged. `eqx.nn.inference_mode`
+    reaches the layer through it.
 
     **Arguments:**
 
@@ -60,41 +60,8 @@ class Recorder(AbstractStatefulModule):
 
     layer: AbstractStatefulModule
 
-    @property
-    def uses_key(self) -> bool:
-        return self.layer.uses_key
-
-    def __call__(
-        self,
-        state: State,
-        x: Any,
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        out = self.layer(state, x, extras, key=key)
+    def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
         return out._replace(metrics={**out.metrics, ACTIVATION_KEY: out.output})
-
-    def replay_sequence(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
-    ) -> SequenceOutput:
-        # A replay returns no metrics, so there is nothing to record: the
-        # layer's own (possibly parallel) replay runs unchanged.
-        return self.layer.replay_sequence(state0, xs, extras, keys, done)
-
-    def initial_state(self) -> State:
-        return self.layer.initial_state()
-
-    def reset_state(self, prev_state: State) -> State:
-        return self.layer.reset_state(prev_state)
-
-    def update_statistics(self, extras: Any) -> "Recorder":
-        return Recorder(self.layer.update_statistics(extras))
 
 
 def _is_stateful(node: Any) -> bool:

@@ -18,7 +18,9 @@ deterministically: the mean (squashed for `NormalTanhSampler`) or the most
 likely category. Inference mode needs no `key`.
 """
 
+import abc
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -86,25 +88,59 @@ def _tanh_log_det(z: Float[Array, " action"]) -> Float[Array, " action"]:
     return 2.0 * (_LOG_2 - z - jax.nn.softplus(-2.0 * z))
 
 
-def _sampler_output(
-    action: Array,
-    log_likelihood: Float[Array, ""],
-    entropy: Float[Array, ""],
-    entropy_weight: Float[Array, ""],
-    metrics: dict[str, Array],
-    extras: Array,
-) -> StatefulModuleOutput:
-    return StatefulModuleOutput(
-        next_state=(),
-        output={"action": action, "log_likelihood": log_likelihood},
-        regularization_loss=-entropy_weight * entropy,
-        metrics=metrics,
-        extras=extras,
-    )
+class _SamplerStep(NamedTuple):
+    """One sampler call before packaging: the action, its extras, their scores."""
+
+    action: Array
+    extras: Array
+    log_likelihood: Float[Array, ""]
+    entropy: Float[Array, ""]
+    metrics: dict[str, Array]
 
 
-class _GaussianSampler(AbstractStatefulModule):
-    """The fields and checks the two Gaussian samplers share."""
+class _AbstractSampler(AbstractStatefulModule):
+    """The call every sampler shares; `_sample` draws or scores the action.
+
+    It checks the key (none is needed in inference mode) and packages the
+    step as a sampler dict, with the entropy bonus as regularisation loss.
+    """
+
+    entropy_weight: eqx.AbstractVar[Float[Array, ""]]
+    inference: eqx.AbstractVar[bool]
+
+    @abc.abstractmethod
+    def _sample(
+        self, x: Float[Array, " params"], extras: Array | None, key: PRNGKeyArray | None
+    ) -> _SamplerStep:
+        """A fresh action if `extras` is `None`, else the stored one, scored."""
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Float[Array, " params"],
+        extras: Array | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        del state
+        _require_key(type(self).__name__, key, self.inference)
+        step = self._sample(x, extras, key)
+        return StatefulModuleOutput(
+            next_state=(),
+            output={"action": step.action, "log_likelihood": step.log_likelihood},
+            regularization_loss=-self.entropy_weight * step.entropy,
+            metrics=step.metrics,
+            extras=step.extras,
+        )
+
+
+_Vec = Float[Array, " action"]
+"""One value per action dimension: a mean, a std or a pre-squash action."""
+
+
+class _GaussianSampler(_AbstractSampler):
+    """What the two Gaussian samplers share: the fields, the checks, the
+    `[mean, pre_std]` parameterisation and the metrics; `_draw` differs."""
 
     entropy_weight: Float[Array, ""] = coefficient()
     min_std: float = eqx.field(static=True, default=1e-3)
@@ -115,6 +151,20 @@ class _GaussianSampler(AbstractStatefulModule):
         name = type(self).__name__
         check_coefficient(f"{name}(entropy_weight)", self.entropy_weight)
         _check_std_params(name, self.min_std, self.std_scale)
+
+    @abc.abstractmethod
+    def _draw(
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
+    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
+        """`_sample` given the Gaussian: the action, its extras (the pre-squash
+        action), the log-likelihood and the entropy."""
+
+    def _sample(
+        self, x: Float[Array, " params"], extras: _Vec | None, key: PRNGKeyArray | None
+    ) -> _SamplerStep:
+        mean, std = _mean_and_std(type(self).__name__, x, self.min_std, self.std_scale)
+        draw = self._draw(mean, std, extras, key)
+        return _SamplerStep(*draw, metrics={"mu": mean, "sigma": std})
 
 
 class NormalTanhSampler(_GaussianSampler):
@@ -145,17 +195,9 @@ class NormalTanhSampler(_GaussianSampler):
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    def __call__(
-        self,
-        state: tuple[()],
-        x: Float[Array, " params"],
-        extras: Float[Array, " action"] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        del state
-        _require_key("NormalTanhSampler", key, self.inference)
-        mean, std = _mean_and_std("NormalTanhSampler", x, self.min_std, self.std_scale)
+    def _draw(
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
+    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
         if key is None:
             action_noise = entropy_noise = jnp.zeros_like(mean)
         else:
@@ -166,14 +208,7 @@ class NormalTanhSampler(_GaussianSampler):
 
         z = mean + std * jax.lax.stop_gradient(entropy_noise)
         entropy = jnp.sum(_normal_entropy(std) + _tanh_log_det(z))
-        return _sampler_output(
-            jnp.tanh(raw),
-            log_likelihood,
-            entropy,
-            self.entropy_weight,
-            {"mu": mean, "sigma": std},
-            raw,
-        )
+        return jnp.tanh(raw), raw, log_likelihood, entropy
 
 
 class NormalSampler(_GaussianSampler):
@@ -188,33 +223,19 @@ class NormalSampler(_GaussianSampler):
     **Arguments:** as [`eqx_ppo.nn.NormalTanhSampler`][]'s.
     """
 
-    def __call__(
-        self,
-        state: tuple[()],
-        x: Float[Array, " params"],
-        extras: Float[Array, " action"] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        del state
-        _require_key("NormalSampler", key, self.inference)
-        mean, std = _mean_and_std("NormalSampler", x, self.min_std, self.std_scale)
+    def _draw(
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
+    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
         if self.inference:
             sampled = mean
         else:
             sampled = mean + std * jax.random.normal(key, mean.shape)
         action = jax.lax.stop_gradient(sampled if extras is None else extras)
-        return _sampler_output(
-            action,
-            jnp.sum(_normal_logpdf(action, mean, std)),
-            jnp.sum(_normal_entropy(std)),
-            self.entropy_weight,
-            {"mu": mean, "sigma": std},
-            action,
-        )
+        log_likelihood = jnp.sum(_normal_logpdf(action, mean, std))
+        return action, action, log_likelihood, jnp.sum(_normal_entropy(std))
 
 
-class CategoricalSampler(AbstractStatefulModule):
+class CategoricalSampler(_AbstractSampler):
     """Discrete actions from logits; multi-discrete with a tuple of sizes.
 
     With `n_actions=n` the input is `n` logits and the action an integer
@@ -253,16 +274,12 @@ class CategoricalSampler(AbstractStatefulModule):
             return self.n_actions
         return (self.n_actions,)
 
-    def __call__(
+    def _sample(
         self,
-        state: tuple[()],
         x: Float[Array, " logits"],
-        extras: Int[Array, "*subactions"] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        del state
-        _require_key("CategoricalSampler", key, self.inference)
+        extras: Int[Array, "*subactions"] | None,
+        key: PRNGKeyArray | None,
+    ) -> _SamplerStep:
         sizes = self._group_sizes()
         if x.shape != (sum(sizes),):
             raise ValueError(
@@ -289,11 +306,6 @@ class CategoricalSampler(AbstractStatefulModule):
             lp[a] for lp, a in zip(log_probs, sub_actions, strict=True)
         )
         entropy = sum(-jnp.sum(jnp.exp(lp) * lp) for lp in log_probs)
-        return _sampler_output(
-            action,
-            log_likelihood,
-            entropy,
-            self.entropy_weight,
-            {"entropy": entropy},
-            action,
+        return _SamplerStep(
+            action, action, log_likelihood, entropy, {"entropy": entropy}
         )

@@ -1,15 +1,14 @@
 """DictObsAct: MoveToCenter with dict observations and dict actions."""
 
-import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action_tree
-from ._move_to_center import check_positive, distance, push, start_on_circle
-from ._state import State
+from ._env import check_action_tree
+from ._move_to_center import AbstractCenterTask, distance, push, start_on_circle
+from ._state import State, ongoing
 
 
-class DictObsAct(AbstractEnv):
+class DictObsAct(AbstractCenterTask):
     """A probe for pytree plumbing: dict observations and a dict action.
 
     The task is [`eqx_ppo.envs.MoveToCenter`][]'s, so results are comparable.
@@ -30,22 +29,11 @@ class DictObsAct(AbstractEnv):
     - `speed`: the largest distance covered in one step.
     """
 
-    start_radius: float = eqx.field(static=True, default=1.0)
-    speed: float = eqx.field(static=True, default=0.2)
-
-    def __check_init__(self):
-        check_positive("DictObsAct", start_radius=self.start_radius, speed=self.speed)
-
     def _state(
         self, pos: Float[Array, "2"], vel: Float[Array, "2"], reward: Float[Array, ""]
     ) -> State:
         obs = {"pos": pos, "vel": vel}
-        return State(
-            pipeline_state=obs,
-            obs=obs,
-            reward=reward,
-            done=jnp.zeros((), jnp.float32),
-        )
+        return ongoing(obs, obs, reward)
 
     def reset(self, key: PRNGKeyArray) -> State:
         pos = start_on_circle(key, self.start_radius)

@@ -11,7 +11,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._draw import Canvas
 from ._env import AbstractEnv, check_action
-from ._state import State
+from ._state import State, ongoing
 
 
 def push(
@@ -46,7 +46,23 @@ def distance(pos: Float[Array, "2"]) -> Float[Array, ""]:
     return jnp.sqrt(jnp.sum(pos**2))
 
 
-class MoveToCenter(AbstractEnv):
+class AbstractCenterTask(AbstractEnv):
+    """MoveToCenter's task, whatever the observation and action look like.
+
+    A point starts `start_radius` from the origin and moves at most `speed` a
+    step; the subclasses choose how it is observed and pushed.
+    """
+
+    start_radius: float = eqx.field(static=True, default=1.0)
+    speed: float = eqx.field(static=True, default=0.2)
+
+    def __check_init__(self):
+        check_positive(
+            type(self).__name__, start_radius=self.start_radius, speed=self.speed
+        )
+
+
+class MoveToCenter(AbstractCenterTask):
     """A point starts on a circle and must be pushed to the origin and held there.
 
     - **Observation**: the position, `Float[Array, "2"]`.
@@ -70,20 +86,8 @@ class MoveToCenter(AbstractEnv):
     - `speed`: the largest distance covered in one step.
     """
 
-    start_radius: float = eqx.field(static=True, default=1.0)
-    speed: float = eqx.field(static=True, default=0.2)
-
-    def __check_init__(self):
-        check_positive("MoveToCenter", start_radius=self.start_radius, speed=self.speed)
-
     def _state(self, pos: Float[Array, "2"], reward: Float[Array, ""]) -> State:
-        return State(
-            pipeline_state=pos,
-            obs=pos,
-            reward=reward,
-            done=jnp.zeros((), jnp.float32),
-            metrics={"distance": distance(pos)},
-        )
+        return ongoing(pos, pos, reward, metrics={"distance": distance(pos)})
 
     def reset(self, key: PRNGKeyArray) -> State:
         pos = start_on_circle(key, self.start_radius)

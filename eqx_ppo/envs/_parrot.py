@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._env import AbstractEnv, check_action
-from ._state import State
+from ._state import State, ongoing
 
 
 class Parrot(AbstractEnv):
@@ -44,12 +44,7 @@ class Parrot(AbstractEnv):
     def _state(self, key: PRNGKeyArray, reward: Float[Array, ""]) -> State:
         obs_key, next_key = jax.random.split(key)
         obs = jnp.tanh(jax.random.normal(obs_key, (self.obs_size,), jnp.float32))
-        return State(
-            pipeline_state=next_key,
-            obs=obs,
-            reward=reward,
-            done=jnp.zeros((), jnp.float32),
-        )
+        return ongoing(next_key, obs, reward)
 
     def reset(self, key: PRNGKeyArray) -> State:
         return self._state(key, jnp.zeros((), jnp.float32))

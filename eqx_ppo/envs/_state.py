@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 import equinox as eqx
+import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 
@@ -34,3 +35,19 @@ class State(eqx.Module):
     def replace(self, **changes: Any) -> "State":
         """A copy with `changes` applied (the Brax `State.replace` API)."""
         return dataclasses.replace(self, **changes)
+
+
+def ongoing(
+    pipeline_state: Any,
+    obs: PyTree[Array],
+    reward: PyTree[Float[Array, ""]],
+    metrics: dict[str, Any] | None = None,
+) -> State:
+    """The state of a step that does not end the episode: `done` is `0.0`."""
+    return State(
+        pipeline_state=pipeline_state,
+        obs=obs,
+        reward=reward,
+        done=jnp.zeros((), jnp.float32),
+        metrics={} if metrics is None else metrics,
+    )

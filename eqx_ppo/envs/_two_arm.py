@@ -7,7 +7,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._env import AbstractEnv, check_action_tree
 from ._move_to_center import check_positive, distance, push, start_on_circle
-from ._state import State
+from ._state import State, ongoing
 
 _ARMS = ("arm1", "arm2")
 
@@ -48,12 +48,7 @@ class TwoArm(AbstractEnv):
         )
 
     def _state(self, obs: dict, reward: dict[str, Float[Array, ""]]) -> State:
-        return State(
-            pipeline_state=obs,
-            obs=obs,
-            reward=reward,
-            done=jnp.zeros((), jnp.float32),
-        )
+        return ongoing(obs, obs, reward)
 
     def reset(self, key: PRNGKeyArray) -> State:
         keys = dict(zip(_ARMS, jax.random.split(key), strict=True))

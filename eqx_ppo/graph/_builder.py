@@ -18,16 +18,6 @@ Activation = str | Callable[[Array], Array] | None
 
 
 @dataclasses.dataclass(frozen=True)
-class _PendingPopulation:
-    name: str
-    size: int
-    activation: Callable[[Array], Array]
-    role: Role
-    input_from: str | None
-    output_to: str | None
-
-
-@dataclasses.dataclass(frozen=True)
 class _PendingConnection:
     spec: ConnectionSpec
     transform: AbstractStatefulModule | None
@@ -58,7 +48,7 @@ class PopulationGraphBuilder:
     """
 
     def __init__(self):
-        self._populations: dict[str, _PendingPopulation] = {}
+        self._populations: dict[str, PopulationSpec] = {}
         self._connections: list[_PendingConnection] = []
         self._finalized = False
 
@@ -213,15 +203,7 @@ class PopulationGraphBuilder:
             for conn, k in zip(self._connections, keys, strict=True)
         }
         populations = tuple(
-            PopulationSpec(
-                name=p.name,
-                size=p.size,
-                activation=p.activation,
-                role=p.role,
-                input_from=p.input_from,
-                output_to=p.output_to,
-                buffer_length=buffer_length[p.name],
-            )
+            dataclasses.replace(p, buffer_length=buffer_length[p.name])
             for p in pops.values()
         )
         self._finalized = True
@@ -252,13 +234,15 @@ class PopulationGraphBuilder:
                 "exists; population names must be unique."
             )
         check_size(f"{method}({name!r}, size=...)", size)
-        self._populations[name] = _PendingPopulation(
+        # The buffer length depends on the connections: `finalize` sets it.
+        self._populations[name] = PopulationSpec(
             name=name,
             size=size,
             activation=get_activation(activation),
             role=role,
             input_from=input_from,
             output_to=output_to,
+            buffer_length=0,
         )
         return self
 

@@ -19,6 +19,13 @@ from ..nn._module import (
 
 Role = Literal["input", "hidden", "output"]
 
+RingBuffer = tuple[Float[Array, "length size"], Int[Array, ""]]
+"""A population's last `length` activities and the slot the next one goes to."""
+
+GraphState = dict[str, dict[str, Any]]
+"""A graph's carry: `{"buffers": {population: ring buffer}, "transforms":
+{connection: carry}}`."""
+
 
 @dataclasses.dataclass(frozen=True)
 class PopulationSpec:
@@ -108,28 +115,28 @@ class PopulationGraph(AbstractStatefulModule):
     order: tuple[str, ...] = eqx.field(static=True)
     record: bool = eqx.field(static=True, default=False)
 
-    def initial_state(self) -> State:
+    def _empty_buffers(self) -> dict[str, RingBuffer]:
+        """An empty ring buffer for every population read with a delay."""
+        return {
+            pop.name: _empty_buffer(pop)
+            for pop in self.populations
+            if pop.buffer_length > 0
+        }
+
+    def initial_state(self) -> GraphState:
         """Empty ring buffers and each transform's initial carry."""
         return {
-            "buffers": {
-                pop.name: _empty_buffer(pop)
-                for pop in self.populations
-                if pop.buffer_length > 0
-            },
+            "buffers": self._empty_buffers(),
             "transforms": {
                 name: transform.initial_state()
                 for name, transform in self.transforms.items()
             },
         }
 
-    def reset_state(self, prev_state: State) -> State:
+    def reset_state(self, prev_state: GraphState) -> GraphState:
         """Empty ring buffers; each transform resets its own carry."""
         return {
-            "buffers": {
-                pop.name: _empty_buffer(pop)
-                for pop in self.populations
-                if pop.buffer_length > 0
-            },
+            "buffers": self._empty_buffers(),
             "transforms": {
                 name: transform.reset_state(prev_state["transforms"][name])
                 for name, transform in self.transforms.items()
@@ -150,9 +157,9 @@ class PopulationGraph(AbstractStatefulModule):
 
     def __call__(
         self,
-        state: State,
+        state: GraphState,
         x: Any,
-        extras: Any = None,
+        extras: dict[str, Any] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> StatefulModuleOutput:
@@ -222,10 +229,6 @@ class PopulationGraph(AbstractStatefulModule):
         return StatefulModuleOutput(
             next_state, output, regularization, metrics, transform_extras
         )
-
-
-RingBuffer = tuple[Float[Array, "length size"], Int[Array, ""]]
-"""A population's last `length` activities and the slot the next one goes to."""
 
 
 def _empty_buffer(pop: PopulationSpec) -> RingBuffer:

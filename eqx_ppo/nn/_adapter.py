@@ -5,16 +5,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, PyTree
 
-from ._module import (
-    AbstractStatefulModule,
-    SequenceOutput,
-    State,
-    StatefulModuleOutput,
-    route_keys,
-    route_sequence_keys,
-)
+from ._containers import AbstractChildDict
+from ._module import AbstractStatefulModule
 
 
 class PPONetworkOutput(NamedTuple):
@@ -67,7 +61,7 @@ def ppo_output(samples: Any, values: Any) -> PPONetworkOutput:
     )
 
 
-class PPOAdapter(AbstractStatefulModule):
+class PPOAdapter(AbstractChildDict):
     """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
 
     The `action` port must output a *sampler dict* `{"action", "log_likelihood"}`
@@ -104,70 +98,13 @@ class PPOAdapter(AbstractStatefulModule):
                 )
 
     @property
-    def uses_key(self) -> bool:
-        return self.action.uses_key or self.value.uses_key
+    def _children(self) -> dict[str, AbstractStatefulModule]:
+        return {"action": self.action, "value": self.value}
 
-    def __call__(
-        self,
-        state: dict[str, State],
-        x: Any,
-        extras: dict[str, Any] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        if extras is None:
-            extras = {"action": None, "value": None}
-        action_key, value_key = route_keys(key, [self.action, self.value])
-        action_out = self.action(state["action"], x, extras["action"], key=action_key)
-        value_out = self.value(state["value"], x, extras["value"], key=value_key)
-        return StatefulModuleOutput(
-            next_state={"action": action_out.next_state, "value": value_out.next_state},
-            output=ppo_output(action_out.output, value_out.output),
-            regularization_loss=action_out.regularization_loss
-            + value_out.regularization_loss,
-            metrics={"action": action_out.metrics, "value": value_out.metrics},
-            extras={"action": action_out.extras, "value": value_out.extras},
-        )
+    def _with_children(
+        self, children: dict[str, AbstractStatefulModule]
+    ) -> "PPOAdapter":
+        return PPOAdapter(**children)
 
-    def replay_sequence(
-        self,
-        state0: dict[str, State],
-        xs: Any,
-        extras: dict[str, Any] | None,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
-    ) -> SequenceOutput:
-        if extras is None:
-            extras = {"action": None, "value": None}
-        action_keys, value_keys = route_sequence_keys(keys, [self.action, self.value])
-        action = self.action.replay_sequence(
-            state0["action"], xs, extras["action"], action_keys, done
-        )
-        value = self.value.replay_sequence(
-            state0["value"], xs, extras["value"], value_keys, done
-        )
-        return SequenceOutput(
-            last_state={"action": action.last_state, "value": value.last_state},
-            output=jax.vmap(ppo_output)(action.output, value.output),
-            regularization_loss=action.regularization_loss + value.regularization_loss,
-        )
-
-    def initial_state(self) -> dict[str, State]:
-        return {
-            "action": self.action.initial_state(),
-            "value": self.value.initial_state(),
-        }
-
-    def reset_state(self, prev_state: dict[str, State]) -> dict[str, State]:
-        return {
-            "action": self.action.reset_state(prev_state["action"]),
-            "value": self.value.reset_state(prev_state["value"]),
-        }
-
-    def update_statistics(self, extras: dict[str, Any] | None) -> "PPOAdapter":
-        if extras is None:
-            extras = {"action": None, "value": None}
-        return PPOAdapter(
-            action=self.action.update_statistics(extras["action"]),
-            value=self.value.update_statistics(extras["value"]),
-        )
+    def _combine(self, outputs: dict[str, Any]) -> PPONetworkOutput:
+        return ppo_output(outputs["action"], outputs["value"])

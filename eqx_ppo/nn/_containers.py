@@ -79,49 +79,71 @@ def _named_children(
     return {name: children[name] for name in sorted(children)}
 
 
+def _gather(outs: dict[Any, StatefulModuleOutput], output: Any) -> StatefulModuleOutput:
+    """A container's step from its children's: carries, metrics and extras
+    keyed like the children, their losses summed in order."""
+    return StatefulModuleOutput(
+        next_state={k: out.next_state for k, out in outs.items()},
+        output=output,
+        regularization_loss=sum(
+            (out.regularization_loss for out in outs.values()), zero_loss()
+        ),
+        metrics={k: out.metrics for k, out in outs.items()},
+        extras={k: out.extras for k, out in outs.items()},
+    )
+
+
+def _gather_sequences(
+    outs: dict[Any, SequenceOutput], output: Any, done: Bool[Array, " time"]
+) -> SequenceOutput:
+    """`_gather` for the children's replays of a `[T]` sequence."""
+    return SequenceOutput(
+        last_state={k: out.last_state for k, out in outs.items()},
+        output=output,
+        regularization_loss=sum(
+            (out.regularization_loss for out in outs.values()),
+            jnp.zeros(done.shape, jnp.float32),
+        ),
+    )
+
+
 def _run_children(
     children: dict[str, AbstractStatefulModule],
     state: dict,
     inputs: dict,
-    extras: Any,
+    extras: dict | None,
     key: PRNGKeyArray | None,
 ) -> StatefulModuleOutput:
     """Call every child on its own input; each channel becomes a dict by name."""
     extras = _child_extras(extras, children)
     keys = route_keys(key, list(children.values()))
-    next_state, outputs, metrics, new_extras = {}, {}, {}, {}
-    loss = zero_loss()
-    for (name, child), child_key in zip(children.items(), keys, strict=True):
-        out = child(state[name], inputs[name], extras[name], key=child_key)
-        next_state[name] = out.next_state
-        outputs[name] = out.output
-        loss = loss + out.regularization_loss
-        metrics[name] = out.metrics
-        new_extras[name] = out.extras
-    return StatefulModuleOutput(next_state, outputs, loss, metrics, new_extras)
+    outs = {
+        name: child(state[name], inputs[name], extras[name], key=child_key)
+        for (name, child), child_key in zip(children.items(), keys, strict=True)
+    }
+    return _gather(outs, {name: out.output for name, out in outs.items()})
 
 
 def _replay_children(
     children: dict[str, AbstractStatefulModule],
     state0: dict,
     inputs: dict,
-    extras: Any,
+    extras: dict | None,
     keys: Key[Array, " time"] | None,
     done: Bool[Array, " time"],
 ) -> SequenceOutput:
     """`_run_children` over a `[T]` sequence: every child replays its own."""
     extras = _child_extras(extras, children)
     child_keys = route_sequence_keys(keys, list(children.values()))
-    last, outputs = {}, {}
-    loss = jnp.zeros(done.shape, jnp.float32)
-    for (name, child), child_key in zip(children.items(), child_keys, strict=True):
-        out = child.replay_sequence(
+    outs = {
+        name: child.replay_sequence(
             state0[name], inputs[name], extras[name], child_key, done
         )
-        last[name] = out.last_state
-        outputs[name] = out.output
-        loss = loss + out.regularization_loss
-    return SequenceOutput(last, outputs, loss)
+        for (name, child), child_key in zip(children.items(), child_keys, strict=True)
+    }
+    return _gather_sequences(
+        outs, {name: out.output for name, out in outs.items()}, done
+    )
 
 
 def _check_state(container: str, state: Any, names: Iterable[Any]) -> None:
@@ -206,16 +228,11 @@ class Sequential(AbstractStatefulModule):
         _check_state("Sequential", state, range(len(self.layers)))
         extras = _child_extras(extras, range(len(self.layers)))
         keys = route_keys(key, self.layers)
-        next_state, metrics, new_extras = {}, {}, {}
-        loss = zero_loss()
+        outs = {}
         for i, (layer, layer_key) in enumerate(zip(self.layers, keys, strict=True)):
-            out = layer(state[i], x, extras[i], key=layer_key)
-            x = out.output
-            next_state[i] = out.next_state
-            loss = loss + out.regularization_loss
-            metrics[i] = out.metrics
-            new_extras[i] = out.extras
-        return StatefulModuleOutput(next_state, x, loss, metrics, new_extras)
+            outs[i] = layer(state[i], x, extras[i], key=layer_key)
+            x = outs[i].output
+        return _gather(outs, x)
 
     def replay_sequence(
         self,
@@ -227,16 +244,13 @@ class Sequential(AbstractStatefulModule):
     ) -> SequenceOutput:
         extras = _child_extras(extras, range(len(self.layers)))
         layer_keys = route_sequence_keys(keys, self.layers)
-        last = {}
-        loss = jnp.zeros(done.shape, jnp.float32)
+        outs = {}
         for i, (layer, layer_key) in enumerate(
             zip(self.layers, layer_keys, strict=True)
         ):
-            out = layer.replay_sequence(state0[i], xs, extras[i], layer_key, done)
-            xs = out.output
-            last[i] = out.last_state
-            loss = loss + out.regularization_loss
-        return SequenceOutput(last, xs, loss)
+            outs[i] = layer.replay_sequence(state0[i], xs, extras[i], layer_key, done)
+            xs = outs[i].output
+        return _gather_sequences(outs, xs, done)
 
     def initial_state(self) -> dict[int, State]:
         return {i: layer.initial_state() for i, layer in enumerate(self.layers)}
@@ -253,13 +267,87 @@ class Sequential(AbstractStatefulModule):
         )
 
 
-class _AbstractNamedContainer(AbstractStatefulModule):
-    """Children stored in a dict sorted by name.
+class AbstractChildDict(AbstractStatefulModule):
+    """A module over a dict of named children, run side by side.
 
-    Subclasses choose the routing with `_child_inputs` (the input of each
-    child) and `_combine` (one step's output from the children's); the call
-    and the sequence replay share both.
+    Subclasses name the children (`_children`, in key order), choose each
+    child's input with `_child_inputs` (by default every child gets `x`) and
+    one step's output with `_combine`; the call, the sequence replay, the
+    carries and the statistics update share them. State, extras and metrics
+    are dicts by child name.
     """
+
+    @property
+    @abc.abstractmethod
+    def _children(self) -> dict[str, AbstractStatefulModule]:
+        """The children by name, in the order they are run and get keys."""
+
+    @abc.abstractmethod
+    def _with_children(
+        self, children: dict[str, AbstractStatefulModule]
+    ) -> "AbstractChildDict":
+        """A copy of this module with `children` in place of its own."""
+
+    def _child_inputs(self, x: Any) -> dict[str, Any]:
+        """Each child's input, by name; structural, so it works on sequences."""
+        return {name: x for name in self._children}
+
+    def _combine(self, outputs: dict[str, Any]) -> Any:
+        """One step's output from the children's outputs."""
+        return outputs
+
+    @property
+    def uses_key(self) -> bool:
+        return any(child.uses_key for child in self._children.values())
+
+    def __call__(
+        self,
+        state: dict[str, State],
+        x: Any,
+        extras: dict[str, Any] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        children = self._children
+        _check_state(type(self).__name__, state, children)
+        out = _run_children(children, state, self._child_inputs(x), extras, key)
+        return out._replace(output=self._combine(out.output))
+
+    def replay_sequence(
+        self,
+        state0: dict[str, State],
+        xs: Any,
+        extras: dict[str, Any] | None,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        out = _replay_children(
+            self._children, state0, self._child_inputs(xs), extras, keys, done
+        )
+        return out._replace(output=jax.vmap(self._combine)(out.output))
+
+    def initial_state(self) -> dict[str, State]:
+        return {name: child.initial_state() for name, child in self._children.items()}
+
+    def reset_state(self, prev_state: dict[str, State]) -> dict[str, State]:
+        return {
+            name: child.reset_state(prev_state[name])
+            for name, child in self._children.items()
+        }
+
+    def update_statistics(self, extras: dict[str, Any] | None) -> "AbstractChildDict":
+        children = self._children
+        extras = _child_extras(extras, children)
+        return self._with_children(
+            {
+                name: child.update_statistics(extras[name])
+                for name, child in children.items()
+            }
+        )
+
+
+class _AbstractNamedContainer(AbstractChildDict):
+    """Children stored in a dict sorted by name; built from a dict or keywords."""
 
     modules: dict[str, AbstractStatefulModule]
 
@@ -275,61 +363,13 @@ class _AbstractNamedContainer(AbstractStatefulModule):
         return self.modules[name]
 
     @property
-    def uses_key(self) -> bool:
-        return any(child.uses_key for child in self.modules.values())
+    def _children(self) -> dict[str, AbstractStatefulModule]:
+        return self.modules
 
-    @abc.abstractmethod
-    def _child_inputs(self, x: Any) -> dict[str, Any]:
-        """Each child's input, by name; structural, so it works on sequences."""
-
-    def _combine(self, outputs: dict[str, Any]) -> Any:
-        """One step's output from the children's outputs."""
-        return outputs
-
-    def __call__(
-        self,
-        state: dict[str, State],
-        x: Any,
-        extras: dict[str, Any] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        _check_state(type(self).__name__, state, self.modules)
-        out = _run_children(self.modules, state, self._child_inputs(x), extras, key)
-        return out._replace(output=self._combine(out.output))
-
-    def replay_sequence(
-        self,
-        state0: dict[str, State],
-        xs: Any,
-        extras: dict[str, Any] | None,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
-    ) -> SequenceOutput:
-        out = _replay_children(
-            self.modules, state0, self._child_inputs(xs), extras, keys, done
-        )
-        return out._replace(output=jax.vmap(self._combine)(out.output))
-
-    def initial_state(self) -> dict[str, State]:
-        return {name: child.initial_state() for name, child in self.modules.items()}
-
-    def reset_state(self, prev_state: dict[str, State]) -> dict[str, State]:
-        return {
-            name: child.reset_state(prev_state[name])
-            for name, child in self.modules.items()
-        }
-
-    def update_statistics(
-        self, extras: dict[str, Any] | None
+    def _with_children(
+        self, children: dict[str, AbstractStatefulModule]
     ) -> "_AbstractNamedContainer":
-        extras = _child_extras(extras, self.modules)
-        return type(self)(
-            {
-                name: child.update_statistics(extras[name])
-                for name, child in self.modules.items()
-            }
-        )
+        return type(self)(children)
 
 
 class Parallel(_AbstractNamedContainer):
@@ -345,9 +385,6 @@ class Parallel(_AbstractNamedContainer):
     out = heads(heads.initial_state(), features)  # out.output["policy"], ["value"]
     ```
     """
-
-    def _child_inputs(self, x: Any) -> dict[str, Any]:
-        return {name: x for name in self.modules}
 
 
 class Map(_AbstractNamedContainer):
@@ -406,9 +443,6 @@ class Merge(_AbstractNamedContainer):
 
     - `modules` (positional-only) or `**kwargs`: the named children.
     """
-
-    def _child_inputs(self, x: Any) -> dict[str, Any]:
-        return {name: x for name in self.modules}
 
     def _combine(self, outputs: dict[str, Any]) -> dict[Any, Any]:
         merged: dict[Any, Any] = {}

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 
-from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
 
 DelayState = dict[str, Any]
@@ -16,7 +16,7 @@ DelayState = dict[str, Any]
 "idx": <int32 scalar, the slot read and then overwritten this step>}`."""
 
 
-class Delay(AbstractStatefulModule):
+class Delay(AbstractDeterministicModule):
     """A `k_steps` delay line: the output at step `t` is the input at `t - k_steps`.
 
     For the first `k_steps` steps of an episode the output is `initial_value`.
@@ -88,10 +88,6 @@ class Delay(AbstractStatefulModule):
             "buffer": jax.tree.unflatten(self.treedef, buffer),
             "idx": jnp.zeros((), jnp.int32),
         }
-
-    @property
-    def uses_key(self) -> bool:
-        return False
 
     def __call__(
         self,

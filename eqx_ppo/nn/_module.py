@@ -183,7 +183,18 @@ class AbstractStatefulModule(eqx.Module):
         )
 
 
-class AbstractStatelessLayer(AbstractStatefulModule):
+class AbstractDeterministicModule(AbstractStatefulModule):
+    """A module that never draws randomness: `uses_key` is `False`.
+
+    Containers hand it no key, so it costs no key split.
+    """
+
+    @property
+    def uses_key(self) -> bool:
+        return False
+
+
+class AbstractStatelessLayer(AbstractDeterministicModule):
     """A deterministic layer without carry, loss or metrics: implement `forward`.
 
     `__call__` ignores `state`, `extras` and `key` and returns `forward(x)`
@@ -195,9 +206,37 @@ class AbstractStatelessLayer(AbstractStatefulModule):
     def forward(self, x: Any) -> Any:
         """The output for one env's input `x`."""
 
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Any,
+        extras: None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """`forward(x)`, with carry `()`."""
+        del state, extras, key
+        return StatefulModuleOutput((), self.forward(x), zero_loss(), {}, None)
+
+
+class AbstractLayerWrapper(AbstractStatefulModule):
+    """Runs one `layer` and rewrites each step's output with `wrap_output`.
+
+    Everything else is `layer`'s: its key use, carry, resets and statistics
+    (`update_statistics` returns the wrapper around the updated layer), and
+    its own (possibly parallel) `replay_sequence`. A replay returns neither
+    metrics nor extras, so `wrap_output` may change only those two.
+    """
+
+    layer: eqx.AbstractVar[AbstractStatefulModule]
+
+    @abc.abstractmethod
+    def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
+        """This step's output, given what `layer` returned."""
+
     @property
     def uses_key(self) -> bool:
-        return False
+        return self.layer.uses_key
 
     def __call__(
         self,
@@ -207,9 +246,28 @@ class AbstractStatelessLayer(AbstractStatefulModule):
         *,
         key: PRNGKeyArray | None = None,
     ) -> StatefulModuleOutput:
-        """`forward(x)`, with carry `()`."""
-        del state, extras, key
-        return StatefulModuleOutput((), self.forward(x), zero_loss(), {}, None)
+        return self.wrap_output(self.layer(state, x, extras, key=key))
+
+    def replay_sequence(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        return self.layer.replay_sequence(state0, xs, extras, keys, done)
+
+    def initial_state(self) -> State:
+        return self.layer.initial_state()
+
+    def reset_state(self, prev_state: State) -> State:
+        return self.layer.reset_state(prev_state)
+
+    def update_statistics(self, extras: Any) -> "AbstractLayerWrapper":
+        return eqx.tree_at(
+            lambda wrapper: wrapper.layer, self, self.layer.update_statistics(extras)
+        )
 
 
 class AbstractStatistics(eqx.Module):

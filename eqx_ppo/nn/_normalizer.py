@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from ._module import (
-    AbstractStatefulModule,
+    AbstractDeterministicModule,
     AbstractStatistics,
     State,
     StatefulModuleOutput,
@@ -65,7 +65,7 @@ class NormalizerStatistics(AbstractStatistics):
     count: Float[Array, ""]
 
 
-class Normalizer(AbstractStatefulModule):
+class Normalizer(AbstractDeterministicModule):
     """Standardises its input with running statistics: `(x - mean) / std`.
 
     The statistics live in a [`eqx_ppo.nn.NormalizerStatistics`][], so
@@ -163,10 +163,6 @@ class Normalizer(AbstractStatefulModule):
             ),
             stats.m2,
         )
-
-    @property
-    def uses_key(self) -> bool:
-        return False
 
     def __call__(
         self,

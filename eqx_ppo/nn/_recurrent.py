@@ -16,7 +16,7 @@ from ._dense import (
     init_param,
     orthogonal,
 )
-from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
 
 Activation = str | Callable[[Array], Array]
 
@@ -90,7 +90,7 @@ def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
         )
 
 
-class LSTM(AbstractStatefulModule):
+class LSTM(AbstractDeterministicModule):
     """A long short-term memory layer for one env; the output is `h`.
 
     The carry is the tuple **`(h, c)`, hidden state first, cell state
@@ -181,10 +181,6 @@ class LSTM(AbstractStatefulModule):
             return (zeros, zeros)
         return (self.initial_h, self.initial_c)
 
-    @property
-    def uses_key(self) -> bool:
-        return False
-
     def __call__(
         self,
         state: LSTMState,
@@ -211,7 +207,7 @@ class LSTM(AbstractStatefulModule):
         return StatefulModuleOutput((h, c), h, zero_loss(), {}, None)
 
 
-class GRU(AbstractStatefulModule):
+class GRU(AbstractDeterministicModule):
     """A gated recurrent unit layer for one env; the carry and output are `h`.
 
     The update follows flax's `GRUCell` (and cuDNN): gates stacked in the
@@ -291,10 +287,6 @@ class GRU(AbstractStatefulModule):
         if self.initial_h is None:
             return jnp.zeros(self.hidden_size, jnp.float32)
         return self.initial_h
-
-    @property
-    def uses_key(self) -> bool:
-        return False
 
     def __call__(
         self,
