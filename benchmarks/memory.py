@@ -6,8 +6,9 @@ Two parts, each written to its own results:
 
 - `replay` (`results/memory_replay.*`): for each cell of
   `make_recurrent_actor_critic` (`lstm`, `gru`, and `lru`, `mingru` on both
-  replay paths, the step-by-step scan and the associative scan; and a
-  feed-forward MLP as the floor) at hidden size 64, the time of one PPO
+  replay paths, the sequential scan and the associative scan, and once more
+  with the recurrence itself removed, a floor for any replay of that cell;
+  and a feed-forward MLP) at hidden size 64, the time of one PPO
   minibatch loss + gradient on a minibatch of 32 envs x `T` steps, `T` in
   16, 64, 256. The minibatch is a real rollout of the untrained network on
   `repeat_previous` (16-step episodes, so a `T = 256` sequence holds 16
@@ -51,6 +52,8 @@ REPLAY_NETWORKS = (
     "lru:parallel",
     "mingru:scan",
     "mingru:parallel",
+    "lru:floor",
+    "mingru:floor",
     "mlp",
 )
 REPLAY_ENV = "repeat_previous"
@@ -97,19 +100,66 @@ def make_network(
             entropy_weight=entropy_weight,
         )
     cell, _, path = kind.partition(":")
-    if path not in ("", "scan", "parallel"):
-        raise ValueError(f"{kind!r}: the replay path is 'scan' or 'parallel'")
-    return eqx_ppo.nn.make_recurrent_actor_critic(
+    if path not in ("", "scan", "parallel", "floor"):
+        raise ValueError(f"{kind!r}: the replay path is 'scan', 'parallel' or 'floor'")
+    network = eqx_ppo.nn.make_recurrent_actor_critic(
         env.observation_size,
         actions,
         hidden,
         key=key,
         cell=cell,
-        parallel_replay={"": None, "scan": False, "parallel": True}[path],
+        parallel_replay={"": None, "scan": False, "parallel": True, "floor": None}[
+            path
+        ],
         actor_hidden_sizes=mlp_layers,
         critic_hidden_sizes=mlp_layers,
         discrete=discrete,
         entropy_weight=entropy_weight,
+    )
+    if path == "floor":
+        network = _without_recurrence(network)
+    return network
+
+
+def _without_recurrence(network):
+    """`network` with each LRU / MinGRU replaying its projections but no recurrence.
+
+    A timing floor, not a model: the replay computes every matmul and gate of
+    the cell over the whole sequence, then skips the scan (the state is just
+    the step's own input term). What any replay of the cell must cost at least.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from eqx_ppo import nn
+    from eqx_ppo.nn import SequenceOutput
+
+    class NoRecurrence(nn.AbstractStatefulModule):
+        cell: nn.LRU | nn.MinGRU
+
+        @property
+        def uses_key(self):
+            return False
+
+        def initial_state(self):
+            return self.cell.initial_state()
+
+        def __call__(self, state, x, extras=None, *, key=None):
+            return self.cell(state, x, extras, key=key)
+
+        def replay_sequence(self, state0, xs, extras, keys, done):
+            _, drive = self.cell._coefficients(xs)
+            if isinstance(self.cell, nn.LRU):
+                output = self.cell._readout(drive, xs)
+            else:
+                output = drive
+            return SequenceOutput(state0, output, jnp.zeros(done.shape, jnp.float32))
+
+    def swap(node):
+        return NoRecurrence(node) if isinstance(node, (nn.LRU, nn.MinGRU)) else node
+
+    return jax.tree.map(
+        swap, network, is_leaf=lambda node: isinstance(node, (nn.LRU, nn.MinGRU))
     )
 
 
@@ -179,6 +229,8 @@ def _replay_path(kind: str) -> str:
         return "one batched call (no carry)"
     if cell in ("lstm", "gru"):
         return "scan"
+    if path == "floor":
+        return "projections only, no recurrence (a floor)"
     if not path:  # the layer's default, `parallel_replay=None`
         path = "scan" if jax.default_backend() == "cpu" else "parallel"
     return "associative scan" if path == "parallel" else "scan"
@@ -194,6 +246,8 @@ def _label(kind: str) -> str:
         return "mlp (no memory, floor)"
     if not path:
         return cell
+    if path == "floor":
+        return f"{cell}, no recurrence (floor)"
     default = "scan" if jax.default_backend() == "cpu" else "parallel"
     name = "associative scan" if path == "parallel" else "scan"
     return f"{cell}, {name}" + (" (default here)" if path == default else "")

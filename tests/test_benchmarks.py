@@ -223,3 +223,36 @@ def test_fusion_forms_compute_the_same_gradients():
     assert result["speed_vs_separate"]["separate"] == 1.0
     text = markdown({**result, "machine": {"backend": "cpu", "cpu_count": 2}})
     assert "| stacked |" in text and "NO" not in text
+
+
+@pytest.mark.parametrize("cell", ["lru", "mingru"])
+def test_memory_floor_replays_the_projections_without_the_recurrence(cell):
+    from benchmarks.memory import make_network
+    from eqx_ppo import envs, nn
+
+    env = envs.make("repeat_previous")
+    net = make_network(f"{cell}:floor", env, jax.random.key(0), 4, ())
+    floors = [
+        m
+        for m in jax.tree.leaves(net, is_leaf=lambda m: hasattr(m, "cell"))
+        if hasattr(m, "cell")
+    ]
+    assert len(floors) == 2  # the actor's and the critic's cell
+    floor = floors[0]
+    xs = jax.random.normal(jax.random.key(1), (5, floor.cell.in_size))
+    done = jnp.zeros(5, bool)
+    out = floor.replay_sequence(floor.initial_state(), xs, None, None, done)
+    _, drive = floor.cell._coefficients(xs)
+    expected = floor.cell._readout(drive, xs) if cell == "lru" else drive
+    assert jnp.array_equal(out.output, expected)
+    assert "scan" not in str(
+        jax.make_jaxpr(
+            lambda x: (
+                floor.replay_sequence(floor.initial_state(), x, None, None, done).output
+            )
+        )(xs)
+    )
+    # The rollout still steps the real cell.
+    step = floor(floor.initial_state(), xs[0])
+    assert jnp.array_equal(step.output, floor.cell(floor.initial_state(), xs[0]).output)
+    assert isinstance(floor.cell, nn.LRU if cell == "lru" else nn.MinGRU)

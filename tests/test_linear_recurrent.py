@@ -61,6 +61,13 @@ LAYERS = {
     "lru_out": lambda key: LRU(
         3, 5, out_size=2, r_min=0.5, parallel_replay=True, key=key
     ),
+    # parallel_replay=False: the sequential composition of the same coefficients.
+    "mingru_h0_sequential": lambda key: MinGRU(
+        3, 5, trainable_initial_state=True, parallel_replay=False, key=key
+    ),
+    "lru_h0_sequential": lambda key: LRU(
+        3, 5, trainable_initial_state=True, parallel_replay=False, key=key
+    ),
 }
 
 
@@ -219,8 +226,8 @@ def test_lru_init_and_real_parameters(getkey):
     assert np.isfinite(np.asarray(jnp.log(-0.5 * _log_of_draw(zero)))).all()
 
 
-@pytest.mark.parametrize("name", ["mingru", "mingru_h0", "lru", "lru_h0", "lru_out"])
-def test_parallel_replay_equals_scan_sequence(getkey, name):
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_replay_equals_scan_sequence(getkey, name):
     layer = _with_random_initial_state(LAYERS[name](getkey()), getkey())
     xs = jax.random.normal(getkey(), (T, 3))
     state0 = _random_state(layer, getkey())
@@ -247,7 +254,9 @@ def test_parallel_replay_equals_scan_sequence(getkey, name):
     _assert_tree_close(last.last_state, layer.initial_state(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["mingru_h0", "lru_h0"])
+@pytest.mark.parametrize(
+    "name", ["mingru_h0", "lru_h0", "mingru_h0_sequential", "lru_h0_sequential"]
+)
 def test_gradient_equals_scan_sequence(getkey, name):
     layer = _with_random_initial_state(LAYERS[name](getkey()), getkey())
     xs = jax.random.normal(getkey(), (16, 3))
@@ -269,7 +278,9 @@ def test_gradient_equals_scan_sequence(getkey, name):
     reference = grad((layer, state0), scan_sequence)
     _assert_tree_close(parallel, reference, **GRAD_TOL)
     # The resets inside the sequence pass gradient to the learned initial state.
-    initial = parallel[0].initial_h if name == "mingru_h0" else parallel[0].initial_re
+    initial = (
+        parallel[0].initial_h if name.startswith("mingru") else parallel[0].initial_re
+    )
     assert np.any(np.asarray(initial) != 0)
 
 
@@ -388,9 +399,20 @@ def test_inside_sequential_equals_scan_sequence(getkey):
     assert not _has_scan(jaxpr.jaxpr)
 
 
+def _scan_bodies(jaxpr) -> list:
+    bodies = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            bodies.append(eqn.params["jaxpr"].jaxpr)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            bodies += _scan_bodies(sub)
+    return bodies
+
+
 @pytest.mark.parametrize("layer", [LRU, MinGRU])
 def test_default_replay_is_the_sequential_scan_on_cpu(getkey, layer):
-    """On a CPU the step-by-step scan is the faster replay, so it is the default."""
+    """On a CPU the sequential composition is the faster replay, so it is the
+    default; either way the projections run outside any loop."""
     xs = jax.random.normal(getkey(), (T, 3))
     done = jnp.zeros(T, bool)
 
@@ -400,5 +422,7 @@ def test_default_replay_is_the_sequential_scan_on_cpu(getkey, layer):
     assert jax.default_backend() == "cpu"
     default = layer(3, 5, key=jax.random.key(0))
     parallel = layer(3, 5, parallel_replay=True, key=jax.random.key(0))
-    assert _has_scan(jax.make_jaxpr(replay)(default).jaxpr)
+    (body,) = _scan_bodies(jax.make_jaxpr(replay)(default).jaxpr)
+    # The loop body is the elementwise update alone: no matmul inside it.
+    assert "dot_general" not in {eqn.primitive.name for eqn in body.eqns}
     assert not _has_scan(jax.make_jaxpr(replay)(parallel).jaxpr)

@@ -1,17 +1,20 @@
 """Linear recurrences with a parallel replay: LRU (carry `(re, im)`), MinGRU (`h`).
 
 Both layers update their carry as `h_t = a_t * h_{t-1} + b_t` with `a_t`, `b_t`
-computed from the input `x_t` alone. A step is one such update; the loss
-replay computes the coefficients of all `T` steps at once and composes them
-with `jax.lax.associative_scan` (`linear_recurrence`), in `O(log T)`
-depth instead of a length-`T` scan, episode resets included.
+computed from the input `x_t` alone. A step is one such update. The loss
+replay computes the coefficients of all `T` steps at once, as one matmul over
+the whole sequence, and then composes them (`linear_recurrence`), episode
+resets included, in one of two orders:
+
+- with `jax.lax.associative_scan`, in `O(log T)` depth instead of a
+  length-`T` loop;
+- with a sequential `lax.scan` whose body is only the elementwise update.
 
 Depth only pays where there is parallel width to spend it on. On a CPU the
 associative scan's extra passes over the sequence cost more than the
-sequential scan saves (`python -m benchmarks.memory`), so by default
-(`parallel_replay=None`) the layers replay with the associative scan on
-GPUs and TPUs and with the step-by-step scan on CPUs; `True` or `False`
-forces one.
+sequential loop saves (`python -m benchmarks.memory`), so by default
+(`parallel_replay=None`) the layers compose with the associative scan on
+GPUs and TPUs and sequentially on CPUs; `True` or `False` forces one.
 """
 
 import abc
@@ -25,10 +28,9 @@ from jaxtyping import Array, Bool, Complex, Float, Inexact, Key, PRNGKeyArray
 
 from ._dense import Initializer, check_size, check_vector
 from ._module import (
-    AbstractStatefulModule,
+    AbstractDeterministicModule,
     SequenceOutput,
     StatefulModuleOutput,
-    scan_sequence,
     zero_loss,
 )
 from ._recurrent import _check_hidden, _init_gates
@@ -53,6 +55,8 @@ def linear_recurrence(
     h0: Inexact[Array, "*state"],
     done: Bool[Array, " time"],
     h_reset: Inexact[Array, "*state"],
+    *,
+    parallel: bool = True,
 ) -> tuple[Inexact[Array, " time *state"], Inexact[Array, "*state"]]:
     """All states of `h_t = a_t * h_{t-1} + b_t` from `h0`, resetting on `done`.
 
@@ -63,8 +67,9 @@ def linear_recurrence(
 
     A step that starts from a known state (`h0` at `t = 0`, `h_reset` after a
     done) folds it into its offset, `b_t <- a_t * start + b_t`, and forgets
-    everything before it, `a_t <- 0`; then one associative scan composes the
-    steps, and the offsets it accumulates are the states themselves.
+    everything before it, `a_t <- 0`. Then the steps are composed, by one
+    associative scan (`parallel=True`; the offsets it accumulates are the
+    states themselves) or by a sequential scan from zeros (`parallel=False`).
     """
     n_steps = done.shape[0]
     per_step = (n_steps,) + (1,) * (a.ndim - 1)
@@ -73,7 +78,16 @@ def linear_recurrence(
     start = jnp.where(first, h0, h_reset)
     b = jnp.where(restart, a * start + b, b)
     a = jnp.where(restart, jnp.zeros_like(a), a)
-    _, states = jax.lax.associative_scan(_compose, (a, b))
+    if parallel:
+        _, states = jax.lax.associative_scan(_compose, (a, b))
+    else:
+
+        def step(h, coefficients):
+            a_t, b_t = coefficients
+            h = a_t * h + b_t
+            return h, h
+
+        _, states = jax.lax.scan(step, jnp.zeros_like(b[0]), (a, b))
     return states, jnp.where(done[-1], h_reset, states[-1])
 
 
@@ -104,14 +118,10 @@ def _check_radius(name: str, value: Any) -> None:
         )
 
 
-class _AbstractLinearRecurrence(AbstractStatefulModule):
+class _AbstractLinearRecurrence(AbstractDeterministicModule):
     """What LRU and MinGRU share: no key, and the choice of replay."""
 
     parallel_replay: eqx.AbstractVar[bool | None]
-
-    @property
-    def uses_key(self) -> bool:
-        return False
 
     def replay_sequence(
         self,
@@ -121,19 +131,22 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
         keys: Key[Array, " time"] | None,
         done: Bool[Array, " time"],
     ) -> SequenceOutput:
-        """All `T` steps at once by an associative scan, resetting to `initial_state()`.
+        """All `T` steps' coefficients at once, composed by `linear_recurrence`.
 
-        `reset_state` of these layers is `initial_state()`, so this is the reset
-        of the rollout and of `scan_sequence`. With `parallel_replay` off (on
-        a CPU by default) it is `scan_sequence` itself.
+        Resets go to `initial_state()`, which is these layers' `reset_state`,
+        so the replay resets as the rollout and `scan_sequence` do. It equals
+        `scan_sequence` to float32 rounding, not bit for bit: the matmuls run
+        on `[T, in]` instead of one step's `[in]`.
         """
-        if not _parallel(self.parallel_replay):
-            return scan_sequence(self, state0, xs, extras, keys, done)
-        return self._associative_replay(state0, xs, done)
+        return self._replay(state0, xs, done, _parallel(self.parallel_replay))
 
     @abc.abstractmethod
-    def _associative_replay(
-        self, state0: Any, xs: Float[Array, "time in_size"], done: Bool[Array, " time"]
+    def _replay(
+        self,
+        state0: Any,
+        xs: Float[Array, "time in_size"],
+        done: Bool[Array, " time"],
+        parallel: bool,
     ) -> SequenceOutput:
         """The replay by `linear_recurrence`."""
 
@@ -216,10 +229,11 @@ class LRU(_AbstractLinearRecurrence):
         - `trainable_initial_state`: learn the initial state `(re, im)`
             (initialised to zeros) instead of starting every episode from
             zeros.
-        - `parallel_replay`: replay with the associative scan (`True`), the
-            step-by-step scan (`False`), or the faster of the two for the
-            backend (`None`: associative on GPUs and TPUs, sequential on
-            CPUs; see the module docstring).
+        - `parallel_replay`: compose the replay's steps with the associative
+            scan (`True`), sequentially (`False`), or the faster of the two
+            for the backend (`None`: associative on GPUs and TPUs, sequential
+            on CPUs; see the module docstring). Either way the input and
+            output projections run once over the whole sequence.
         """
         check_size("LRU(in_size=...)", in_size)
         check_size("LRU(hidden_size=...)", hidden_size)
@@ -287,15 +301,17 @@ class LRU(_AbstractLinearRecurrence):
         phase = jnp.exp(self.theta_log)
         lam = jax.lax.complex(modulus * jnp.cos(phase), modulus * jnp.sin(phase))
         gamma = jnp.exp(self.gamma_log)
-        drive = jax.lax.complex(gamma * (xs @ self.B_re), gamma * (xs @ self.B_im))
-        return lam, drive
+        # One matmul for both parts: `x [B_re | B_im]`.
+        re, im = jnp.split(xs @ jnp.concatenate([self.B_re, self.B_im], 1), 2, -1)
+        return lam, jax.lax.complex(gamma * re, gamma * im)
 
     def _readout(
         self, h: Complex[Array, "*time hidden_size"], xs: Float[Array, "*time in_size"]
     ) -> Float[Array, "*time out_size"]:
-        """`y = Re(h C) + D x`."""
+        """`y = Re(h C) + D x`, with `Re(h C) = [Re h | Im h] [C_re; -C_im]`."""
         skip = xs * self.D if self.D.ndim == 1 else xs @ self.D
-        return jnp.real(h) @ self.C_re - jnp.imag(h) @ self.C_im + skip
+        parts = jnp.concatenate([jnp.real(h), jnp.imag(h)], -1)
+        return parts @ jnp.concatenate([self.C_re, -self.C_im], 0) + skip
 
     def _check_carry(self, state: Any) -> None:
         if not (isinstance(state, tuple) and len(state) == 2):
@@ -325,11 +341,12 @@ class LRU(_AbstractLinearRecurrence):
             (jnp.real(h), jnp.imag(h)), y, zero_loss(), {}, None
         )
 
-    def _associative_replay(
+    def _replay(
         self,
         state0: LRUState,
         xs: Float[Array, "time in_size"],
         done: Bool[Array, " time"],
+        parallel: bool,
     ) -> SequenceOutput:
         check_vector("LRU", xs[0], self.in_size)
         self._check_carry(state0)
@@ -341,6 +358,7 @@ class LRU(_AbstractLinearRecurrence):
             jax.lax.complex(*state0),
             done,
             reset,
+            parallel=parallel,
         )
         return SequenceOutput(
             (jnp.real(last), jnp.imag(last)),
@@ -453,14 +471,17 @@ class MinGRU(_AbstractLinearRecurrence):
         h = keep * state + write
         return StatefulModuleOutput(h, h, zero_loss(), {}, None)
 
-    def _associative_replay(
+    def _replay(
         self,
         state0: Float[Array, " hidden_size"],
         xs: Float[Array, "time in_size"],
         done: Bool[Array, " time"],
+        parallel: bool,
     ) -> SequenceOutput:
         check_vector("MinGRU", xs[0], self.in_size)
         _check_hidden("MinGRU", "h", state0, self.hidden_size)
         keep, write = self._coefficients(xs)
-        h, last = linear_recurrence(keep, write, state0, done, self.initial_state())
+        h, last = linear_recurrence(
+            keep, write, state0, done, self.initial_state(), parallel=parallel
+        )
         return SequenceOutput(last, h, jnp.zeros(done.shape, jnp.float32))
