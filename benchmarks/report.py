@@ -29,6 +29,7 @@ ORDER = (
     "stability_after",
     "quality_cartpole",
     "guards_move_to_center",
+    "fusion",
 )
 HERE = Path(__file__).resolve().parent
 
