@@ -30,7 +30,15 @@ SYSTEM_NAMES = {
 }
 BASELINE_ENV = "EQX_PPO_BASELINE"
 """Names a checkout of eqx_ppo that the `base` system imports (an A/B baseline)."""
-EPISODE_LENGTH = {"inverted_pendulum": 1000, "move_to_center": 20, "cartpole": 500}
+EPISODE_LENGTH = {
+    "inverted_pendulum": 1000,
+    "move_to_center": 20,
+    "cartpole": 500,
+    "cartpole_balance": 1000,
+}
+PLAYGROUND = {"cartpole_balance": "CartpoleBalance"}
+"""Benchmark envs from MuJoCo Playground, by their Playground name; all run
+with `impl="jax"` (MJX), the backend every system here can trace."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +120,12 @@ def eqx_env(name: str):
         return envs.EpisodeWrapper(raw, EPISODE_LENGTH[name])
     if name in ("move_to_center", "cartpole"):
         return envs.make(name, episode_length=EPISODE_LENGTH[name])
+    if name in PLAYGROUND:
+        return envs.make(
+            f"playground:{PLAYGROUND[name]}",
+            impl="jax",
+            episode_length=EPISODE_LENGTH[name],
+        )
     raise ValueError(f"unknown benchmark env {name!r}")
 
 
@@ -148,6 +162,10 @@ def raw_env(name: str):
         from brax import envs as brax_envs
 
         return brax_envs.get_environment("inverted_pendulum", backend="spring")
+    if name in PLAYGROUND:
+        from mujoco_playground import registry
+
+        return registry.load(PLAYGROUND[name], config_overrides={"impl": "jax"})
     from eqx_ppo import envs
 
     return KeepInfo(envs.make(name, episode_length=None))

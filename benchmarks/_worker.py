@@ -13,6 +13,7 @@ from typing import Any
 from ._common import (
     BASELINE_ENV,
     EPISODE_LENGTH,
+    PLAYGROUND,
     Boundaries,
     Spec,
     emit,
@@ -269,6 +270,13 @@ def run_brax(spec: Spec) -> dict[str, Any]:
     from brax.training.agents.ppo import networks as brax_networks, train as brax_ppo
 
     env = raw_env(spec.env)
+    if spec.env in PLAYGROUND:
+        # Playground's own training wrappers, as its Brax PPO recipes use.
+        from mujoco_playground import wrapper
+
+        options = {"wrap_env_fn": wrapper.wrap_for_brax_training}
+    else:
+        options = {}
     timer = Boundaries(spec)
     make_networks = functools.partial(
         brax_networks.make_ppo_networks,
@@ -299,6 +307,7 @@ def run_brax(spec: Spec) -> dict[str, Any]:
         seed=spec.seed,
         reward_scaling=spec.reward_scaling,
         progress_fn=lambda step, metrics: timer.mark(int(step)),
+        **options,
         **spec.brax_options,
     )
     out = timer.summary()

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--env",
         default="inverted_pendulum",
-        choices=["inverted_pendulum", "move_to_center"],
+        choices=["inverted_pendulum", "move_to_center", "cartpole_balance"],
+        help="cartpole_balance is MuJoCo Playground's CartpoleBalance (MJX)",
     )
     parser.add_argument("--policy", default="mlp", choices=["mlp", "lstm"])
     parser.add_argument(

@@ -5,13 +5,13 @@
 # (`pip install -e ".[bench]" "jax[cuda12]"`; set PYTHON to choose one).
 # Writes benchmarks/results/gpu_*.{json,md} like every other benchmark:
 #   - eqx_ppo vs Brax PPO and rejax on Brax inverted_pendulum, 4x256 swish MLPs,
-#     2048 and 8192 envs, 50 iterations each;
+#     2048 and 8192 envs, 50 iterations each, and on MuJoCo Playground's
+#     CartpoleBalance (impl="jax", MJX) at 2048 envs;
 #   - 64 seeds x 64 envs in one vmapped program vs one 4096-env run;
 #   - the memory cells' replay (loss + gradient) at T = 16, 64, 256, both
 #     replay paths of the linear recurrences;
 #   - the fused actor-critic forms (benchmarks/fusion.py) at one 8192-env
 #     minibatch, 4x256.
-# Not yet in it: a MuJoCo Playground env (impl="jax").
 # GPU_BENCH_CHECK=1 runs the same sequence at toy sizes on any backend, to
 # check the script itself.
 set -euo pipefail
@@ -34,6 +34,9 @@ for n in "${ENVS[@]}"; do
         --n-envs "$n" --hidden 256,256,256,256 --steps $((n * 20 * ITERS)) \
         --reps 1 --chunks 5 --no-ceilings --name "${PREFIX}_compare_inverted_pendulum_$n"
 done
+"$PY" -m benchmarks.compare --env cartpole_balance --systems eqx,brax,rejax \
+    --n-envs "${ENVS[0]}" --hidden 256,256,256,256 --steps $((ENVS[0] * 20 * ITERS)) \
+    --reps 1 --chunks 5 --no-ceilings --name "${PREFIX}_compare_cartpole_balance_${ENVS[0]}"
 "$PY" -m benchmarks.multiseed --seeds "$SEEDS" --envs-per-seed "$PER_SEED" \
     --steps-per-seed $((PER_SEED * 20 * ITERS)) --reps 1 --no-sequential \
     --name "${PREFIX}_multiseed"

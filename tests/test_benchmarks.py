@@ -256,3 +256,16 @@ def test_memory_floor_replays_the_projections_without_the_recurrence(cell):
     step = floor(floor.initial_state(), xs[0])
     assert jnp.array_equal(step.output, floor.cell(floor.initial_state(), xs[0]).output)
     assert isinstance(floor.cell, nn.LRU if cell == "lru" else nn.MinGRU)
+
+
+def test_playground_benchmark_env_is_the_same_env_for_every_system():
+    pytest.importorskip("mujoco_playground")
+    from benchmarks._common import EPISODE_LENGTH, eqx_env, raw_env
+
+    # Playground's env code mixes Python floats and booleans.
+    with jax.numpy_dtype_promotion("standard"):
+        ours, theirs = eqx_env("cartpole_balance"), raw_env("cartpole_balance")
+        assert ours.observation_size == theirs.observation_size
+        assert ours.action_size == theirs.action_size
+    assert theirs._config.impl == "jax"
+    assert ours.max_len == EPISODE_LENGTH["cartpole_balance"]
