@@ -30,6 +30,7 @@ ORDER = (
     "quality_cartpole",
     "guards_move_to_center",
     "fusion",
+    "layout",
 )
 HERE = Path(__file__).resolve().parent
 

@@ -258,6 +258,7 @@ def test_memory_floor_replays_the_projections_without_the_recurrence(cell):
     assert isinstance(floor.cell, nn.LRU if cell == "lru" else nn.MinGRU)
 
 
+@pytest.mark.slow  # loads the MuJoCo model; keeps the default suite under 15 min
 def test_playground_benchmark_env_is_the_same_env_for_every_system():
     pytest.importorskip("mujoco_playground")
     from benchmarks._common import EPISODE_LENGTH, eqx_env, raw_env
@@ -269,3 +270,23 @@ def test_playground_benchmark_env_is_the_same_env_for_every_system():
         assert ours.action_size == theirs.action_size
     assert theirs._config.impl == "jax"
     assert ours.max_len == EPISODE_LENGTH["cartpole_balance"]
+
+
+# Warnings Brax raises on import, outside our control.
+@pytest.mark.slow  # compiles a Brax env; keeps the default suite under 15 min
+@pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:Brax System:UserWarning")
+@pytest.mark.filterwarnings("ignore:Accessing .* from `Data` is deprecated")
+def test_layout_forms_agree_and_render():
+    pytest.importorskip("brax")
+    from benchmarks.layout import markdown, run
+
+    # Brax's env code mixes booleans and Python floats.
+    with jax.numpy_dtype_promotion("standard"):
+        result = run(seeds=2, envs_per_seed=3, rows=4, rounds=2)
+    assert all(result["gemm_gradients_agree"].values())
+    assert len(result["gemm_gradients_agree"]) == 3
+    assert result["env_results_agree"]
+    text = markdown({**result, "machine": {"backend": "cpu", "cpu_count": 2}})
+    assert "| batched GEMM (the seed vmap) |" in text and "1.00x" in text
+    assert "nested vmap, 2 x 3" in text and "NO" not in text
