@@ -382,6 +382,29 @@ def _fmt(value: float) -> str:
     return f"{value:.2f}"
 
 
+def alternated_medians_us(
+    fns: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]], rounds: int
+) -> dict[str, float]:
+    """Median wall time (us) of each `fn(*args)`, after one warm-up call each.
+
+    Every round calls each function once, in an order rotated per round, so
+    machine noise hits all of them alike.
+    """
+    import jax
+
+    for fn, args in fns.values():
+        jax.block_until_ready(fn(*args))
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn, args = fns[name]
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+
+
 def spread(values: list[float]) -> str:
     """`median [min-max]` of the finite values, readable."""
     values = [v for v in values if v == v]

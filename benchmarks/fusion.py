@@ -23,10 +23,8 @@ which these chains are a part.
 """
 
 import argparse
-import statistics
-import time
 
-from ._common import machine, publish
+from ._common import alternated_medians_us, machine, publish
 
 
 def _forms(obs_size: int, action_size: int, hidden: tuple[int, ...], key):
@@ -112,24 +110,18 @@ def run(rows: int, hidden: tuple[int, ...], rounds: int, obs_size: int = 4) -> d
         )
         for name, (grad, params) in grads.items()
     }
-    for grad, params in grads.values():
-        jax.block_until_ready(grad(params, x))
-    times: dict[str, list[float]] = {name: [] for name in grads}
-    names = list(grads)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            grad, params = grads[name]
-            t0 = time.perf_counter()
-            jax.block_until_ready(grad(params, x))
-            times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times["separate"])
+    median_us = alternated_medians_us(
+        {name: (grad, (params, x)) for name, (grad, params) in grads.items()}, rounds
+    )
     return {
         "rows": rows,
         "hidden": list(hidden),
         "rounds": rounds,
         "gradients_agree": agree,
-        "median_us": {n: statistics.median(t) * 1e6 for n, t in times.items()},
-        "speed_vs_separate": {n: base / statistics.median(t) for n, t in times.items()},
+        "median_us": median_us,
+        "speed_vs_separate": {
+            n: median_us["separate"] / us for n, us in median_us.items()
+        },
     }
 
 

@@ -20,26 +20,8 @@ against its alternatives, alternated per round:
 """
 
 import argparse
-import statistics
-import time
 
-from ._common import eqx_env, machine, publish
-
-
-def _time(fns: dict, rounds: int) -> dict[str, float]:
-    import jax
-
-    for fn, args in fns.values():
-        jax.block_until_ready(fn(*args))
-    names = list(fns)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            fn, args = fns[name]
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            samples[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+from ._common import alternated_medians_us, eqx_env, machine, publish
 
 
 def gemm_forms(seeds: int, rows: int, width: int = 32) -> dict:
@@ -128,9 +110,9 @@ def run(seeds: int, envs_per_seed: int, rows: int, rounds: int) -> dict:
         "envs_per_seed": envs_per_seed,
         "rows": rows,
         "rounds": rounds,
-        "gemm_us": _time(gemm["fns"], rounds),
+        "gemm_us": alternated_medians_us(gemm["fns"], rounds),
         "gemm_gradients_agree": gemm["agree"],
-        "env_us": _time(env["fns"], rounds),
+        "env_us": alternated_medians_us(env["fns"], rounds),
         "env_results_agree": env["same"],
     }
 
