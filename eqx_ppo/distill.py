@@ -472,7 +472,8 @@ def train_distillation(
     - `video_fn`: called with [`eqx_ppo.VideoData`][] of the student.
     - `checkpoint_fn`: called `(distillation_state, step)` every
       `checkpoint_every_steps` steps and at the end (see
-      [`eqx_ppo.make_checkpoint_fn`][]).
+      [`eqx_ppo.make_checkpoint_fn`][]); as in `train_ppo`, save the state
+      or keep a host copy inside the call (its buffers are reused).
     - `eval_env`: the env for evaluation (default: `env`).
     - `initial_state`: resume from this `DistillationState`.
     - `mesh`: train data-parallel over a 1-D `"env"` device mesh, as in

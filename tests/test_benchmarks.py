@@ -290,3 +290,24 @@ def test_layout_forms_agree_and_render():
     text = markdown({**result, "machine": {"backend": "cpu", "cpu_count": 2}})
     assert "| batched GEMM (the seed vmap) |" in text and "1.00x" in text
     assert "nested vmap, 2 x 3" in text and "NO" not in text
+
+
+def test_dips_table_pairs_each_checkpoint_both_ways():
+    from benchmarks.dips import markdown
+
+    result = {
+        "seeds": 2,
+        "steps": [0, 102_400],
+        "returns": {
+            "deterministic": [[40.0, 45.0], [500.0, 120.0]],
+            "stochastic": [[30.0, 31.0], [150.0, 110.0]],
+        },
+        "collapsed": {"deterministic": 1, "stochastic": 0},
+        "reached_level": 400.0,
+        "collapsed_level": 200.0,
+    }
+    text = markdown(result)
+    assert "| seed | 0k | 102k |" in text
+    assert "| 0 | 40 / 30 | 500 / 150 |" in text
+    assert "| 1 | 45 / 31 | 120 / 110 |" in text
+    assert "deterministic 1/2, stochastic 0/2" in text

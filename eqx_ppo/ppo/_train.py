@@ -291,7 +291,10 @@ def train_ppo(
     - `video_fn`: called with [`eqx_ppo.VideoData`][] when `config.video` is
       enabled and the eval env has `render`.
     - `checkpoint_fn`: called `(training_state, step)` every
-      `checkpoint_every_steps` steps and at the end.
+      `checkpoint_every_steps` steps and at the end. The next compiled chunk
+      reuses (donates) the state's buffers, so save it or keep a host copy
+      (`jax.device_get`) inside the call; a reference kept as it is raises
+      "Array has been deleted" when read later.
     - `eval_env`: the env for evaluation (default: `env`).
     - `initial_state`: resume from this state instead of a fresh one (e.g.
       from [`eqx_ppo.load_checkpoint`][]). Training continues from its
