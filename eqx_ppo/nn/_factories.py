@@ -507,7 +507,7 @@ def make_recurrent_actor_critic(
     - `trainable_initial_state`: learn each memory's initial carry.
     - `parallel_replay`: how the LRU and MinGRU replay (see
       [`eqx_ppo.nn.LRU`][]): `None` picks by backend, `True` forces the
-      associative scan, `False` the step-by-step scan.
+      associative scan, `False` the sequential scan of the elementwise update.
     """
     if cell not in _CELLS:
         raise ValueError(
