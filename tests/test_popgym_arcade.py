@@ -54,7 +54,7 @@ def test_missing_package_names_the_extra(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_popgym_arcade)
-    with pytest.raises(ImportError, match=r"pip install 'eqx_ppo\[popgym_arcade\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'eqx_ppo\[popgym-arcade\]'"):
         make("popgym_arcade:MineSweeperEasy")
 
 

@@ -121,7 +121,7 @@ def _popgym_arcade(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
     try:
         import popgym_arcade
     except ImportError as e:
-        raise _missing("popgym-arcade", "popgym_arcade") from e
+        raise _missing("popgym-arcade", "popgym-arcade") from e
     known = popgym_arcade.registration.REGISTERED_ENVIRONMENTS
     if name not in known:
         raise ValueError(
