@@ -355,17 +355,28 @@ def replay_markdown(result: dict[str, Any]) -> str:
         "| network | " + " | ".join(f"T = {t}: ms (speed-up)" for t in lengths) + " |",
         "|---|" + "---|" * len(lengths),
     ]
-    for kind in kinds:
-        cells = []
-        for t in lengths:
-            r = by_key.get((kind, t))
-            if r is None:
-                cells.append("n/a")
-                continue
-            ratio = r.get("speedup_vs_lstm")
-            ratio_text = "" if ratio is None else f" ({ratio:.2f}x)"
-            cells.append(f"{r['median_ms']:.1f}{ratio_text}")
-        lines.append(f"| {_label(kind)} | " + " | ".join(cells) + " |")
+
+    def table(cell) -> list[str]:
+        """One row per network, `cell(row)` per length (`n/a` where unmeasured)."""
+        return [
+            f"| {_label(kind)} | "
+            + " | ".join(
+                "n/a" if (kind, t) not in by_key else cell(by_key[kind, t])
+                for t in lengths
+            )
+            + " |"
+            for kind in kinds
+        ]
+
+    def speed(r) -> str:
+        ratio = r.get("speedup_vs_lstm")
+        return f"{r['median_ms']:.1f}" + ("" if ratio is None else f" ({ratio:.2f}x)")
+
+    def memory(r) -> str:
+        io = (r["argument_bytes"] + r["output_bytes"]) / 2**20
+        return f"{r['temp_bytes'] / 2**20:.1f} ({io:.2f}), {r['compile_s']:.1f}"
+
+    lines += table(speed)
     lines += [
         "",
         "Peak memory of the compiled loss + gradient (XLA `memory_analysis()`: "
@@ -377,18 +388,7 @@ def replay_markdown(result: dict[str, Any]) -> str:
         + " |",
         "|---|" + "---|" * len(lengths),
     ]
-    for kind in kinds:
-        cells = []
-        for t in lengths:
-            r = by_key.get((kind, t))
-            if r is None:
-                cells.append("n/a")
-                continue
-            io = (r["argument_bytes"] + r["output_bytes"]) / 2**20
-            cells.append(
-                f"{r['temp_bytes'] / 2**20:.1f} ({io:.2f}), {r['compile_s']:.1f}"
-            )
-        lines.append(f"| {_label(kind)} | " + " | ".join(cells) + " |")
+    lines += table(memory)
     bad = [f"{r['network']} T={r['T']}" for r in rows if not r["loss_finite"]]
     if bad:
         lines += ["", f"Non-finite loss or gradient: {', '.join(bad)}."]
