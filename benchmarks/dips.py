@@ -33,7 +33,7 @@ def run(n_seeds: int, checkpoint_every: int = 102_400) -> dict:
 
     from .stability import CASES, collapsed_seeds
 
-    case = CASES["cartpole"]
+    case = CASES["cartpole_side_by_side"]
     env = case.make_env()
     config = eqx_ppo.TrainConfig(
         ppo=eqx_ppo.PPOConfig(total_steps=case.total_steps, **case.ppo),

@@ -40,6 +40,13 @@ class CartPole(AbstractEnv):
     - **Start**: every state variable `~ U(-0.05, 0.05)`.
     - **Optimal return**: 500 over 500 steps; a uniformly random force falls
       after about 26 steps on average.
+    - **Training it**: a 4x32 swish `make_mlp_actor_critic`, rewards scaled by
+      10 (`RewardScalingWrapper`) and `PPOConfig(n_envs=256, rollout_length=20,
+      n_minibatches=8, learning_rate=1e-3, lr_schedule="linear",
+      normalize_advantages=False)` reach 500 on every one of 32 seeds by
+      410k steps and none falls below 200 after (`benchmarks/stability.py`).
+      With advantage normalisation on, converged seeds can drift away (the
+      FAQ's "Why did my run collapse?").
     - **Without velocity** (a memory task, POPGym's "stateless cart-pole"): a
       feed-forward policy sees neither which way the pole falls nor how fast
       the cart moves; a recurrent one can difference consecutive positions.

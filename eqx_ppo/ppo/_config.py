@@ -178,7 +178,10 @@ class PPOConfig(LearnerConfig):
       `0.5 * mean((V - target)^2)`: the `0.5` is inside, so
       `critic_loss_weight=0.5` matches Brax's `vf_loss_coefficient=0.5` and
       CleanRL's `vf_coef=0.5`, and the default 1.0 weighs it twice as much.
-    - `normalize_advantages`: standardise advantages per minibatch.
+    - `normalize_advantages`: standardise advantages per minibatch. When
+      every episode runs to the time limit, this scales the critic's noise
+      up to unit size; turn it off for such tasks (the FAQ's "Why did my
+      run collapse?").
     - `combine_advantages`: sum per-reward-key advantages into one advantage
       for every action log-likelihood (multi-head rewards).
     - `gradient_clipping`: global-norm clip (default 0.5, as in CleanRL and
