@@ -1,7 +1,13 @@
 """Helpers shared by the tests (import them with `from tests._helpers import ...`)."""
 
+import os
+
 import jax
 import numpy as np
+
+SEED_OFFSET = int(os.environ.get("EQX_PPO_TEST_SEED_OFFSET", "0"))
+"""Added to every learning test's seed: `EQX_PPO_TEST_SEED_OFFSET=1000` checks
+that no test depends on the seeds it happens to use."""
 
 N_ULP = 16
 """Default tolerance of `assert_ulp_close`, in ulps of a leaf's largest magnitude.

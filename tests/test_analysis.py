@@ -7,6 +7,7 @@ import numpy as np
 
 import eqx_ppo
 from eqx_ppo import nn
+from tests._helpers import SEED_OFFSET
 
 
 def _trees_equal(a, b):
@@ -115,12 +116,12 @@ def test_population_graph_policy_learns_move_to_center():
             max_episode_length=20,
             logging_percentiles=None,
         ),
+        seed=SEED_OFFSET,
+        n_seeds=4,
         progress=False,
     )
     result = eqx_ppo.train_ppo(env, _graph_policy, config)
-    first, last = (
-        h["eval/episode_reward/mean"]
-        for h in result.eval_history[:: len(result.eval_history) - 1]
-    )
+    finals = np.asarray(result.eval_history[-1]["eval/episode_reward/mean"])
     # Optimal -2.0, random about -20; the graph's carry resets every episode.
-    assert last > -3.5, (first, last)
+    # 24 seeds (0-7, 1000-1007, 2000-2007) end in [-2.33, -2.17].
+    assert np.median(finals) > -3.0 and finals.min() > -3.5, finals

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).parent.parent
 
 _PRELUDE = """
+import os
 import warnings
 warnings.simplefilter("error")
 import jax
@@ -298,15 +299,16 @@ def test_four_devices_learn_move_to_center():
                           learning_rate=3e-3, n_minibatches=4),
             eval=EvalConfig(every_steps=steps, n_envs=64, max_episode_length=20,
                             logging_percentiles=None),
-            seed=0, progress=False)
+            seed=int(os.environ.get("EQX_PPO_TEST_SEED_OFFSET", "0")), n_seeds=4,
+            progress=False)
         result = eqx_ppo.train_ppo(
             ENV, lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [32, 32], [32, 32],
                                                          key=k),
             config, mesh=make_mesh())
-        final = result.eval_history[-1]["eval/episode_reward/mean"]
-        print("eval return", final)
-        # Optimal -2.0, random about -20.
-        assert final > -3.5, final
+        finals = np.asarray(result.eval_history[-1]["eval/episode_reward/mean"])
+        print("eval returns", finals)
+        # Optimal -2.0, random about -20; 16 unsharded seeds end in [-2.2, -2.1].
+        assert np.median(finals) > -2.6 and finals.min() > -3.5, finals
         """
     )
     print(out)

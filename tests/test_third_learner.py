@@ -13,6 +13,7 @@ import numpy as np
 
 import eqx_ppo
 from eqx_ppo.ppo import replay
+from tests._helpers import SEED_OFFSET
 
 
 @eqx_ppo.register_config
@@ -88,7 +89,8 @@ def config(total_steps=4096, n_seeds=4):
 
 def test_a_third_learner_trains_on_the_shared_driver():
     run = config()
-    first = eqx_ppo.train(ENV, networks, A2C(run.a2c), run, key=jax.random.key(0))
+    key = jax.random.key(SEED_OFFSET)
+    first = eqx_ppo.train(ENV, networks, A2C(run.a2c), run, key=key)
     returns = np.asarray(first.eval_history[-1]["eval/episode_reward/mean"])
     before = np.asarray(first.eval_history[0]["eval/episode_reward/mean"])
     assert returns.shape == (4,)
