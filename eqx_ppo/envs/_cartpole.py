@@ -2,7 +2,7 @@
 without velocities."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -59,6 +59,7 @@ class CartPole(AbstractEnv):
 
     hide_velocity: bool = eqx.field(static=True, default=False)
     max_force: float = eqx.field(static=True, default=10.0)
+    action_size: ClassVar[int] = 1
 
     def _state(self, physics: Float[Array, "4"], reward, done) -> State:
         obs = physics[jnp.array([0, 2])] if self.hide_velocity else physics
@@ -97,10 +98,6 @@ class CartPole(AbstractEnv):
     @property
     def observation_size(self) -> int:
         return 2 if self.hide_velocity else 4
-
-    @property
-    def action_size(self) -> int:
-        return 1
 
     @property
     def dt(self) -> float:

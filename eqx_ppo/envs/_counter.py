@@ -1,5 +1,7 @@
 """Counter: reward for outputting the step number; exposes carry misalignment."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -35,6 +37,8 @@ class Counter(AbstractEnv):
 
     min_length: int = eqx.field(static=True, default=3)
     max_length: int = eqx.field(static=True, default=9)
+    observation_size: ClassVar[int] = 1
+    action_size: ClassVar[int] = 1
 
     def __check_init__(self):
         if not 1 <= self.min_length <= self.max_length:
@@ -62,11 +66,3 @@ class Counter(AbstractEnv):
             reward=hit.astype(jnp.float32),
             done=(step >= state.pipeline_state["length"]).astype(jnp.float32),
         )
-
-    @property
-    def observation_size(self) -> int:
-        return 1
-
-    @property
-    def action_size(self) -> int:
-        return 1

@@ -1,7 +1,7 @@
 """MoveToCenter: push a point in the plane to the origin."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -86,6 +86,9 @@ class MoveToCenter(AbstractCenterTask):
     - `speed`: the largest distance covered in one step.
     """
 
+    observation_size: ClassVar[int] = 2
+    action_size: ClassVar[int] = 2
+
     def _state(self, pos: Float[Array, "2"], reward: Float[Array, ""]) -> State:
         return ongoing(pos, pos, reward, metrics={"distance": distance(pos)})
 
@@ -97,14 +100,6 @@ class MoveToCenter(AbstractCenterTask):
         action = check_action("MoveToCenter", action, (2,))
         pos, _ = push(state.pipeline_state, action, self.speed)
         return self._state(pos, -distance(pos))
-
-    @property
-    def observation_size(self) -> int:
-        return 2
-
-    @property
-    def action_size(self) -> int:
-        return 2
 
     def render(
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128

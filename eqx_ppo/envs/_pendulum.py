@@ -1,7 +1,7 @@
 """Pendulum: the classic swing-up (gym's Pendulum-v1), optionally without velocity."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -61,6 +61,7 @@ class Pendulum(AbstractEnv):
     mass: float = eqx.field(static=True, default=1.0)
     length: float = eqx.field(static=True, default=1.0)
     step_dt: float = eqx.field(static=True, default=0.05)
+    action_size: ClassVar[int] = 1
 
     def _state(
         self, theta: Float[Array, ""], theta_dot: Float[Array, ""], reward
@@ -99,10 +100,6 @@ class Pendulum(AbstractEnv):
     @property
     def observation_size(self) -> int:
         return 2 if self.hide_velocity else 3
-
-    @property
-    def action_size(self) -> int:
-        return 1
 
     @property
     def dt(self) -> float:

@@ -1,5 +1,7 @@
 """Recall: a memory task no feed-forward policy can solve."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,8 @@ class Recall(AbstractEnv):
     """
 
     length: int = eqx.field(static=True, default=5)
+    observation_size: ClassVar[int] = 2
+    action_size: ClassVar[int] = 1
 
     def __check_init__(self):
         if self.length < 2:
@@ -72,11 +76,3 @@ class Recall(AbstractEnv):
         t = state.pipeline_state["t"] + 1
         done = (t >= self.length).astype(jnp.float32)
         return self._state(cue, t, reward, done)
-
-    @property
-    def observation_size(self) -> int:
-        return 2
-
-    @property
-    def action_size(self) -> int:
-        return 1

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
 from .._activation_key import ACTIVATION_KEY
-from ..nn._dense import Dense, check_size, get_activation
+from ..nn._dense import Dense, check_int, check_size, get_activation
 from ..nn._module import AbstractStatefulModule, split_key
 from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
 
@@ -262,16 +262,7 @@ class PopulationGraphBuilder:
                     f"{call}: unknown {role} population {endpoint!r}; known "
                     f"populations are {list(self._populations)}. Add it first."
                 )
-        if isinstance(delay, bool) or not isinstance(delay, int):
-            raise TypeError(
-                f"{call}: delay must be an int >= 0; got {type(delay).__name__} "
-                f"{delay!r}."
-            )
-        if delay < 0:
-            raise ValueError(
-                f"{call}: delay must be >= 0 (0 = same step, k = k steps ago); "
-                f"got {delay}."
-            )
+        check_int(f"{call}: delay", delay, 0, "0 = same step, k = k steps ago")
         if transform is not None and not isinstance(transform, AbstractStatefulModule):
             raise TypeError(
                 f"{call}: transform must be an eqx_ppo stateful module (e.g. "

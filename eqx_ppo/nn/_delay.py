@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 
+from ._dense import check_int
 from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
 
@@ -54,16 +55,12 @@ class Delay(AbstractDeterministicModule):
         - `initial_value`: what the buffer holds before it has been written
             `k_steps` times, and after each reset.
         """
-        if isinstance(k_steps, bool) or not isinstance(k_steps, int):
-            raise TypeError(
-                f"Delay(k_steps={k_steps!r}) must be an int >= 1; "
-                f"got {type(k_steps).__name__}."
-            )
-        if k_steps < 1:
-            raise ValueError(
-                f"Delay(k_steps={k_steps}) must be >= 1; for no delay, leave the "
-                "Delay out."
-            )
+        check_int(
+            f"Delay(k_steps={k_steps!r})",
+            k_steps,
+            1,
+            "for no delay, leave the Delay out",
+        )
         leaves, treedef = jax.tree.flatten(canonicalize(sample_input))
         if not leaves or not all(
             hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves

@@ -67,6 +67,21 @@ def check_size(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive int; got {value}.")
 
 
+def check_int(where: str, value: Any, minimum: int, meaning: str) -> None:
+    """Raise unless `value` is a Python int (not a bool) of at least `minimum`.
+
+    `where` names the argument as the call spelt it; `meaning` says, in the
+    range error, what the bound means or how to do without it.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{where} must be an int >= {minimum}; got {type(value).__name__} "
+            f"{value!r}."
+        )
+    if value < minimum:
+        raise ValueError(f"{where} must be >= {minimum} ({meaning}); got {value}.")
+
+
 def check_vector(layer: str, x: Any, size: int) -> None:
     """Raise at trace time unless `x` is one env's feature vector of `size`."""
     shape = jnp.shape(x)

@@ -19,21 +19,21 @@ GPUs and TPUs and sequentially on CPUs; `True` or `False` forces one.
 
 import abc
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Complex, Float, Inexact, Key, PRNGKeyArray
 
-from ._dense import Initializer, check_size, check_vector
-from ._module import (
-    AbstractDeterministicModule,
-    SequenceOutput,
-    StatefulModuleOutput,
-    zero_loss,
+from ._dense import Initializer, check_size
+from ._module import SequenceOutput
+from ._recurrent import (
+    _AbstractRecurrentCell,
+    _init_input_weights,
+    _initial_parameter,
+    _learned_or_zeros,
 )
-from ._recurrent import _check_hidden, _init_gates
 
 LRUState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LRU carry `(re, im)`: the real and imaginary parts of the complex state."""
@@ -118,8 +118,8 @@ def _check_radius(name: str, value: Any) -> None:
         )
 
 
-class _AbstractLinearRecurrence(AbstractDeterministicModule):
-    """What LRU and MinGRU share: no key, and the choice of replay."""
+class _AbstractLinearRecurrence(_AbstractRecurrentCell):
+    """What LRU and MinGRU share: the checked step, and the choice of replay."""
 
     parallel_replay: eqx.AbstractVar[bool | None]
 
@@ -138,6 +138,7 @@ class _AbstractLinearRecurrence(AbstractDeterministicModule):
         `scan_sequence` to float32 rounding, not bit for bit: the matmuls run
         on `[T, in]` instead of one step's `[in]`.
         """
+        self._check_step(state0, xs[0])
         return self._replay(state0, xs, done, _parallel(self.parallel_replay))
 
     @abc.abstractmethod
@@ -148,7 +149,7 @@ class _AbstractLinearRecurrence(AbstractDeterministicModule):
         done: Bool[Array, " time"],
         parallel: bool,
     ) -> SequenceOutput:
-        """The replay by `linear_recurrence`."""
+        """The replay by `linear_recurrence`, of checked inputs."""
 
 
 class LRU(_AbstractLinearRecurrence):
@@ -193,6 +194,7 @@ class LRU(_AbstractLinearRecurrence):
     hidden_size: int = eqx.field(static=True)
     out_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
+    carry_parts: ClassVar[tuple[str, ...]] = ("re", "im")
 
     def __init__(
         self,
@@ -275,12 +277,8 @@ class LRU(_AbstractLinearRecurrence):
             self.D = jax.nn.initializers.lecun_normal()(
                 d_key, (in_size, out_size), jnp.float32
             )
-        if trainable_initial_state:
-            self.initial_re = jnp.zeros(hidden_size, jnp.float32)
-            self.initial_im = jnp.zeros(hidden_size, jnp.float32)
-        else:
-            self.initial_re = None
-            self.initial_im = None
+        self.initial_re = _initial_parameter(trainable_initial_state, hidden_size)
+        self.initial_im = _initial_parameter(trainable_initial_state, hidden_size)
         self.in_size = in_size
         self.hidden_size = hidden_size
         self.out_size = out_size
@@ -288,10 +286,10 @@ class LRU(_AbstractLinearRecurrence):
 
     def initial_state(self) -> LRUState:
         """`(re, im)` of the initial state: the learned parameters, or zeros."""
-        if self.initial_re is None or self.initial_im is None:
-            zeros = jnp.zeros(self.hidden_size, jnp.float32)
-            return (zeros, zeros)
-        return (self.initial_re, self.initial_im)
+        return (
+            _learned_or_zeros(self.initial_re, self.hidden_size),
+            _learned_or_zeros(self.initial_im, self.hidden_size),
+        )
 
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
@@ -313,33 +311,13 @@ class LRU(_AbstractLinearRecurrence):
         parts = jnp.concatenate([jnp.real(h), jnp.imag(h)], -1)
         return parts @ jnp.concatenate([self.C_re, -self.C_im], 0) + skip
 
-    def _check_carry(self, state: Any) -> None:
-        if not (isinstance(state, tuple) and len(state) == 2):
-            raise ValueError(
-                f"LRU carry must be the tuple (re, im); got {type(state).__name__}. "
-                "Use `initial_state()`."
-            )
-        _check_hidden("LRU", "re", state[0], self.hidden_size)
-        _check_hidden("LRU", "im", state[1], self.hidden_size)
-
-    def __call__(
-        self,
-        state: LRUState,
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
+    def step(
+        self, state: LRUState, x: Float[Array, " in_size"]
+    ) -> tuple[LRUState, Float[Array, " out_size"]]:
         """One step for one env; returns `(re', im')` as carry and `y` as output."""
-        del extras, key
-        check_vector("LRU", x, self.in_size)
-        self._check_carry(state)
         lam, drive = self._coefficients(x)
         h = lam * jax.lax.complex(*state) + drive
-        y = self._readout(h, x)
-        return StatefulModuleOutput(
-            (jnp.real(h), jnp.imag(h)), y, zero_loss(), {}, None
-        )
+        return (jnp.real(h), jnp.imag(h)), self._readout(h, x)
 
     def _replay(
         self,
@@ -348,8 +326,6 @@ class LRU(_AbstractLinearRecurrence):
         done: Bool[Array, " time"],
         parallel: bool,
     ) -> SequenceOutput:
-        check_vector("LRU", xs[0], self.in_size)
-        self._check_carry(state0)
         lam, drive = self._coefficients(xs)
         reset = jax.lax.complex(*self.initial_state())
         h, last = linear_recurrence(
@@ -393,6 +369,7 @@ class MinGRU(_AbstractLinearRecurrence):
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
+    carry_parts: ClassVar[tuple[str, ...]] = ("h",)
 
     def __init__(
         self,
@@ -417,35 +394,24 @@ class MinGRU(_AbstractLinearRecurrence):
         - `bias_init`: initialiser of each block's bias; default zeros.
         - `parallel_replay`: as in [`eqx_ppo.nn.LRU`][].
         """
-        check_size("MinGRU(in_size=...)", in_size)
-        check_size("MinGRU(hidden_size=...)", hidden_size)
         kernel_key, bias_key = jax.random.split(key)
-        if kernel_init is None:
-            kernel_init = jax.nn.initializers.lecun_normal()
-        if bias_init is None:
-            bias_init = jax.nn.initializers.zeros
-        self.kernel = _init_gates(
-            "MinGRU(kernel_init=...)",
-            kernel_init,
-            kernel_key,
-            (in_size, hidden_size),
+        self.kernel, self.bias = _init_input_weights(
+            "MinGRU",
+            in_size,
+            hidden_size,
             2,
+            (kernel_key, bias_key),
+            kernel_init,
+            bias_init,
         )
-        self.bias = _init_gates(
-            "MinGRU(bias_init=...)", bias_init, bias_key, (hidden_size,), 2
-        )
-        self.initial_h = (
-            jnp.zeros(hidden_size, jnp.float32) if trainable_initial_state else None
-        )
+        self.initial_h = _initial_parameter(trainable_initial_state, hidden_size)
         self.in_size = in_size
         self.hidden_size = hidden_size
         self.parallel_replay = parallel_replay
 
     def initial_state(self) -> Float[Array, " hidden_size"]:
         """`h0`: the learned parameter, or zeros."""
-        if self.initial_h is None:
-            return jnp.zeros(self.hidden_size, jnp.float32)
-        return self.initial_h
+        return _learned_or_zeros(self.initial_h, self.hidden_size)
 
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
@@ -455,21 +421,13 @@ class MinGRU(_AbstractLinearRecurrence):
         z = jax.nn.sigmoid(z)
         return 1.0 - z, z * candidate
 
-    def __call__(
-        self,
-        state: Float[Array, " hidden_size"],
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
+    def step(
+        self, state: Float[Array, " hidden_size"], x: Float[Array, " in_size"]
+    ) -> tuple[Float[Array, " hidden_size"], Float[Array, " hidden_size"]]:
         """One step for one env; returns `h'` as both carry and output."""
-        del extras, key
-        check_vector("MinGRU", x, self.in_size)
-        _check_hidden("MinGRU", "h", state, self.hidden_size)
         keep, write = self._coefficients(x)
         h = keep * state + write
-        return StatefulModuleOutput(h, h, zero_loss(), {}, None)
+        return h, h
 
     def _replay(
         self,
@@ -478,8 +436,6 @@ class MinGRU(_AbstractLinearRecurrence):
         done: Bool[Array, " time"],
         parallel: bool,
     ) -> SequenceOutput:
-        check_vector("MinGRU", xs[0], self.in_size)
-        _check_hidden("MinGRU", "h", state0, self.hidden_size)
         keep, write = self._coefficients(xs)
         h, last = linear_recurrence(
             keep, write, state0, done, self.initial_state(), parallel=parallel

@@ -1,7 +1,8 @@
 """Recurrent layers: LSTM (carry `(h, c)`) and GRU (carry `h`)."""
 
+import abc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -16,7 +17,12 @@ from ._dense import (
     init_param,
     orthogonal,
 )
-from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
+from ._module import (
+    AbstractDeterministicModule,
+    State,
+    StatefulModuleOutput,
+    zero_loss,
+)
 
 Activation = str | Callable[[Array], Array]
 
@@ -40,6 +46,40 @@ def _init_gates(
     return jnp.concatenate([init_param(name, init, k, shape) for k in keys], axis=-1)
 
 
+def _init_input_weights(
+    layer: str,
+    in_size: int,
+    hidden_size: int,
+    n_gates: int,
+    keys: tuple[PRNGKeyArray, PRNGKeyArray],
+    kernel_init: Initializer | None,
+    bias_init: Initializer | None,
+) -> tuple[Array, Array]:
+    """The gate-stacked input `kernel` and `bias` of a layer.
+
+    `keys` are the kernel's and bias's keys. Defaults: LeCun-normal kernels,
+    zero biases.
+    """
+    check_size(f"{layer}(in_size=...)", in_size)
+    check_size(f"{layer}(hidden_size=...)", hidden_size)
+    kernel_key, bias_key = keys
+    kernel = _init_gates(
+        f"{layer}(kernel_init=...)",
+        jax.nn.initializers.lecun_normal() if kernel_init is None else kernel_init,
+        kernel_key,
+        (in_size, hidden_size),
+        n_gates,
+    )
+    bias = _init_gates(
+        f"{layer}(bias_init=...)",
+        jax.nn.initializers.zeros if bias_init is None else bias_init,
+        bias_key,
+        (hidden_size,),
+        n_gates,
+    )
+    return kernel, bias
+
+
 def _init_weights(
     layer: str,
     in_size: int,
@@ -55,15 +95,15 @@ def _init_weights(
     `keys` are the kernel's, recurrent kernel's and bias's keys. Defaults:
     LeCun-normal input kernels, orthogonal recurrent kernels, zero biases.
     """
-    check_size(f"{layer}(in_size=...)", in_size)
-    check_size(f"{layer}(hidden_size=...)", hidden_size)
     kernel_key, recurrent_key, bias_key = keys
-    kernel = _init_gates(
-        f"{layer}(kernel_init=...)",
-        jax.nn.initializers.lecun_normal() if kernel_init is None else kernel_init,
-        kernel_key,
-        (in_size, hidden_size),
+    kernel, bias = _init_input_weights(
+        layer,
+        in_size,
+        hidden_size,
         n_gates,
+        (kernel_key, bias_key),
+        kernel_init,
+        bias_init,
     )
     recurrent_kernel = _init_gates(
         f"{layer}(recurrent_init=...)",
@@ -72,14 +112,21 @@ def _init_weights(
         (hidden_size, hidden_size),
         n_gates,
     )
-    bias = _init_gates(
-        f"{layer}(bias_init=...)",
-        jax.nn.initializers.zeros if bias_init is None else bias_init,
-        bias_key,
-        (hidden_size,),
-        n_gates,
-    )
     return kernel, recurrent_kernel, bias
+
+
+def _initial_parameter(
+    trainable: bool, hidden_size: int
+) -> Float[Array, " hidden_size"] | None:
+    """A learned initial carry part (zeros until trained), or `None` for none."""
+    return jnp.zeros(hidden_size, jnp.float32) if trainable else None
+
+
+def _learned_or_zeros(
+    initial: Float[Array, " hidden_size"] | None, hidden_size: int
+) -> Float[Array, " hidden_size"]:
+    """A carry part at an episode start: its learned parameter, or zeros."""
+    return jnp.zeros(hidden_size, jnp.float32) if initial is None else initial
 
 
 def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
@@ -90,7 +137,54 @@ def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
         )
 
 
-class LSTM(AbstractDeterministicModule):
+class _AbstractRecurrentCell(AbstractDeterministicModule):
+    """What the recurrent layers share: a checked, deterministic `step`.
+
+    `__call__` checks one env's input and carry, then runs `step`; there is no
+    loss, no metric and nothing to replay. The carry holds one `[hidden_size]`
+    array per name in `carry_parts`: the array itself for one name, a tuple
+    of them, in that order, for more.
+    """
+
+    in_size: eqx.AbstractVar[int]
+    hidden_size: eqx.AbstractVar[int]
+    carry_parts: eqx.AbstractClassVar[tuple[str, ...]]
+
+    @abc.abstractmethod
+    def step(self, state: State, x: Float[Array, " in_size"]) -> tuple[State, Array]:
+        """The next carry and the output of one env's step."""
+
+    def _check_step(self, state: Any, x: Any) -> None:
+        """Raise at trace time unless `state` and `x` are one env's carry and input."""
+        layer = type(self).__name__
+        check_vector(layer, x, self.in_size)
+        if len(self.carry_parts) == 1:
+            _check_hidden(layer, self.carry_parts[0], state, self.hidden_size)
+            return
+        if not (isinstance(state, tuple) and len(state) == len(self.carry_parts)):
+            raise ValueError(
+                f"{layer} carry must be the tuple ({', '.join(self.carry_parts)}); "
+                f"got {type(state).__name__}. Use `initial_state()`."
+            )
+        for part, h in zip(self.carry_parts, state, strict=True):
+            _check_hidden(layer, part, h, self.hidden_size)
+
+    def __call__(
+        self,
+        state: State,
+        x: Float[Array, " in_size"],
+        extras: Any = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> StatefulModuleOutput:
+        """One step for one env: `step(state, x)`, after checking both."""
+        del extras, key
+        self._check_step(state, x)
+        next_state, output = self.step(state, x)
+        return StatefulModuleOutput(next_state, output, zero_loss(), {}, None)
+
+
+class LSTM(_AbstractRecurrentCell):
     """A long short-term memory layer for one env; the output is `h`.
 
     The carry is the tuple **`(h, c)`, hidden state first, cell state
@@ -123,6 +217,7 @@ class LSTM(AbstractDeterministicModule):
     activation_fn: Callable[[Array], Array] = eqx.field(static=True)
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
+    carry_parts: ClassVar[tuple[str, ...]] = ("h", "c")
 
     def __init__(
         self,
@@ -163,12 +258,8 @@ class LSTM(AbstractDeterministicModule):
             recurrent_init,
             bias_init,
         )
-        if trainable_initial_state:
-            self.initial_h = jnp.zeros(hidden_size, jnp.float32)
-            self.initial_c = jnp.zeros(hidden_size, jnp.float32)
-        else:
-            self.initial_h = None
-            self.initial_c = None
+        self.initial_h = _initial_parameter(trainable_initial_state, hidden_size)
+        self.initial_c = _initial_parameter(trainable_initial_state, hidden_size)
         self.gate_fn = get_activation(gate_fn)
         self.activation_fn = get_activation(activation_fn)
         self.in_size = in_size
@@ -176,38 +267,24 @@ class LSTM(AbstractDeterministicModule):
 
     def initial_state(self) -> LSTMState:
         """`(h0, c0)`: the learned parameters, or zeros."""
-        if self.initial_h is None or self.initial_c is None:
-            zeros = jnp.zeros(self.hidden_size, jnp.float32)
-            return (zeros, zeros)
-        return (self.initial_h, self.initial_c)
+        return (
+            _learned_or_zeros(self.initial_h, self.hidden_size),
+            _learned_or_zeros(self.initial_c, self.hidden_size),
+        )
 
-    def __call__(
-        self,
-        state: LSTMState,
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
+    def step(
+        self, state: LSTMState, x: Float[Array, " in_size"]
+    ) -> tuple[LSTMState, Float[Array, " hidden_size"]]:
         """One step for one env; returns `(h', c')` as carry and `h'` as output."""
-        del extras, key
-        check_vector("LSTM", x, self.in_size)
-        if not (isinstance(state, tuple) and len(state) == 2):
-            raise ValueError(
-                f"LSTM carry must be the tuple (h, c); got {type(state).__name__}. "
-                "Use `initial_state()`."
-            )
         h, c = state
-        _check_hidden("LSTM", "h", h, self.hidden_size)
-        _check_hidden("LSTM", "c", c, self.hidden_size)
         z = x @ self.kernel + h @ self.recurrent_kernel + self.bias
         i, f, g, o = jnp.split(z, 4)
         c = self.gate_fn(f) * c + self.gate_fn(i) * self.activation_fn(g)
         h = self.gate_fn(o) * self.activation_fn(c)
-        return StatefulModuleOutput((h, c), h, zero_loss(), {}, None)
+        return (h, c), h
 
 
-class GRU(AbstractDeterministicModule):
+class GRU(_AbstractRecurrentCell):
     """A gated recurrent unit layer for one env; the carry and output are `h`.
 
     The update follows flax's `GRUCell` (and cuDNN): gates stacked in the
@@ -235,6 +312,7 @@ class GRU(AbstractDeterministicModule):
     activation_fn: Callable[[Array], Array] = eqx.field(static=True)
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
+    carry_parts: ClassVar[tuple[str, ...]] = ("h",)
 
     def __init__(
         self,
@@ -274,9 +352,7 @@ class GRU(AbstractDeterministicModule):
             recurrent_bias_key,
             (hidden_size,),
         )
-        self.initial_h = (
-            jnp.zeros(hidden_size, jnp.float32) if trainable_initial_state else None
-        )
+        self.initial_h = _initial_parameter(trainable_initial_state, hidden_size)
         self.gate_fn = get_activation(gate_fn)
         self.activation_fn = get_activation(activation_fn)
         self.in_size = in_size
@@ -284,22 +360,12 @@ class GRU(AbstractDeterministicModule):
 
     def initial_state(self) -> Float[Array, " hidden_size"]:
         """`h0`: the learned parameter, or zeros."""
-        if self.initial_h is None:
-            return jnp.zeros(self.hidden_size, jnp.float32)
-        return self.initial_h
+        return _learned_or_zeros(self.initial_h, self.hidden_size)
 
-    def __call__(
-        self,
-        state: Float[Array, " hidden_size"],
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
+    def step(
+        self, state: Float[Array, " hidden_size"], x: Float[Array, " in_size"]
+    ) -> tuple[Float[Array, " hidden_size"], Float[Array, " hidden_size"]]:
         """One step for one env; returns `h'` as both carry and output."""
-        del extras, key
-        check_vector("GRU", x, self.in_size)
-        _check_hidden("GRU", "h", state, self.hidden_size)
         h = state
         x_r, x_z, x_n = jnp.split(x @ self.kernel + self.bias, 3)
         h_r, h_z, h_n = jnp.split(h @ self.recurrent_kernel, 3)
@@ -307,4 +373,4 @@ class GRU(AbstractDeterministicModule):
         z = self.gate_fn(x_z + h_z)
         n = self.activation_fn(x_n + r * (h_n + self.recurrent_bias))
         h = (1.0 - z) * n + z * h
-        return StatefulModuleOutput(h, h, zero_loss(), {}, None)
+        return h, h
