@@ -4,6 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import eqx_ppo
 from eqx_ppo import nn
@@ -100,6 +101,7 @@ def _graph_policy(key):
     )
 
 
+@pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
 def test_population_graph_policy_learns_move_to_center():
     env = eqx_ppo.envs.make("move_to_center")
     config = eqx_ppo.TrainConfig(

@@ -50,6 +50,7 @@ def test_defaults_clip_gradients_and_check_finite():
     assert config.target_kl is None and config.value_clip_range is None
 
 
+@pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
 def test_target_kl_stops_the_epoch_loop_and_vmaps_without_recompiling():
     # 16 updates per iteration. A tiny target lets only the first through: its
     # minibatch is scored by the unchanged policy (KL ~ 0), every later one by

@@ -229,6 +229,7 @@ def test_brax_inverted_pendulum_learns():
     _assert_learned(_finals(result), median=200.0, low=100.0)
 
 
+@pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
 @pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
 def test_gymnax_cartpole_discrete_actions_learn():
     pytest.importorskip("gymnax")

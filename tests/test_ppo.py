@@ -276,6 +276,7 @@ def test_statistics_are_not_trained_but_updated(getkey):
     assert float(new.network.layers[0].statistics.count) == config.steps_per_iteration
 
 
+@pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
 def test_train_ppo_multi_seed_equals_single_runs(getkey):
     config = TrainConfig(
         ppo=small_config(),

@@ -28,6 +28,7 @@ def config(**ppo):
     )
 
 
+@pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
 def test_config_scaling_equals_env_scaling_and_evaluates_in_env_units():
     in_loss = eqx_ppo.train_ppo(ENV, networks, config(reward_scaling=10.0))
     in_env = eqx_ppo.train_ppo(
