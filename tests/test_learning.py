@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import eqx_ppo
-from benchmarks.stability import two_arm_network
+from benchmarks.stability import CASES, collapsed_seeds, curves, two_arm_network
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo import rollout
@@ -256,8 +256,6 @@ def test_gymnax_cartpole_discrete_actions_learn():
 
 @pytest.mark.slow  # about 70 s
 def test_cartpole_learns_and_stays_learned_at_documented_setting():
-    from benchmarks.stability import CASES, collapsed_seeds, curves
-
     case = CASES["cartpole"]
     _, returns = curves(case, 8, SEED_OFFSET, {})
     # 32 seeds (0-15, 1000-1015): every final return 500, and no seed fell
