@@ -354,6 +354,33 @@ def rollout(
     return carry, steps.transitions
 
 
+def _single_episodes(
+    caller: str,
+    env: Any,
+    network: AbstractStatefulModule,
+    key: Any,
+    n_envs: int,
+    max_episode_length: int,
+    save: SaveAt,
+) -> Steps:
+    """One episode per env from fresh envs, for evaluation and recording.
+
+    Envs are never reset: each runs `max_episode_length` steps and
+    `Steps.finished` masks the steps after its first `done`. `key` is checked
+    first, so a bad one is reported as `caller`'s.
+    """
+    check_key(caller, key)
+    return run_fresh_episodes(
+        env,
+        network,
+        key,
+        n_envs=n_envs,
+        length=max_episode_length,
+        reset="none",
+        save=save,
+    )
+
+
 def _mask_leaf(alive: Bool[Array, "..."], x: Array) -> Array:
     x = jnp.asarray(x, jnp.float32)
     return jnp.where(alive.reshape(alive.shape + (1,) * (x.ndim - alive.ndim)), x, 0.0)
@@ -382,21 +409,20 @@ def eval_rollout(
     into `(reset, run)`, the envs start from `env_keys(reset, n_envs)` and
     [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
-    check_key("eval_rollout", key)
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,
         "env": LoggingLevel.ENV_METRICS in logging_level,
     }
     fields = ("reward",) + tuple(groups[g] for g, on in wanted.items() if on)
-    steps = run_fresh_episodes(
+    steps = _single_episodes(
+        "eval_rollout",
         env,
         network,
         key,
-        n_envs=n_envs,
-        length=max_episode_length,
-        reset="none",
-        save=SaveAt(transitions=fields),
+        n_envs,
+        max_episode_length,
+        SaveAt(transitions=fields),
     )
     alive = ~steps.finished
     returns = jax.tree.map(
@@ -464,16 +490,15 @@ def record_activations_rollout(
     n_envs, max_episode_length, key = _keyword_only(
         positional, n_envs=n_envs, max_episode_length=max_episode_length, key=key
     )
-    check_key("record_activations_rollout", key)
     recorder = eqx.nn.inference_mode(with_recording(network))
-    steps = run_fresh_episodes(
+    steps = _single_episodes(
+        "record_activations_rollout",
         env,
         recorder,
         key,
-        n_envs=n_envs,
-        length=max_episode_length,
-        reset="none",
-        save=SaveAt(activations=True),
+        n_envs,
+        max_episode_length,
+        SaveAt(activations=True),
     )
     return steps.activations, steps.finished
 
