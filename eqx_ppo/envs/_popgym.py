@@ -26,18 +26,6 @@ def _check_int(call: str, name: str, value: object, minimum: int, why: str) -> N
         raise ValueError(f"`{call}`: {name} must be an int >= {minimum} ({why}).")
 
 
-def _check_discrete_action(env_name: str, action: object, n: int) -> Int[Array, ""]:
-    """`action` as an `int32` scalar, or a `ValueError` naming the env."""
-    action = jnp.asarray(action)
-    if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
-        raise ValueError(
-            f"`{env_name}.step`: expected an integer scalar action in [0, {n}), got "
-            f"dtype {action.dtype} and shape {action.shape}. Build the policy with "
-            f"discrete=True and action_size={n} (the env's `n_actions`)."
-        )
-    return action.astype(jnp.int32)
-
-
 def _card(cards: Int[Array, " length"], t: Int[Array, ""], n: int) -> Array:
     """One-hot of `cards[t]`; all zeros once the episode is over (`t == length`)."""
     length = cards.shape[0]
@@ -69,7 +57,28 @@ def _score(correct: Array, n_scored: int) -> Float[Array, ""]:
     return jnp.where(correct, 1.0, -1.0).astype(jnp.float32) / n_scored
 
 
-class _AbstractCardEnv(AbstractEnv):
+class _AbstractChoiceEnv(AbstractEnv):
+    """What every task here shares: the action is one choice among `n_actions`,
+    so a policy outputs one logit per choice and `action_size` is `n_actions`."""
+
+    @property
+    def action_size(self) -> int:
+        return self.n_actions
+
+    def _check_action(self, action: object) -> Int[Array, ""]:
+        """`action` as an `int32` scalar, or a `ValueError` naming the env."""
+        name, n = type(self).__name__, self.n_actions
+        action = jnp.asarray(action)
+        if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
+            raise ValueError(
+                f"`{name}.step`: expected an integer scalar action in [0, {n}), got "
+                f"dtype {action.dtype} and shape {action.shape}. Build the policy "
+                f"with discrete=True and action_size={n} (the env's `n_actions`)."
+            )
+        return action.astype(jnp.int32)
+
+
+class _AbstractCardEnv(_AbstractChoiceEnv):
     """What the two card tasks share: `length` cards drawn at reset, one shown
     per step (`_cards_state`), and a choice among `n_cards` as the action."""
 
@@ -84,10 +93,6 @@ class _AbstractCardEnv(AbstractEnv):
     @property
     def observation_size(self) -> int:
         return self.n_cards + 1
-
-    @property
-    def action_size(self) -> int:
-        return self.n_cards
 
     @property
     def n_actions(self) -> int:
@@ -147,7 +152,7 @@ class RepeatPrevious(_AbstractCardEnv):
         )
 
     def step(self, state: State, action: Array) -> State:
-        action = _check_discrete_action("RepeatPrevious", action, self.n_cards)
+        action = self._check_action(action)
         cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
         target = cards[jnp.maximum(t - self.k, 0)]
         score = _score(action == target, self.length - self.k)
@@ -195,14 +200,14 @@ class RepeatFirst(_AbstractCardEnv):
         )
 
     def step(self, state: State, action: Array) -> State:
-        action = _check_discrete_action("RepeatFirst", action, self.n_cards)
+        action = self._check_action(action)
         cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
         reward = _score(action == cards[0], self.length)
         done = (t + 1 >= self.length).astype(jnp.float32)
         return _cards_state(cards, t + 1, self.n_cards, reward, done)
 
 
-class CountRecall(AbstractEnv):
+class CountRecall(_AbstractChoiceEnv):
     """Say how many times the queried value has been dealt so far.
 
     At reset `length` dealt values `d_t` and `length` query values `q_t` in
@@ -287,7 +292,7 @@ class CountRecall(AbstractEnv):
         return self._state(dealt, queries, counts, jnp.zeros((), jnp.int32), zero, zero)
 
     def step(self, state: State, action: Array) -> State:
-        action = _check_discrete_action("CountRecall", action, self.length + 1)
+        action = self._check_action(action)
         ps = state.pipeline_state
         dealt, queries, counts, t = ps["dealt"], ps["queries"], ps["counts"], ps["t"]
         reward = _score(action == counts[queries[t]], self.length)
@@ -300,10 +305,6 @@ class CountRecall(AbstractEnv):
     @property
     def observation_size(self) -> int:
         return 2 * self.n_values + 1
-
-    @property
-    def action_size(self) -> int:
-        return self.length + 1
 
     @property
     def n_actions(self) -> int:
