@@ -12,7 +12,6 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 from ._module import (
     AbstractDeterministicModule,
     AbstractStatistics,
-    State,
     StatefulModuleOutput,
     zero_loss,
 )
@@ -166,7 +165,7 @@ class Normalizer(AbstractDeterministicModule):
 
     def __call__(
         self,
-        state: State,
+        state: tuple[()],
         x: PyTree[Array],
         extras: Any = None,
         *,

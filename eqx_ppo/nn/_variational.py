@@ -11,7 +11,6 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from ._dense import Dense, check_size, check_vector
 from ._module import (
     AbstractStatefulModule,
-    State,
     StatefulModuleOutput,
     check_coefficient,
     coefficient,
@@ -134,7 +133,7 @@ class VariationalBottleneck(AbstractStatefulModule):
 
     def __call__(
         self,
-        state: State,
+        state: tuple[()],
         x: Float[Array, " in_size"],
         extras: Any = None,
         *,
