@@ -28,7 +28,7 @@ from ..logging import LoggingLevel, reduce_metric
 from ..nn._module import AbstractStatefulModule, State, trainable
 from ._config import LearnerConfig, PPOConfig
 from ._learner import PPO, AbstractLearner, Minibatch
-from ._rollout import StepCarry, env_keys, rollout
+from ._rollout import StepCarry, Transition, env_keys, rollout
 from ._sharding import gather_envs, pmean
 from ._validate import check_key
 
@@ -458,9 +458,9 @@ def ppo_run(
 
 
 def iteration_metrics(
-    config: Any,
-    loss_metrics: dict,
-    data: Any,
+    config: LearnerConfig,
+    loss_metrics: dict[str, Array],
+    data: Transition,
     params: PyTree,
     *,
     net_prefix: str = "net",
