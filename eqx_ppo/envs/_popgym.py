@@ -12,6 +12,8 @@ their definitions. Divergences from POPGym:
    returns lie in `[-1, 1]` and the optimum is always `1`.
 """
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -21,9 +23,16 @@ from ._env import AbstractEnv
 from ._state import State
 
 
-def _check_int(call: str, name: str, value: object, minimum: int, why: str) -> None:
+def _check_int(env: AbstractEnv, name: str, minimum: int, why: str) -> None:
+    """Raise unless `env`'s field `name` is an int >= `minimum`, quoting the call."""
+    value = getattr(env, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{call}`: {name} must be an int >= {minimum} ({why}).")
+        fields = dataclasses.fields(env)
+        call = ", ".join(f"{f.name}={getattr(env, f.name)!r}" for f in fields)
+        raise ValueError(
+            f"`{type(env).__name__}({call})`: {name} must be an int >= {minimum} "
+            f"({why})."
+        )
 
 
 def _card(cards: Int[Array, " length"], t: Int[Array, ""], n: int) -> Array:
@@ -80,10 +89,15 @@ class _AbstractChoiceEnv(AbstractEnv):
 
 class _AbstractCardEnv(_AbstractChoiceEnv):
     """What the two card tasks share: `length` cards drawn at reset, one shown
-    per step (`_cards_state`), and a choice among `n_cards` as the action."""
+    per step (`_cards_state`), a choice among `n_cards` as the action, and the
+    checks that there are at least two cards and two steps."""
 
     n_cards: eqx.AbstractVar[int]
     length: eqx.AbstractVar[int]
+
+    def __check_init__(self):
+        _check_int(self, "n_cards", 2, "one card leaves nothing to recall")
+        _check_int(self, "length", 2, "with one step there is nothing to remember")
 
     def reset(self, key: PRNGKeyArray) -> State:
         cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
@@ -135,21 +149,8 @@ class RepeatPrevious(_AbstractCardEnv):
     length: int = eqx.field(static=True, default=16)
 
     def __check_init__(self):
-        call = (
-            f"RepeatPrevious(n_cards={self.n_cards!r}, k={self.k!r}, "
-            f"length={self.length!r})"
-        )
-        _check_int(
-            call, "n_cards", self.n_cards, 2, "one card leaves nothing to recall"
-        )
-        _check_int(call, "k", self.k, 1, "k=0 needs no memory")
-        _check_int(
-            call,
-            "length",
-            self.length,
-            self.k + 1,
-            "length > k, so some step is scored",
-        )
+        _check_int(self, "k", 1, "k=0 needs no memory")
+        _check_int(self, "length", self.k + 1, "length > k, so some step is scored")
 
     def step(self, state: State, action: Array) -> State:
         action = self._check_action(action)
@@ -189,15 +190,6 @@ class RepeatFirst(_AbstractCardEnv):
 
     n_cards: int = eqx.field(static=True, default=4)
     length: int = eqx.field(static=True, default=16)
-
-    def __check_init__(self):
-        call = f"RepeatFirst(n_cards={self.n_cards!r}, length={self.length!r})"
-        _check_int(
-            call, "n_cards", self.n_cards, 2, "one card leaves nothing to recall"
-        )
-        _check_int(
-            call, "length", self.length, 2, "with one step there is nothing to remember"
-        )
 
     def step(self, state: State, action: Array) -> State:
         action = self._check_action(action)
@@ -245,13 +237,8 @@ class CountRecall(_AbstractChoiceEnv):
     length: int = eqx.field(static=True, default=16)
 
     def __check_init__(self):
-        call = f"CountRecall(n_values={self.n_values!r}, length={self.length!r})"
-        _check_int(
-            call, "n_values", self.n_values, 2, "with one value the count is t + 1"
-        )
-        _check_int(
-            call, "length", self.length, 2, "with one step there is nothing to count"
-        )
+        _check_int(self, "n_values", 2, "with one value the count is t + 1")
+        _check_int(self, "length", 2, "with one step there is nothing to count")
 
     def _state(
         self,
