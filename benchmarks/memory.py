@@ -149,10 +149,7 @@ def _without_recurrence(network):
 
         def replay_sequence(self, state0, xs, extras, keys, done):
             _, drive = self.cell._coefficients(xs)
-            if isinstance(self.cell, nn.LRU):
-                output = self.cell._readout(drive, xs)
-            else:
-                output = drive
+            output = self.cell._output(drive, xs)
             return SequenceOutput(state0, output, jnp.zeros(done.shape, jnp.float32))
 
     def swap(node):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import eqx_ppo
-from eqx_ppo.nn import Dense, Sequential, scan_sequence, trainable
+from eqx_ppo.nn import Dense, Sequential, linear_recurrence, scan_sequence, trainable
 from eqx_ppo.nn._linear_recurrent import LRU, MinGRU, _log_of_draw
 
 T = 64
@@ -284,7 +284,9 @@ def test_gradient_equals_scan_sequence(getkey, name):
     assert np.any(np.asarray(initial) != 0)
 
 
-@pytest.mark.parametrize("name", ["mingru", "lru"])
+@pytest.mark.parametrize(
+    "name", ["mingru", "lru", "mingru_h0_sequential", "lru_h0_sequential"]
+)
 def test_vmap_over_envs_equals_a_loop(getkey, name):
     layer = LAYERS[name](getkey())
     n_envs, n_steps = 3, 16
@@ -297,6 +299,82 @@ def test_vmap_over_envs_equals_a_loop(getkey, name):
     for env in range(n_envs):
         at = jax.tree.map(lambda leaf, e=env: leaf[e], (state0, xs, done, batched))
         _assert_tree_close(at[3], _replay(layer, *at[:3]), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mingru_h0_sequential", "lru_h0_sequential"])
+def test_gradient_over_seeds_and_envs_equals_a_loop(getkey, name):
+    """The sequential replay's own vmap rule and VJP under two vmaps, seeds of
+    layers (each its own `lambda` or gates) over envs, equal one seed at a time."""
+    seeds = eqx.filter_vmap(
+        lambda key: _with_random_initial_state(LAYERS[name](key), key)
+    )(jax.random.split(getkey(), 3))
+    n_envs, n_steps = 4, 12
+    xs = jax.random.normal(getkey(), (3, n_envs, n_steps, 3))
+    done = jax.random.bernoulli(getkey(), 0.3, (3, n_envs, n_steps))
+
+    def loss(layer, xs, done):
+        def one_env(x, d):
+            out = layer.replay_sequence(layer.initial_state(), x, None, None, d)
+            return jnp.sum(jnp.sin(out.output)) + sum(
+                jnp.sum(leaf) for leaf in jax.tree.leaves(out.last_state)
+            )
+
+        return jnp.sum(jax.vmap(one_env)(xs, done))
+
+    grad = eqx.filter_jit(eqx.filter_grad(loss))
+    batched = eqx.filter_jit(eqx.filter_vmap(eqx.filter_grad(loss)))(seeds, xs, done)
+    for seed in range(3):
+        layer, x, d = jax.tree.map(lambda leaf, i=seed: leaf[i], (seeds, xs, done))
+        at = jax.tree.map(lambda leaf, i=seed: leaf[i], batched)
+        _assert_tree_close(at, grad(layer, x, d), rtol=1e-5, atol=1e-5)
+
+
+def _reference_recurrence(a, b, h0, done, h_reset):
+    """`linear_recurrence` as the plain step loop it stands for."""
+
+    def step(h, inputs):
+        a_t, b_t, d_t = inputs
+        h = a_t * h + b_t
+        return jnp.where(d_t, h_reset, h), h
+
+    last, states = jax.lax.scan(step, h0, (a, b, done))
+    return states, last
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.complex64])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel):
+    def draw(shape, scale=1.0):
+        x = scale * jax.random.normal(getkey(), shape)
+        if dtype == jnp.complex64:
+            x = jax.lax.complex(x, scale * jax.random.normal(getkey(), shape))
+        return x
+
+    n_steps = 20
+    inputs = (draw((n_steps, 2, 3), 0.6), draw((n_steps, 2, 3)), draw((2, 3)))
+    h_reset = draw((2, 3))
+    # A reset after the first step, two in a row, and one after the last.
+    done = jnp.zeros(n_steps, bool).at[jnp.array([0, 7, 8, n_steps - 1])].set(True)
+
+    def loss(recurrence, a, b, h0, h_reset):
+        states, last = recurrence(a, b, h0, done, h_reset)
+        weights = jnp.cos(jnp.arange(states.size)).reshape(states.shape)
+        return jnp.sum(weights * jnp.abs(states) ** 2) + jnp.sum(jnp.abs(last) ** 2)
+
+    def fast(a, b, h0, done, h_reset):
+        return linear_recurrence(a, b, h0, done, h_reset, parallel=parallel)
+
+    args = (*inputs, h_reset)
+    _assert_tree_close(
+        jax.jit(fast)(*args[:3], done, h_reset),
+        _reference_recurrence(*args[:3], done, h_reset),
+        **TOL,
+    )
+    # Gradients with respect to everything, complex ones included.
+    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)), static_argnums=0)
+    _assert_tree_close(
+        grad(fast, *args), grad(_reference_recurrence, *args), **GRAD_TOL
+    )
 
 
 def test_replay_compiles_once(getkey):

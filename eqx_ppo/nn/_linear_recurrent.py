@@ -8,23 +8,33 @@ resets included, in one of two orders:
 
 - with `jax.lax.associative_scan`, in `O(log T)` depth instead of a
   length-`T` loop;
-- with a sequential `lax.scan` whose body is only the elementwise update.
+- with a sequential loop whose body is only the elementwise update, written
+  in place over the offsets. Its own `vmap` rule keeps the per-step reads
+  and writes plain slices of the batched arrays (a vmapped slice would
+  become a gather and a scatter), and its hand-written VJP is the same loop
+  run backwards, so neither pass stacks per-step buffers. The LRU's
+  `lambda`, the same at every step, is never broadcast over the sequence.
 
 Depth only pays where there is parallel width to spend it on. On a CPU the
 associative scan's extra passes over the sequence cost more than the
 sequential loop saves (`python -m benchmarks.memory`), so by default
 (`parallel_replay=None`) the layers compose with the associative scan on
-GPUs and TPUs and sequentially on CPUs; `True` or `False` forces one.
+GPUs and TPUs and sequentially on CPUs; `True` or `False` forces one. The
+sequential path supports reverse-mode differentiation (`grad`, `vjp`), not
+forward mode (`jvp`).
 """
 
 import abc
+import functools
 import math
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Complex, Float, Inexact, Key, PRNGKeyArray
+from jax import custom_batching
+from jaxtyping import Array, Bool, Float, Inexact, Key, PRNGKeyArray
 
 from ._dense import Initializer, check_size
 from ._module import SequenceOutput
@@ -32,31 +42,172 @@ from ._recurrent import (
     _AbstractRecurrentCell,
     _init_input_weights,
     _initial_parameter,
-    _learned_or_zeros,
 )
 
 LRUState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LRU carry `(re, im)`: the real and imaginary parts of the complex state."""
 
 
+def _product(
+    a: Float[Array, "..."], h: Float[Array, "..."], *, pairs: bool, conjugate: bool
+) -> Float[Array, "..."]:
+    """`a * h`, elementwise; with `pairs`, of complex vectors stored as their
+    real and imaginary parts along the second-last axis, `a` conjugated if
+    `conjugate`."""
+    if not pairs:
+        return a * h
+    a_re, a_im = a[..., :1, :], a[..., 1:, :]
+    if conjugate:
+        a_im = -a_im
+    h_re, h_im = h[..., :1, :], h[..., 1:, :]
+    return jnp.concatenate([a_re * h_re - a_im * h_im, a_re * h_im + a_im * h_re], -2)
+
+
 def _compose(
-    earlier: tuple[Inexact[Array, "..."], Inexact[Array, "..."]],
-    later: tuple[Inexact[Array, "..."], Inexact[Array, "..."]],
-) -> tuple[Inexact[Array, "..."], Inexact[Array, "..."]]:
+    earlier: tuple[Float[Array, "..."], Float[Array, "..."]],
+    later: tuple[Float[Array, "..."], Float[Array, "..."]],
+    *,
+    pairs: bool,
+) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
     """The affine map `h -> a h + b` of `earlier` followed by that of `later`."""
     a1, b1 = earlier
     a2, b2 = later
-    return a2 * a1, a2 * b1 + b2
+    return (
+        _product(a2, a1, pairs=pairs, conjugate=False),
+        _product(a2, b1, pairs=pairs, conjugate=False) + b2,
+    )
+
+
+def _at(x: Array, t: Any, axis: int) -> Array:
+    """Step `t` of `x` along `axis`, kept as an axis of length 1; an `x` that is
+    the same at every step has length 1 there already."""
+    if x.shape[axis] == 1:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, t, 1, axis)
+
+
+class _Steps(NamedTuple):
+    """What the sequential loop runs: `h_t = a_t * start_t + b_t`, starting
+    from `h0` at `t = 0`, then from the state before where `keep[t]`, else
+    from `h_reset`. Every leaf has a time axis; `a`'s may have length 1."""
+
+    a: Float[Array, "time_or_1 ..."]
+    b: Float[Array, "time ..."]
+    keep: Bool[Array, "time ..."]
+    h0: Float[Array, "1 ..."]
+    h_reset: Float[Array, "1 ..."]
+
+
+def _forward_loop(steps: _Steps, axis: int, pairs: bool) -> Float[Array, "..."]:
+    """Every state, along time `axis`, written in place over `steps.b`."""
+    a, b, keep, h0, h_reset = steps
+    first = _product(_at(a, 0, axis), h0, pairs=pairs, conjugate=False)
+    h = jax.lax.dynamic_update_slice_in_dim(b, first + _at(b, 0, axis), 0, axis)
+
+    def step(t, h):
+        start = jnp.where(_at(keep, t, axis), _at(h, t - 1, axis), h_reset)
+        update = _product(_at(a, t, axis), start, pairs=pairs, conjugate=False)
+        return jax.lax.dynamic_update_slice_in_dim(h, update + _at(h, t, axis), t, axis)
+
+    return jax.lax.fori_loop(1, b.shape[axis], step, h)
+
+
+def _backward_loop(
+    steps: _Steps, cotangent: Float[Array, "..."], axis: int, pairs: bool
+) -> Float[Array, "..."]:
+    """The forward loop's adjoint: the gradient of every state, in place.
+
+    State `t` gets its own cotangent plus `conj(a[t + 1])` times the gradient
+    of state `t + 1`, unless step `t + 1` restarted.
+    """
+    n_steps = cotangent.shape[axis]
+
+    def step(i, d):
+        t = n_steps - 2 - i
+        back = _product(
+            _at(steps.a, t + 1, axis), _at(d, t + 1, axis), pairs=pairs, conjugate=True
+        )
+        back = jnp.where(_at(steps.keep, t + 1, axis), back, 0.0)
+        return jax.lax.dynamic_update_slice_in_dim(d, back + _at(d, t, axis), t, axis)
+
+    return jax.lax.fori_loop(0, n_steps - 1, step, cotangent)
+
+
+@functools.cache
+def _batched(loop: Callable, axis: int, pairs: bool) -> Callable:
+    """`loop` over time `axis`, vmapped by running it one axis further along.
+
+    `vmap` of the loop's slices would batch them into gathers and scatters,
+    several small ops per step; this rule keeps them plain slices of the
+    batched arrays, in whatever layout the batched coefficients come.
+    """
+
+    @custom_batching.custom_vmap
+    def batched(*args):
+        return loop(*args, axis, pairs)
+
+    @batched.def_vmap
+    def _(axis_size, in_batched, *args):
+        args = jax.tree.map(
+            lambda x, is_batched: (
+                x if is_batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+            ),
+            args,
+            tuple(in_batched),
+        )
+        return _batched(loop, axis + 1, pairs)(*args), True
+
+    return batched
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _sequential(steps: _Steps, pairs: bool) -> Float[Array, "time ..."]:
+    """Every state of the recurrence, one step after another.
+
+    Its gradient is the same kind of loop run backwards (`_backward_loop`):
+    neither pass stores more than the inputs and the states, and neither
+    materialises an `a` that is the same at every step.
+    """
+    return _batched(_forward_loop, 0, pairs)(steps)
+
+
+def _sequential_forward(steps, pairs):
+    states = _sequential(steps, pairs)
+    return states, (steps, states)
+
+
+def _sequential_backward(pairs, residuals, cotangent):
+    steps, states = residuals
+    a, _, keep, h0, h_reset = steps
+    d_states = _batched(_backward_loop, 0, pairs)(steps, cotangent)
+    # What each step multiplied by `a`: the state before it, or where it started.
+    previous = jnp.concatenate([h0, jnp.where(keep[1:], states[:-1], h_reset)])
+    d_a = _product(previous, d_states, pairs=pairs, conjugate=True)
+    d_start = _product(a, d_states, pairs=pairs, conjugate=True)
+    d_reset = jnp.sum(jnp.where(keep[1:], 0.0, d_start[1:]), 0, keepdims=True)
+    if a.shape[0] == 1:
+        d_a = jnp.sum(d_a, 0, keepdims=True)
+    return (_Steps(d_a, d_states, None, d_start[:1], d_reset),)
+
+
+_sequential.defvjp(_sequential_forward, _sequential_backward)
+
+
+def _as_pairs(x: Inexact[Array, "..."], n_time: int) -> Float[Array, "..."]:
+    """A complex array as float32 `[*time, 2, size]`: its parts, flattened."""
+    x = x.reshape(*x.shape[:n_time], 1, -1)
+    return jnp.concatenate([jnp.real(x), jnp.imag(x)], -2).astype(jnp.float32)
 
 
 def linear_recurrence(
-    a: Inexact[Array, " time *state"],
+    a: Inexact[Array, " #time *state"],
     b: Inexact[Array, " time *state"],
     h0: Inexact[Array, "*state"],
     done: Bool[Array, " time"],
     h_reset: Inexact[Array, "*state"],
     *,
     parallel: bool = True,
+    pairs: bool = False,
 ) -> tuple[Inexact[Array, " time *state"], Inexact[Array, "*state"]]:
     """All states of `h_t = a_t * h_{t-1} + b_t` from `h0`, resetting on `done`.
 
@@ -65,29 +216,49 @@ def linear_recurrence(
     step (before its reset: what step `t` outputs) and the carry after the
     last step (reset if that step was done).
 
-    A step that starts from a known state (`h0` at `t = 0`, `h_reset` after a
-    done) folds it into its offset, `b_t <- a_t * start + b_t`, and forgets
-    everything before it, `a_t <- 0`. Then the steps are composed, by one
-    associative scan (`parallel=True`; the offsets it accumulates are the
-    states themselves) or by a sequential scan from zeros (`parallel=False`).
+    Real float32 or complex64; or, with `pairs=True`, complex vectors as
+    float32 arrays whose second-last axis (size 2) holds their real and
+    imaginary parts, `[..., 2, n]`: the LRU's layout, which spares the
+    conversions to and from complex64. `a` may have a time axis of length 1:
+    the same coefficients at every step, never broadcast over the sequence.
+
+    `parallel=True` composes the steps by one associative scan: a step that
+    starts from a known state (`h0` at `t = 0`, `h_reset` after a done) folds
+    it into its offset, `b_t <- a_t * start + b_t`, and forgets everything
+    before it, `a_t <- 0`, and the offsets the scan accumulates are the
+    states themselves. `parallel=False` runs the steps one after another, in
+    place; its gradient is a hand-written VJP, the same loop run backwards,
+    so this path supports reverse-mode differentiation (`grad`, `vjp`) but
+    not `jvp`.
     """
+    if not pairs and any(jnp.iscomplexobj(x) for x in (a, b, h0, h_reset)):
+        states, last = linear_recurrence(
+            _as_pairs(a, 1),
+            _as_pairs(b, 1),
+            _as_pairs(h0, 0),
+            done,
+            _as_pairs(h_reset, 0),
+            parallel=parallel,
+            pairs=True,
+        )
+        return (
+            jax.lax.complex(states[:, 0], states[:, 1]).reshape(b.shape),
+            jax.lax.complex(last[0], last[1]).reshape(h0.shape),
+        )
     n_steps = done.shape[0]
-    per_step = (n_steps,) + (1,) * (a.ndim - 1)
+    per_step = (n_steps,) + (1,) * (b.ndim - 1)
     first = (jnp.arange(n_steps) == 0).reshape(per_step)
     restart = first | jnp.roll(done, 1).reshape(per_step)
-    start = jnp.where(first, h0, h_reset)
-    b = jnp.where(restart, a * start + b, b)
-    a = jnp.where(restart, jnp.zeros_like(a), a)
     if parallel:
-        _, states = jax.lax.associative_scan(_compose, (a, b))
+        a = jnp.broadcast_to(a, b.shape)
+        start = jnp.where(first, h0, h_reset)
+        b = jnp.where(restart, _product(a, start, pairs=pairs, conjugate=False) + b, b)
+        a = jnp.where(restart, jnp.zeros_like(a), a)
+        _, states = jax.lax.associative_scan(
+            functools.partial(_compose, pairs=pairs), (a, b)
+        )
     else:
-
-        def step(h, coefficients):
-            a_t, b_t = coefficients
-            h = a_t * h + b_t
-            return h, h
-
-        _, states = jax.lax.scan(step, jnp.zeros_like(b[0]), (a, b))
+        states = _sequential(_Steps(a, b, ~restart, h0[None], h_reset[None]), pairs)
     return states, jnp.where(done[-1], h_reset, states[-1])
 
 
@@ -119,9 +290,42 @@ def _check_radius(name: str, value: Any) -> None:
 
 
 class _AbstractLinearRecurrence(_AbstractRecurrentCell):
-    """What LRU and MinGRU share: the checked step, and the choice of replay."""
+    """What LRU and MinGRU share: one step and one replay of their update.
+
+    A layer gives the update's coefficients `(a, b)` of one or all steps, in
+    the layout of its packed state (`pairs`: a complex state as its real and
+    imaginary parts, `[2, hidden_size]`), and what it outputs from the new
+    state.
+    """
 
     parallel_replay: eqx.AbstractVar[bool | None]
+    pairs: eqx.AbstractClassVar[bool]
+
+    @abc.abstractmethod
+    def _coefficients(
+        self, xs: Float[Array, "*time in_size"]
+    ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+        """`a` and `b` of the update `h' = a h + b`, for one step or all of them."""
+
+    @abc.abstractmethod
+    def _output(
+        self, h: Float[Array, "..."], xs: Float[Array, "*time in_size"]
+    ) -> Array:
+        """The layer's output, from the packed new state and the input."""
+
+    @abc.abstractmethod
+    def _pack(self, state: Any) -> Float[Array, "..."]:
+        """The carry as one array, in the coefficients' layout."""
+
+    @abc.abstractmethod
+    def _unpack(self, h: Float[Array, "..."]) -> Any:
+        """The carry of a packed state."""
+
+    def step(self, state: Any, x: Float[Array, " in_size"]) -> tuple[Any, Array]:
+        """One step for one env: the next carry, and the output."""
+        a, b = self._coefficients(x)
+        h = _product(a, self._pack(state), pairs=self.pairs, conjugate=False) + b
+        return self._unpack(h), self._output(h, x)
 
     def replay_sequence(
         self,
@@ -131,7 +335,7 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell):
         keys: Key[Array, " time"] | None,
         done: Bool[Array, " time"],
     ) -> SequenceOutput:
-        """All `T` steps' coefficients at once, composed by `linear_recurrence`.
+        """All `T` steps' coefficients at once, composed as `linear_recurrence` does.
 
         Resets go to `initial_state()`, which is these layers' `reset_state`,
         so the replay resets as the rollout and `scan_sequence` do. It equals
@@ -139,17 +343,21 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell):
         on `[T, in]` instead of one step's `[in]`.
         """
         self._check_step(state0, xs[0])
-        return self._replay(state0, xs, done, _parallel(self.parallel_replay))
-
-    @abc.abstractmethod
-    def _replay(
-        self,
-        state0: Any,
-        xs: Float[Array, "time in_size"],
-        done: Bool[Array, " time"],
-        parallel: bool,
-    ) -> SequenceOutput:
-        """The replay by `linear_recurrence`, of checked inputs."""
+        a, b = self._coefficients(xs)
+        states, last = linear_recurrence(
+            a,
+            b,
+            self._pack(state0),
+            done,
+            self._pack(self.initial_state()),
+            parallel=_parallel(self.parallel_replay),
+            pairs=self.pairs,
+        )
+        return SequenceOutput(
+            self._unpack(last),
+            self._output(states, xs),
+            jnp.zeros(done.shape, jnp.float32),
+        )
 
 
 class LRU(_AbstractLinearRecurrence):
@@ -195,6 +403,7 @@ class LRU(_AbstractLinearRecurrence):
     out_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
     carry_parts: ClassVar[tuple[str, ...]] = ("re", "im")
+    pairs: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -284,63 +493,37 @@ class LRU(_AbstractLinearRecurrence):
         self.out_size = out_size
         self.parallel_replay = parallel_replay
 
-    def initial_state(self) -> LRUState:
-        """`(re, im)` of the initial state: the learned parameters, or zeros."""
-        return (
-            _learned_or_zeros(self.initial_re, self.hidden_size),
-            _learned_or_zeros(self.initial_im, self.hidden_size),
-        )
-
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
-    ) -> tuple[Complex[Array, " hidden_size"], Complex[Array, "*time hidden_size"]]:
-        """`lambda` and the input term `gamma * (x B)` of the update."""
+    ) -> tuple[
+        Float[Array, "*#time 2 hidden_size"], Float[Array, "*time 2 hidden_size"]
+    ]:
+        """`lambda` and the input term `gamma * (x B)`, each as `[re; im]`."""
         modulus = jnp.exp(-jnp.exp(self.nu_log))
         phase = jnp.exp(self.theta_log)
-        lam = jax.lax.complex(modulus * jnp.cos(phase), modulus * jnp.sin(phase))
-        gamma = jnp.exp(self.gamma_log)
-        # One matmul for both parts: `x [B_re | B_im]`.
-        re, im = jnp.split(xs @ jnp.concatenate([self.B_re, self.B_im], 1), 2, -1)
-        return lam, jax.lax.complex(gamma * re, gamma * im)
+        lam = jnp.stack([modulus * jnp.cos(phase), modulus * jnp.sin(phase)])
+        # One matmul for both parts, `gamma` folded into the weights (cheaper
+        # than scaling, and differentiating, the whole `[T, 2, hidden]` drive).
+        b = jnp.concatenate([self.B_re, self.B_im], 1) * jnp.tile(
+            jnp.exp(self.gamma_log), 2
+        )
+        drive = (xs @ b).reshape(*xs.shape[:-1], 2, self.hidden_size)
+        # The same at every step: one time step of it stands for all of them.
+        return lam.reshape((1,) * (xs.ndim - 1) + lam.shape), drive
 
-    def _readout(
-        self, h: Complex[Array, "*time hidden_size"], xs: Float[Array, "*time in_size"]
+    def _output(
+        self, h: Float[Array, "*time 2 hidden_size"], xs: Float[Array, "*time in_size"]
     ) -> Float[Array, "*time out_size"]:
         """`y = Re(h C) + D x`, with `Re(h C) = [Re h | Im h] [C_re; -C_im]`."""
         skip = xs * self.D if self.D.ndim == 1 else xs @ self.D
-        parts = jnp.concatenate([jnp.real(h), jnp.imag(h)], -1)
-        return parts @ jnp.concatenate([self.C_re, -self.C_im], 0) + skip
+        c = jnp.concatenate([self.C_re, -self.C_im], 0)
+        return h.reshape(*h.shape[:-2], -1) @ c + skip
 
-    def step(
-        self, state: LRUState, x: Float[Array, " in_size"]
-    ) -> tuple[LRUState, Float[Array, " out_size"]]:
-        """One step for one env; returns `(re', im')` as carry and `y` as output."""
-        lam, drive = self._coefficients(x)
-        h = lam * jax.lax.complex(*state) + drive
-        return (jnp.real(h), jnp.imag(h)), self._readout(h, x)
+    def _pack(self, state: LRUState) -> Float[Array, "2 hidden_size"]:
+        return jnp.stack(state)
 
-    def _replay(
-        self,
-        state0: LRUState,
-        xs: Float[Array, "time in_size"],
-        done: Bool[Array, " time"],
-        parallel: bool,
-    ) -> SequenceOutput:
-        lam, drive = self._coefficients(xs)
-        reset = jax.lax.complex(*self.initial_state())
-        h, last = linear_recurrence(
-            jnp.broadcast_to(lam, drive.shape),
-            drive,
-            jax.lax.complex(*state0),
-            done,
-            reset,
-            parallel=parallel,
-        )
-        return SequenceOutput(
-            (jnp.real(last), jnp.imag(last)),
-            self._readout(h, xs),
-            jnp.zeros(done.shape, jnp.float32),
-        )
+    def _unpack(self, h: Float[Array, "2 hidden_size"]) -> LRUState:
+        return h[0], h[1]
 
 
 class MinGRU(_AbstractLinearRecurrence):
@@ -370,6 +553,7 @@ class MinGRU(_AbstractLinearRecurrence):
     hidden_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
     carry_parts: ClassVar[tuple[str, ...]] = ("h",)
+    pairs: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -409,10 +593,6 @@ class MinGRU(_AbstractLinearRecurrence):
         self.hidden_size = hidden_size
         self.parallel_replay = parallel_replay
 
-    def initial_state(self) -> Float[Array, " hidden_size"]:
-        """`h0`: the learned parameter, or zeros."""
-        return _learned_or_zeros(self.initial_h, self.hidden_size)
-
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
     ) -> tuple[Float[Array, "*time hidden_size"], Float[Array, "*time hidden_size"]]:
@@ -421,23 +601,15 @@ class MinGRU(_AbstractLinearRecurrence):
         z = jax.nn.sigmoid(z)
         return 1.0 - z, z * candidate
 
-    def step(
-        self, state: Float[Array, " hidden_size"], x: Float[Array, " in_size"]
-    ) -> tuple[Float[Array, " hidden_size"], Float[Array, " hidden_size"]]:
-        """One step for one env; returns `h'` as both carry and output."""
-        keep, write = self._coefficients(x)
-        h = keep * state + write
-        return h, h
+    def _output(
+        self, h: Float[Array, "*time hidden_size"], xs: Float[Array, "*time in_size"]
+    ) -> Float[Array, "*time hidden_size"]:
+        return h
 
-    def _replay(
-        self,
-        state0: Float[Array, " hidden_size"],
-        xs: Float[Array, "time in_size"],
-        done: Bool[Array, " time"],
-        parallel: bool,
-    ) -> SequenceOutput:
-        keep, write = self._coefficients(xs)
-        h, last = linear_recurrence(
-            keep, write, state0, done, self.initial_state(), parallel=parallel
-        )
-        return SequenceOutput(last, h, jnp.zeros(done.shape, jnp.float32))
+    def _pack(
+        self, state: Float[Array, " hidden_size"]
+    ) -> Float[Array, " hidden_size"]:
+        return state
+
+    def _unpack(self, h: Float[Array, " hidden_size"]) -> Float[Array, " hidden_size"]:
+        return h

@@ -122,13 +122,6 @@ def _initial_parameter(
     return jnp.zeros(hidden_size, jnp.float32) if trainable else None
 
 
-def _learned_or_zeros(
-    initial: Float[Array, " hidden_size"] | None, hidden_size: int
-) -> Float[Array, " hidden_size"]:
-    """A carry part at an episode start: its learned parameter, or zeros."""
-    return jnp.zeros(hidden_size, jnp.float32) if initial is None else initial
-
-
 def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
     if jnp.shape(h) != (size,):
         raise ValueError(
@@ -143,12 +136,23 @@ class _AbstractRecurrentCell(AbstractDeterministicModule):
     `__call__` checks one env's input and carry, then runs `step`; there is no
     loss, no metric and nothing to replay. The carry holds one `[hidden_size]`
     array per name in `carry_parts`: the array itself for one name, a tuple
-    of them, in that order, for more.
+    of them, in that order, for more. Each part starts an episode from the
+    field `initial_<part>`: a learned parameter, or `None` for zeros.
     """
 
     in_size: eqx.AbstractVar[int]
     hidden_size: eqx.AbstractVar[int]
     carry_parts: eqx.AbstractClassVar[tuple[str, ...]]
+
+    def initial_state(self) -> State:
+        """The carry at an episode start: each part's learned initial value
+        (with `trainable_initial_state=True`), or zeros."""
+        initial = (getattr(self, f"initial_{part}") for part in self.carry_parts)
+        parts = tuple(
+            jnp.zeros(self.hidden_size, jnp.float32) if h is None else h
+            for h in initial
+        )
+        return parts if len(parts) > 1 else parts[0]
 
     @abc.abstractmethod
     def step(self, state: State, x: Float[Array, " in_size"]) -> tuple[State, Array]:
@@ -265,13 +269,6 @@ class LSTM(_AbstractRecurrentCell):
         self.in_size = in_size
         self.hidden_size = hidden_size
 
-    def initial_state(self) -> LSTMState:
-        """`(h0, c0)`: the learned parameters, or zeros."""
-        return (
-            _learned_or_zeros(self.initial_h, self.hidden_size),
-            _learned_or_zeros(self.initial_c, self.hidden_size),
-        )
-
     def step(
         self, state: LSTMState, x: Float[Array, " in_size"]
     ) -> tuple[LSTMState, Float[Array, " hidden_size"]]:
@@ -357,10 +354,6 @@ class GRU(_AbstractRecurrentCell):
         self.activation_fn = get_activation(activation_fn)
         self.in_size = in_size
         self.hidden_size = hidden_size
-
-    def initial_state(self) -> Float[Array, " hidden_size"]:
-        """`h0`: the learned parameter, or zeros."""
-        return _learned_or_zeros(self.initial_h, self.hidden_size)
 
     def step(
         self, state: Float[Array, " hidden_size"], x: Float[Array, " in_size"]
