@@ -105,8 +105,14 @@ def _forward_loop(steps: _Steps, axis: int, pairs: bool) -> Float[Array, "..."]:
     h = jax.lax.dynamic_update_slice_in_dim(b, first + _at(b, 0, axis), 0, axis)
 
     def step(t, h):
-        start = jnp.where(_at(keep, t, axis), _at(h, t - 1, axis), h_reset)
-        update = _product(_at(a, t, axis), start, pairs=pairs, conjugate=False)
+        a_t = _at(a, t, axis)
+        # Select after multiplying: a select feeding the product costs XLA:CPU
+        # several times the loop's arithmetic.
+        update = jnp.where(
+            _at(keep, t, axis),
+            _product(a_t, _at(h, t - 1, axis), pairs=pairs, conjugate=False),
+            _product(a_t, h_reset, pairs=pairs, conjugate=False),
+        )
         return jax.lax.dynamic_update_slice_in_dim(h, update + _at(h, t, axis), t, axis)
 
     return jax.lax.fori_loop(1, b.shape[axis], step, h)
