@@ -91,7 +91,7 @@ class _Steps(NamedTuple):
     from `h0` at `t = 0`, then from the state before where `keep[t]`, else
     from `h_reset`. Every leaf has a time axis; `a`'s may have length 1."""
 
-    a: Float[Array, "time_or_1 ..."]
+    a: Float[Array, "#time ..."]
     b: Float[Array, "time ..."]
     keep: Bool[Array, "time ..."]
     h0: Float[Array, "1 ..."]
