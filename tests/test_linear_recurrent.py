@@ -331,6 +331,7 @@ def test_gradient_over_seeds_and_envs_equals_a_loop(getkey, name):
 
 def _reference_recurrence(a, b, h0, done, h_reset):
     """`linear_recurrence` as the plain step loop it stands for."""
+    a = jnp.broadcast_to(a, b.shape)
 
     def step(h, inputs):
         a_t, b_t, d_t = inputs
@@ -343,7 +344,8 @@ def _reference_recurrence(a, b, h0, done, h_reset):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.complex64])
 @pytest.mark.parametrize("parallel", [False, True])
-def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel):
+@pytest.mark.parametrize("shared_a", [False, True])
+def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_a):
     def draw(shape, scale=1.0):
         x = scale * jax.random.normal(getkey(), shape)
         if dtype == jnp.complex64:
@@ -351,7 +353,9 @@ def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel):
         return x
 
     n_steps = 20
-    inputs = (draw((n_steps, 2, 3), 0.6), draw((n_steps, 2, 3)), draw((2, 3)))
+    # A shared `a` (the LRU's) has a time axis of length 1.
+    a = draw((1 if shared_a else n_steps, 2, 3), 0.6)
+    inputs = (a, draw((n_steps, 2, 3)), draw((2, 3)))
     h_reset = draw((2, 3))
     # A reset after the first step, two in a row, and one after the last.
     done = jnp.zeros(n_steps, bool).at[jnp.array([0, 7, 8, n_steps - 1])].set(True)

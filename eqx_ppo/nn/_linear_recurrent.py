@@ -187,13 +187,25 @@ def _sequential_backward(pairs, residuals, cotangent):
     a, _, keep, h0, h_reset = steps
     d_states = _batched(_backward_loop, 0, pairs)(steps, cotangent)
     # What each step multiplied by `a`: the state before it, or where it started.
-    previous = jnp.concatenate([h0, jnp.where(keep[1:], states[:-1], h_reset)])
-    d_a = _product(previous, d_states, pairs=pairs, conjugate=True)
-    d_start = _product(a, d_states, pairs=pairs, conjugate=True)
-    d_reset = jnp.sum(jnp.where(keep[1:], 0.0, d_start[1:]), 0, keepdims=True)
+    d_first = _product(h0, d_states[:1], pairs=pairs, conjugate=True)
+    d_rest = _product(
+        jnp.where(keep[1:], states[:-1], h_reset),
+        d_states[1:],
+        pairs=pairs,
+        conjugate=True,
+    )
+    d_h0 = _product(a[:1], d_states[:1], pairs=pairs, conjugate=True)
     if a.shape[0] == 1:
-        d_a = jnp.sum(d_a, 0, keepdims=True)
-    return (_Steps(d_a, d_states, None, d_start[:1], d_reset),)
+        # A shared `a` factors out of the sums: no full-length products for
+        # `h_reset`, whose passes over the sequence cost XLA:CPU more than the loops.
+        d_a = d_first + jnp.sum(d_rest, 0, keepdims=True)
+        restarts = jnp.sum(jnp.where(keep[1:], 0.0, d_states[1:]), 0, keepdims=True)
+        d_reset = _product(a, restarts, pairs=pairs, conjugate=True)
+    else:
+        d_a = jnp.concatenate([d_first, d_rest])
+        d_start = _product(a[1:], d_states[1:], pairs=pairs, conjugate=True)
+        d_reset = jnp.sum(jnp.where(keep[1:], 0.0, d_start), 0, keepdims=True)
+    return (_Steps(d_a, d_states, None, d_h0, d_reset),)
 
 
 _sequential.defvjp(_sequential_forward, _sequential_backward)
