@@ -12,9 +12,18 @@ Two parts, each written to its own results:
   minibatch loss + gradient on a minibatch of 32 envs x `T` steps, `T` in
   16, 64, 256. The minibatch is a real rollout of the untrained network on
   `repeat_previous` (16-step episodes, so a `T = 256` sequence holds 16
-  episode resets), taken as one whole minibatch; the timed function is
-  `jax.jit` of `eqx.filter_value_and_grad` of `PPO(config).loss`, compiled
-  once (ahead of time) per cell and `T`. After a warm-up call, every round
+  episode resets), taken as one whole minibatch. The timed program is
+  `jax.jit` of 16 updates in a `lax.scan`, each `eqx.filter_value_and_grad`
+  of `PPO(config).loss` and a small SGD step (so no update repeats the last),
+  compiled once (ahead of time) per cell and `T`; we report its time per
+  update. Sixteen updates in one program are what one `ppo_step` runs with
+  `PPOConfig`'s default 4 epochs x 4 minibatches. Timing one gradient per
+  call would also time the allocation of the program's scratch memory: glibc
+  hands blocks over 32 MiB back to the OS when freed, so every call page-faults
+  its buffers in again, which cost the LSTM at `T = 256` 27 ms of system time
+  per 51 ms call on our 2-core machine, and the cells under 32 MiB nothing.
+  Training pays that once per `ppo_step`, not per minibatch. After a warm-up
+  call, every round
   times each (cell, `T`) once, in an order rotated per round, so machine noise
   hits all alike; we report the median over rounds and its ratio to the LSTM
   of the same round. Peak memory is XLA's own account of the compiled
@@ -163,10 +172,29 @@ def _without_recurrence(network):
 # --------------------------------------------------------------------- replay
 
 
-def _replay_program(kind: str, length: int, n_envs: int, hidden: int, seed: int = 0):
-    """A compiled minibatch loss + gradient, its arguments and its compile time."""
+UPDATES_PER_CALL = 16
+"""Gradient updates per timed call: `PPOConfig`'s default `n_epochs *
+n_minibatches`, the updates one `ppo_step` runs inside one compiled program."""
+
+
+def _replay_program(
+    kind: str,
+    length: int,
+    n_envs: int,
+    hidden: int,
+    seed: int = 0,
+    updates: int = UPDATES_PER_CALL,
+):
+    """A compiled run of `updates` minibatch loss + gradient + SGD updates, its
+    arguments and its compile time.
+
+    The updates run in one program, as `ppo_step` runs its epochs and
+    minibatches, so the program's scratch memory is allocated once per call,
+    not once per gradient (see the module docstring).
+    """
     import equinox as eqx
     import jax
+    import jax.numpy as jnp
 
     import eqx_ppo
     from eqx_ppo import envs
@@ -205,16 +233,24 @@ def _replay_program(kind: str, length: int, n_envs: int, hidden: int, seed: int 
         return learner.loss(eqx.combine(p, static), batch)
 
     value_and_grad = eqx.filter_value_and_grad(loss, has_aux=True)
+
+    def run(p, batch):
+        # Each update changes the parameters, so no gradient is loop-invariant.
+        def update(p, _):
+            (value, _), grads = value_and_grad(p, batch)
+            return jax.tree.map(lambda w, g: w - 1e-4 * g, p, grads), value
+
+        return jax.lax.scan(update, p, length=updates)
+
     t0 = time.perf_counter()
-    compiled = jax.jit(lambda p, b: value_and_grad(p, b)).lower(params, minibatch)
-    compiled = compiled.compile()
+    compiled = jax.jit(run).lower(params, minibatch).compile()
     compile_s = time.perf_counter() - t0
-    (value, _), grads = compiled(params, minibatch)
-    finite = bool(jax.numpy.isfinite(value)) and all(
-        bool(jax.numpy.all(jax.numpy.isfinite(g))) for g in jax.tree.leaves(grads)
+    final, values = compiled(params, minibatch)
+    finite = bool(jnp.all(jnp.isfinite(values))) and all(
+        bool(jnp.all(jnp.isfinite(w))) for w in jax.tree.leaves(final)
     )
     memory = compiled.memory_analysis()
-    return compiled, (params, minibatch), compile_s, memory, finite, float(value)
+    return compiled, (params, minibatch), compile_s, memory, finite, float(values[0])
 
 
 def _replay_path(kind: str) -> str:
@@ -250,14 +286,15 @@ def _label(kind: str) -> str:
     return f"{cell}, {name}" + (" (default here)" if path == default else "")
 
 
-def _time_once(fn, args, number: int) -> float:
+def _time_once(fn, args, number: int, updates: int = 1) -> float:
+    """Seconds per update, over `number` calls of `updates` updates each."""
     import jax
 
     t0 = time.perf_counter()
     for _ in range(number):
         out = fn(*args)
     jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / number
+    return (time.perf_counter() - t0) / (number * updates)
 
 
 def run_replay(
@@ -268,6 +305,7 @@ def run_replay(
     hidden: int,
     rounds: int,
     min_sample_s: float,
+    updates: int = UPDATES_PER_CALL,
     log=None,
 ) -> dict[str, Any]:
     log = log or _log
@@ -276,9 +314,9 @@ def run_replay(
     for length in lengths:
         for kind in kinds:
             fn, args, compile_s, memory, finite, value = _replay_program(
-                kind, length, n_envs, hidden
+                kind, length, n_envs, hidden, updates=updates
             )
-            first = _time_once(fn, args, 1)  # warm-up
+            first = _time_once(fn, args, 1)  # warm-up; the whole call
             number = max(1, math.ceil(min_sample_s / max(first, 1e-6)))
             programs[kind, length] = (fn, args, number)
             rows.append(
@@ -308,7 +346,9 @@ def run_replay(
         shift = rnd % len(order)
         for key in order[shift:] + order[:shift]:
             fn, args, number = programs[key]
-            by_key[key]["samples_ms"].append(_time_once(fn, args, number) * 1e3)
+            by_key[key]["samples_ms"].append(
+                _time_once(fn, args, number, updates) * 1e3
+            )
         log(f"  round {rnd + 1}/{rounds} done")
     for r in rows:
         r["median_ms"] = statistics.median(r["samples_ms"])
@@ -328,6 +368,7 @@ def run_replay(
         "lengths": list(lengths),
         "rounds": rounds,
         "min_sample_s": min_sample_s,
+        "updates_per_call": updates,
         "rows": rows,
     }
 
@@ -344,7 +385,9 @@ def replay_markdown(result: dict[str, Any]) -> str:
         f"({result['n_envs']} envs x T steps, hidden {result['hidden']})",
         "",
         f"`{result['env']}` rollout of the untrained network as one minibatch; "
-        f"`jax.jit(eqx.filter_value_and_grad(PPO.loss))`, median of "
+        f"time per update of `jax.jit` of {result['updates_per_call']} updates "
+        "in a `lax.scan` (`eqx.filter_value_and_grad(PPO.loss)` and an SGD step "
+        "each, as one `ppo_step` runs its epochs x minibatches), median of "
         f"{result['rounds']} rounds (cells alternated within each round); speed-up "
         f"= LSTM time / cell time, paired per round, median. JAX "
         f"{m['jax']} on {m['cpu_count']} CPU cores ({m['backend']}{load_text}).",
@@ -376,7 +419,7 @@ def replay_markdown(result: dict[str, Any]) -> str:
     lines += table(speed)
     lines += [
         "",
-        "Peak memory of the compiled loss + gradient (XLA `memory_analysis()`: "
+        "Peak memory of the compiled updates (XLA `memory_analysis()`: "
         "temp = scratch buffers, activations saved for the backward pass "
         "included; arguments and outputs apart), MiB; compile time in s:",
         "",
@@ -711,7 +754,13 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         if args.quick:
             result = run_replay(
-                (4,), replay_kinds, n_envs=2, hidden=4, rounds=2, min_sample_s=0.0
+                (4,),
+                replay_kinds,
+                n_envs=2,
+                hidden=4,
+                rounds=2,
+                min_sample_s=0.0,
+                updates=2,
             )
         else:
             result = run_replay(

@@ -310,3 +310,22 @@ def test_dips_table_pairs_each_checkpoint_both_ways():
     assert "| 0 | 40 / 30 | 500 / 150 |" in text
     assert "| 1 | 45 / 31 | 120 / 110 |" in text
     assert "deterministic 1/2, stochastic 0/2" in text
+
+
+def test_memory_replay_program_runs_each_update_on_new_parameters():
+    """The timed program is `updates` gradient steps, none a repeat of the last
+    (a repeat could be hoisted out of the loop); the loss it reports is the
+    first update's."""
+    from benchmarks.memory import _replay_program
+
+    fn, (params, minibatch), _, _, finite, first = _replay_program(
+        "mlp", 4, 2, 4, updates=3
+    )
+    final, values = fn(params, minibatch)
+    assert finite and values.shape == (3,)
+    assert len(set(values.tolist())) == 3
+    assert first == values[0]
+    assert not all(
+        jnp.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(final), strict=True)
+    )
