@@ -314,10 +314,13 @@ def test_dips_table_pairs_each_checkpoint_both_ways():
 
 def test_memory_replay_program_runs_each_update_on_new_parameters():
     """The timed program is `updates` gradient steps, none a repeat of the last
-    (a repeat could be hoisted out of the loop); the loss it reports is the
-    first update's."""
-    from benchmarks.memory import _replay_program
+    (a repeat could be hoisted out of the loop), as many as one `ppo_step` runs
+    by default; the loss it reports is the first update's."""
+    import eqx_ppo
+    from benchmarks.memory import UPDATES_PER_CALL, _replay_program
 
+    defaults = eqx_ppo.PPOConfig()
+    assert UPDATES_PER_CALL == defaults.n_epochs * defaults.n_minibatches
     fn, (params, minibatch), _, _, finite, first = _replay_program(
         "mlp", 4, 2, 4, updates=3
     )
