@@ -124,9 +124,9 @@ def test_recurrent_policy_solves_memory_task_feed_forward_cannot():
     assert np.max(ff) < 1.8, ff
 
 
-@pytest.mark.slow  # 7-14 s each
+@pytest.mark.slow  # about 12 s each
 @pytest.mark.parametrize("cell", ["gru", "lru", "mingru"])
-def test_every_memory_cell_solves_the_memory_task(cell):
+def test_the_other_memory_cells_solve_the_memory_task(cell):
     finals = _recall(
         lambda k: eqx_ppo.make_recurrent_actor_critic(2, 1, 16, cell=cell, key=k)
     )
