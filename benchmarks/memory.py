@@ -8,7 +8,8 @@ Two parts, each written to its own results:
   `make_recurrent_actor_critic` (`lstm`, `gru`, and `lru`, `mingru` on both
   replay paths, the sequential scan and the associative scan, and once more
   with the recurrence itself removed, a floor for any replay of that cell;
-  and a feed-forward MLP) at hidden size 64, the time of one PPO
+  the LRU also with half as many complex states, `lru@32`; and a
+  feed-forward MLP) at hidden size 64, the time of one PPO
   minibatch loss + gradient on a minibatch of 32 envs x `T` steps, `T` in
   16, 64, 256. The minibatch is a real rollout of the untrained network on
   `repeat_previous` (16-step episodes, so a `T = 256` sequence holds 16
@@ -34,10 +35,10 @@ Two parts, each written to its own results:
   a measured RSS.
 - `learning` (`results/memory_learning.*`): each cell, and the MLP, trained
   on the built-in memory tasks with `TrainConfig(n_seeds=4)` (four seeds in
-  one vmapped program), evaluated deterministically at step 0, about 20
-  points along the run and its end: the final eval return over seeds (median
-  and worst) and the env steps at which the median-over-seeds curve first
-  reaches 90% of the optimum.
+  one vmapped program; `--seeds` for more), evaluated deterministically at
+  step 0, about 20 points along the run and its end: the final eval return
+  over seeds (median and worst) and the env steps at which the
+  median-over-seeds curve first reaches 90% of the optimum.
 
 `--quick` runs a tiny version of both (the smoke test's).
 """
@@ -63,6 +64,7 @@ REPLAY_NETWORKS = (
     "mingru:parallel",
     "lru:floor",
     "mingru:floor",
+    "lru@32",
     "mlp",
 )
 REPLAY_ENV = "repeat_previous"
@@ -86,7 +88,8 @@ def make_network(
     """`kind` is a cell name (`make_recurrent_actor_critic`) or `"mlp"`; a
     linear recurrence may name its replay path, `"lru:scan"` or
     `"lru:parallel"` (`parallel_replay=False` / `True`; plain `"lru"` lets the
-    layer pick by backend).
+    layer pick by backend), and the LRU its number of complex states,
+    `"lru@32"` (`lru_state_size=32`; default `hidden`).
 
     Discrete envs (`n_actions`) get categorical samplers, as `eqx_ppo.cli`
     builds them. A recurrent network is the cell of width `hidden` in each
@@ -111,6 +114,7 @@ def make_network(
     cell, _, path = kind.partition(":")
     if path not in ("", "scan", "parallel", "floor"):
         raise ValueError(f"{kind!r}: the replay path is 'scan', 'parallel' or 'floor'")
+    cell, _, states = cell.partition("@")
     network = eqx_ppo.nn.make_recurrent_actor_critic(
         env.observation_size,
         actions,
@@ -124,6 +128,7 @@ def make_network(
         critic_hidden_sizes=mlp_layers,
         discrete=discrete,
         entropy_weight=entropy_weight,
+        lru_state_size=int(states) if states else None,
     )
     if path == "floor":
         network = _without_recurrence(network)
@@ -277,6 +282,9 @@ def _label(kind: str) -> str:
     cell, _, path = kind.partition(":")
     if cell == "mlp":
         return "mlp (no memory, floor)"
+    cell, _, states = cell.partition("@")
+    if states:
+        cell = f"{cell}, {states} complex states"
     if not path:
         return cell
     if path == "floor":
@@ -738,6 +746,9 @@ def main(argv: list[str] | None = None) -> None:
         "'lru:scan' / 'lru:parallel' force a replay path",
     )
     parser.add_argument("--steps", type=int, default=None, help="steps per task")
+    parser.add_argument(
+        "--seeds", type=int, default=Settings.n_seeds, help="seeds per learning run"
+    )
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--name", default="memory", help="results file prefix")
     args = parser.parse_args(argv)
@@ -794,7 +805,10 @@ def main(argv: list[str] | None = None) -> None:
             result = run_learning(learning_kinds, tasks, settings, steps_override=16)
         else:
             result = run_learning(
-                learning_kinds, tasks, Settings(), steps_override=args.steps
+                learning_kinds,
+                tasks,
+                Settings(n_seeds=args.seeds),
+                steps_override=args.steps,
             )
         result.update(wall_s=time.perf_counter() - t0, versions_at_start=at_start)
         publish(f"{args.name}_learning", result, learning_markdown, started)

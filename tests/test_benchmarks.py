@@ -225,6 +225,25 @@ def test_fusion_forms_compute_the_same_gradients():
     assert "| stacked |" in text and "NO" not in text
 
 
+def test_memory_kind_names_the_lru_state_size():
+    from benchmarks.memory import _label, _replay_path, make_network
+    from eqx_ppo import envs, nn
+
+    env = envs.make("repeat_previous")
+    for kind, states in (("lru", 8), ("lru@3", 3), ("lru@3:parallel", 3)):
+        net = make_network(kind, env, jax.random.key(0), 8, ())
+        lrus = [
+            m
+            for m in jax.tree.leaves(net, is_leaf=lambda m: isinstance(m, nn.LRU))
+            if isinstance(m, nn.LRU)
+        ]
+        assert [m.hidden_size for m in lrus] == [states, states]
+        assert all(m.out_size == 8 for m in lrus)
+    assert _label("lru@32") == "lru, 32 complex states"
+    assert _label("lru@32:parallel").startswith("lru, 32 complex states, associative")
+    assert _replay_path("lru@32:parallel") == "associative scan"
+
+
 @pytest.mark.parametrize("cell", ["lru", "mingru"])
 def test_memory_floor_replays_the_projections_without_the_recurrence(cell):
     from benchmarks.memory import make_network

@@ -100,6 +100,36 @@ def test_bad_cell_and_hidden_size_name_the_argument():
             nn.make_recurrent_actor_critic(3, 2, size, key=jax.random.key(0))
 
 
+def test_lru_state_size_sets_the_complex_states_and_keeps_the_output_width():
+    key = jax.random.key(0)
+    default = nn.make_recurrent_actor_critic(3, 2, HIDDEN, cell="lru", key=key)
+    half = nn.make_recurrent_actor_critic(
+        3, 2, HIDDEN, cell="lru", lru_state_size=HIDDEN // 2, key=key
+    )
+    for net, states in ((default, HIDDEN), (half, HIDDEN // 2)):
+        for port in (net[-1].action, net[-1].value):
+            lru = port.layers[1]
+            assert isinstance(lru, nn.LRU)
+            assert (lru.in_size, lru.hidden_size, lru.out_size) == (
+                HIDDEN,
+                states,
+                HIDDEN,
+            )
+        carry = net.initial_state()[1]["action"][1]
+        assert [part.shape for part in carry] == [(states,), (states,)]
+    out = half(half.initial_state(), jnp.ones(3), key=jax.random.key(1))
+    assert out.output.actions.shape == (2,)
+    with pytest.raises(ValueError, match=r"lru_state_size=4 .*cell='gru'"):
+        nn.make_recurrent_actor_critic(
+            3, 2, HIDDEN, cell="gru", lru_state_size=4, key=key
+        )
+    for size in (0, -1, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="lru_state_size"):
+            nn.make_recurrent_actor_critic(
+                3, 2, HIDDEN, cell="lru", lru_state_size=size, key=key
+            )
+
+
 def test_pixel_observations_go_through_a_shared_cnn_encoder():
     net = nn.make_recurrent_actor_critic(
         (24, 24, 3),

@@ -40,7 +40,7 @@ from ..samplers import CategoricalSampler, NormalTanhSampler
 from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
 from ._conv import make_cnn_encoder
-from ._dense import Dense, get_activation
+from ._dense import Dense, check_size, get_activation
 from ._linear_recurrent import LRU, MinGRU
 from ._module import AbstractStatefulModule
 from ._normalizer import Normalizer
@@ -387,6 +387,7 @@ def _cell(
     kernel_init: Callable[..., Array],
     trainable_initial_state: bool,
     parallel_replay: bool | None,
+    lru_state_size: int | None,
 ) -> list[AbstractStatefulModule]:
     """The recurrent trunk of one port: the cell, and for the linear
     recurrences a nonlinear input projection in front of it."""
@@ -421,7 +422,7 @@ def _cell(
     if cell == "lru":
         recurrence: AbstractStatefulModule = LRU(
             hidden_size,
-            hidden_size,
+            hidden_size if lru_state_size is None else lru_state_size,
             key=cell_key,
             trainable_initial_state=trainable_initial_state,
             parallel_replay=parallel_replay,
@@ -459,6 +460,7 @@ def make_recurrent_actor_critic(
     pixel_scale: float | None = None,
     trainable_initial_state: bool = False,
     parallel_replay: bool | None = None,
+    lru_state_size: int | None = None,
 ) -> Sequential:
     """A recurrent actor and critic, each port with its own memory, then an MLP.
 
@@ -469,7 +471,8 @@ def make_recurrent_actor_critic(
     - `cell="lstm"`: an [`eqx_ppo.nn.LSTM`][] of width `hidden_size`;
     - `cell="gru"`: an [`eqx_ppo.nn.GRU`][];
     - `cell="lru"`: `Dense(-> hidden_size, activation)` then an
-      [`eqx_ppo.nn.LRU`][] with `hidden_size` complex states and outputs;
+      [`eqx_ppo.nn.LRU`][] with `lru_state_size` (default `hidden_size`)
+      complex states and `hidden_size` outputs;
     - `cell="mingru"`: `Dense(-> hidden_size, activation)` then a
       [`eqx_ppo.nn.MinGRU`][].
 
@@ -508,6 +511,11 @@ def make_recurrent_actor_critic(
     - `parallel_replay`: how the LRU and MinGRU replay (see
       [`eqx_ppo.nn.LRU`][]): `None` picks by backend, `True` forces the
       associative scan, `False` the sequential scan of the elementwise update.
+    - `lru_state_size`: the number of the LRU's complex states (the paper's
+      `N`); default `hidden_size`, so the carry holds `2 * hidden_size`
+      reals. `hidden_size // 2` gives it the GRU's and MinGRU's count of
+      reals and a faster replay (see the guide "Choosing a memory model");
+      its output stays `hidden_size` wide. Only with `cell="lru"`.
     """
     if cell not in _CELLS:
         raise ValueError(
@@ -520,6 +528,13 @@ def make_recurrent_actor_critic(
         or hidden_size < 1
     ):
         raise ValueError(f"hidden_size={hidden_size!r} must be a positive int.")
+    if lru_state_size is not None:
+        if cell != "lru":
+            raise ValueError(
+                f"lru_state_size={lru_state_size!r} sizes the LRU's state, but "
+                f"cell={cell!r}; pass cell='lru' or drop lru_state_size."
+            )
+        check_size("make_recurrent_actor_critic(lru_state_size=...)", lru_state_size)
     get_activation(activation)
     kernel_init = _kernel_init(initializer_scale)
 
@@ -535,6 +550,7 @@ def make_recurrent_actor_critic(
             kernel_init=kernel_init,
             trainable_initial_state=trainable_initial_state,
             parallel_replay=parallel_replay,
+            lru_state_size=lru_state_size,
         )
         return layers, hidden_size
 
