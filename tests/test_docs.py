@@ -17,12 +17,16 @@ Documentation code is tested
   something CI lacks (a GPU, a cluster, credentials, a download).
 - `print(...)  # expected` checks what that call prints, each time it runs
   (it must run at least once); the comment is the one on the line where the
-  call ends. Output and comment are compared token by token, ignoring
-  whitespace: numbers match within `math.isclose(rel_tol=1e-2, abs_tol=1e-2)`,
-  the looser of 1 % and 0.01 (enough for a comment that rounds a float32),
-  integers (shapes, steps) exactly, any other token exactly, and `...` matches
-  any run of tokens. A colon after the complete output starts an
-  explanation: `# (3, 4): evaluations x seeds`.
+  call ends or, when that line has none, the run of comment-only lines
+  directly below the call, read as one comment (so a long output may wrap
+  over several lines). Keep a blank line between a `print` and a comment
+  below it that is not its output. Output and comment are compared token
+  by token, ignoring whitespace: numbers match within
+  `math.isclose(rel_tol=1e-2, abs_tol=1e-2)`, the looser of 1 % and 0.01
+  (enough for a comment that rounds a float32), integers (shapes, steps)
+  exactly, any other token exactly, and `...` matches any run of tokens. A
+  colon after the complete output starts an explanation:
+  `# (3, 4): evaluations x seeds`.
 - Results of training differ between machines, so claim a bound instead:
   `# > -3.0`, `# < 1.8` or `# between 4.5 and 5.0` must hold for every number
   the call prints (at least one), whatever the other text; an explanation may
@@ -37,6 +41,7 @@ import contextlib
 import dataclasses
 import functools
 import io
+import itertools
 import json
 import math
 import re
@@ -128,18 +133,26 @@ def instrument(block: Block) -> tuple[str, dict[int, str]]:
     """The block's code, padded to the page's line numbers, with every checked
     `print` recording what it prints; and the expected comments by line."""
     code = "\n" * block.line + block.code
-    comments = {
-        token.start[0]: token.string[1:].strip()
-        for token in tokenize.generate_tokens(io.StringIO(code).readline)
-        if token.type == tokenize.COMMENT and token.line[: token.start[1]].strip()
-    }
+    inline, alone = {}, {}  # comments after code, and comment-only lines
+    for token in tokenize.generate_tokens(io.StringIO(code).readline):
+        if token.type == tokenize.COMMENT:
+            after_code = bool(token.line[: token.start[1]].strip())
+            (inline if after_code else alone)[token.start[0]] = token.string[1:].strip()
+
+    def comment(end: int) -> str:
+        """The comment of a call ending on line `end`: its own or the lines below."""
+        if end in inline:
+            return inline[end]
+        below = itertools.takewhile(lambda n: n in alone, itertools.count(end + 1))
+        return " ".join(alone[n] for n in below)
+
     calls = [
         node
         for node in ast.walk(ast.parse(code))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
         and node.func.id == "print"
-        and node.end_lineno in comments
+        and comment(node.end_lineno)
     ]
     lines = [line.encode() for line in code.split("\n")]  # AST columns are bytes
     # Right to left, so that the columns of earlier calls on a line stay valid.
@@ -149,7 +162,7 @@ def instrument(block: Block) -> tuple[str, dict[int, str]]:
         lines[name.lineno - 1] = (
             line[: name.col_offset] + recorder + line[name.end_col_offset :]
         )
-    expected = {call.end_lineno: comments[call.end_lineno] for call in calls}
+    expected = {call.end_lineno: comment(call.end_lineno) for call in calls}
     return b"\n".join(lines).decode(), expected
 
 
@@ -302,6 +315,28 @@ def test_page(page: Path, tmp_path: Path) -> None:
 )
 def test_matches(actual: str, expected: str, ok: bool) -> None:
     assert matches(actual, expected) is ok
+
+
+def test_a_comment_below_a_print_is_its_output() -> None:
+    block = parse_page(
+        "```python\n"
+        "print('a', 1)  # a 1\n"
+        "print('b')\n"
+        "# b\n"
+        "print({'c': (1, 2),\n"
+        "       'd': 3})\n"
+        "# {'c': (1, 2),\n"
+        "#  'd': 3}: wrapped\n"
+        "print('e')\n"
+        "\n"
+        "# not output: a blank line comes first\n"
+        "x = 1\n"
+        "# not output: below no print\n"
+        "```\n"
+    )[0]
+    _, expected = instrument(block)
+    assert expected == {2: "a 1", 3: "b", 6: "{'c': (1, 2), 'd': 3}: wrapped"}
+    assert matches("{'c': (1, 2), 'd': 3}", expected[6])
 
 
 def test_skip_marker_needs_a_reason() -> None:
