@@ -1,4 +1,5 @@
-"""Runs the Python code of the documentation pages, `docs/*.md` and `docs/guides/*.md`.
+"""Runs the Python code of the documentation pages, `docs/*.md` and
+`docs/guides/*.md`, and of the repository's `README.md`.
 
 The ```python blocks of a page run in page order in one fresh interpreter (a
 subprocess per page) whose working directory is an empty temporary folder:
@@ -56,7 +57,8 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-PAGES = sorted(DOCS.glob("*.md")) + sorted(DOCS.glob("guides/*.md"))
+README = DOCS.parent / "README.md"
+PAGES = [README, *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("guides/*.md"))]
 # The slowest pages (30-70 s each on two shared CPU cores), run by `pytest -m slow`.
 SLOW_PAGES = {
     "guides/checkpointing.md",
@@ -211,7 +213,7 @@ def _output_matches(actual: str, expected: str) -> bool:
 
 
 def _name(page: Path) -> str:
-    return page.relative_to(DOCS).as_posix()
+    return "README.md" if page == README else page.relative_to(DOCS).as_posix()
 
 
 def _run(page: Path, sources: list[dict], tmp_path: Path) -> dict:
