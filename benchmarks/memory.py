@@ -111,10 +111,9 @@ def make_network(
             discrete=discrete,
             entropy_weight=entropy_weight,
         )
-    cell, _, path = kind.partition(":")
+    cell, states, path = _parse_kind(kind)
     if path not in ("", "scan", "parallel", "floor"):
         raise ValueError(f"{kind!r}: the replay path is 'scan', 'parallel' or 'floor'")
-    cell, _, states = cell.partition("@")
     network = eqx_ppo.nn.make_recurrent_actor_critic(
         env.observation_size,
         actions,
@@ -258,11 +257,18 @@ def _replay_program(
     return compiled, (params, minibatch), compile_s, memory, finite, float(values[0])
 
 
+def _parse_kind(kind: str) -> tuple[str, str, str]:
+    """`"cell@states:path"` as `(cell, states, path)`, absent parts `""`."""
+    cell_and_states, _, path = kind.partition(":")
+    cell, _, states = cell_and_states.partition("@")
+    return cell, states, path
+
+
 def _replay_path(kind: str) -> str:
     """How `kind` replays a sequence in the loss, on this backend."""
     import jax
 
-    cell, _, path = kind.partition(":")
+    cell, _, path = _parse_kind(kind)
     if cell == "mlp":
         return "one batched call (no carry)"
     if cell in ("lstm", "gru"):
@@ -279,10 +285,9 @@ def _label(kind: str) -> str:
     marked when it is the layer's default on this backend."""
     import jax
 
-    cell, _, path = kind.partition(":")
+    cell, states, path = _parse_kind(kind)
     if cell == "mlp":
         return "mlp (no memory, floor)"
-    cell, _, states = cell.partition("@")
     if states:
         cell = f"{cell}, {states} complex states"
     if not path:
