@@ -26,6 +26,7 @@ from ._common import (
     BASELINE_ENV,
     SYSTEM_NAMES,
     Spec,
+    cores,
     machine,
     publish,
     run_worker,
@@ -121,8 +122,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{spec['n_minibatches']} minibatches, {spec['n_epochs']} epochs, {net} "
         f"actor and critic, obs normalisation, {_steps(spec):,} "
         f"steps, {result['reps']} repetitions; median [min-max]. "
-        f"JAX {result['versions']['jax']} on {result['machine']['cpu_count']} CPU "
-        f"cores (load average at start {_load(result)}).",
+        f"JAX {result['versions']['jax']} on {cores(result['machine'])} "
+        f"(load average at start {_load(result)}).",
         "",
         "| system | steady env-steps/s | compile + first chunk overhead (s) "
         "| peak RSS (MiB) | final deterministic return |",

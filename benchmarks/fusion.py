@@ -24,7 +24,7 @@ which these chains are a part.
 
 import argparse
 
-from ._common import alternated_medians_us, machine, publish
+from ._common import alternated_medians_us, cores, machine, publish
 
 
 def _forms(obs_size: int, action_size: int, hidden: tuple[int, ...], key):
@@ -131,8 +131,7 @@ def markdown(result: dict) -> str:
         f"### Fused actor-critic: two {hidden} swish chains, forward + backward",
         "",
         f"{result['rows']} rows, median of {result['rounds']} alternated rounds, "
-        f"on {result['machine']['backend']} ({result['machine']['cpu_count']} CPU "
-        "cores).",
+        f"on {result['machine']['backend']} ({cores(result['machine'])}).",
         "",
         "| form | median (us) | speed vs separate | same gradients |",
         "|---|---|---|---|",

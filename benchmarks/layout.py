@@ -21,7 +21,7 @@ against its alternatives, alternated per round:
 
 import argparse
 
-from ._common import alternated_medians_us, eqx_env, machine, publish
+from ._common import alternated_medians_us, cores, eqx_env, machine, publish
 
 
 def gemm_forms(seeds: int, rows: int, width: int = 32) -> dict:
@@ -122,8 +122,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"### Multi-seed layouts: {result['seeds']} seeds",
         "",
-        f"Median of {result['rounds']} alternated rounds, {m['backend']} "
-        f"({m['cpu_count']} CPU cores).",
+        f"Median of {result['rounds']} alternated rounds, {m['backend']} ({cores(m)}).",
         "",
         f"One 32x32 swish Dense layer, forward + backward, {result['rows']} rows "
         "per seed:",

@@ -50,7 +50,7 @@ import statistics
 import time
 from typing import Any
 
-from ._common import machine, publish, versions
+from ._common import cores, machine, publish, versions
 
 CELLS = ("lstm", "gru", "lru", "mingru")
 NETWORKS = (*CELLS, "mlp")
@@ -403,7 +403,7 @@ def replay_markdown(result: dict[str, Any]) -> str:
         "each, as one `ppo_step` runs its epochs x minibatches), median of "
         f"{result['rounds']} rounds (cells alternated within each round); speed-up "
         f"= LSTM time / cell time, paired per round, median. JAX "
-        f"{m['jax']} on {m['cpu_count']} CPU cores ({m['backend']}{load_text}).",
+        f"{m['jax']} on {cores(m)} ({m['backend']}{load_text}).",
         "",
         "| network | " + " | ".join(f"T = {t}: ms (speed-up)" for t in lengths) + " |",
         "|---|" + "---|" * len(lengths),
@@ -674,7 +674,7 @@ def learning_markdown(result: dict[str, Any]) -> str:
         f"{s['eval_envs']} envs at {s['evals']} points. Each cell: final eval "
         "return median / worst over seeds; env steps (per seed) at which the "
         "median curve first reached 90% of the optimum. JAX "
-        f"{m['jax']} on {m['cpu_count']} CPU cores.",
+        f"{m['jax']} on {cores(m)}.",
         "",
         "| task (steps, optimum, memoryless) | " + " | ".join(kinds) + " |",
         "|---|" + "---|" * len(kinds),

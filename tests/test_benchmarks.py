@@ -351,3 +351,28 @@ def test_memory_replay_program_runs_each_update_on_new_parameters():
         jnp.array_equal(a, b)
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(final), strict=True)
     )
+
+
+def test_results_name_the_processor_and_its_vector_instructions():
+    from benchmarks._common import _processor, cores
+
+    intel = (
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n"
+        "flags\t\t: fpu sse4_2 avx avx2 avx512f amx_tile\n\n"
+        "processor\t: 1\nmodel name\t: ignored, the first core's name counts\n"
+    )
+    amd = "model name\t: AMD EPYC\nflags\t\t: fpu sse4_2 fma avx f16c\n"
+    assert _processor(intel) == {
+        "cpu": "Intel(R) Xeon(R) Platinum 8481C",
+        "vector_isa": "AVX-512",
+    }
+    assert _processor(amd) == {"cpu": "AMD EPYC", "vector_isa": "AVX"}
+    assert _processor("model name\t: Old\nflags\t: fpu sse2\n")["vector_isa"] == "SSE"
+    assert _processor("")["vector_isa"] == "unknown"
+    m = {"cpu_count": 2, **_processor(amd), "xla_flags": ""}
+    assert cores(m) == "2 cores of AMD EPYC (AVX)"
+    capped = {**m, "xla_flags": "--xla_cpu_max_isa=SSE4_2"}
+    assert (
+        cores(capped) == "2 cores of AMD EPYC (AVX; XLA_FLAGS=--xla_cpu_max_isa=SSE4_2)"
+    )
+    assert cores({"cpu_count": 2}) == "2 CPU cores"
