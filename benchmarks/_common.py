@@ -353,12 +353,15 @@ _VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
 
 
 def _processor(cpuinfo: str | None = None) -> dict[str, str]:
-    """The CPU's model name and its widest vector instructions (from Linux's
-    `/proc/cpuinfo`; elsewhere `platform.processor()` and "unknown").
+    """The CPU's model name, family and model numbers and its widest vector
+    instructions (from Linux's `/proc/cpuinfo`; elsewhere
+    `platform.processor()` and "unknown").
 
-    The ratios of the benchmarks move with them: the same commit's memory
-    replay measured MinGRU 3.43x the LSTM on an AVX-512 CPU and 2.35x on one
-    with AVX only, so every result names its processor.
+    The benchmarks' ratios move with the processor: the same code's memory
+    replay measured MinGRU 3.43x the LSTM on an Intel Xeon and 2.20x on an
+    AMD EPYC, both with AVX-512, so every result names its processor. A
+    virtual machine may name it only "AMD EPYC"; the family and model
+    numbers tell its generation.
     """
     if cpuinfo is None:
         try:
@@ -371,19 +374,24 @@ def _processor(cpuinfo: str | None = None) -> dict[str, str]:
         fields.setdefault(name.strip(), value.strip())
     flags = set(fields.get("flags", "").split())
     isa = next((label for flag, label in _VECTOR_ISAS if flag in flags), None)
+    family, model = fields.get("cpu family"), fields.get("model")
     return {
         "cpu": fields.get("model name") or platform.processor() or "unknown",
+        "cpu_id": f"family {family} model {model}" if family and model else "",
         "vector_isa": isa or ("SSE" if flags else "unknown"),
     }
 
 
 def cores(m: dict[str, Any]) -> str:
-    """`m` (a result's `machine`) in words: "2 cores of AMD EPYC (AVX)"; results
-    written before the processor was recorded say "2 CPU cores"."""
+    """`m` (a result's `machine`) in words: "2 cores of AMD EPYC (family 25
+    model 17, AVX-512)"; results written before the processor was recorded
+    say "2 CPU cores"."""
     if "cpu" not in m:
         return f"{m['cpu_count']} CPU cores"
-    capped = "; XLA_FLAGS=" + m["xla_flags"] if m.get("xla_flags") else ""
-    return f"{m['cpu_count']} cores of {m['cpu']} ({m['vector_isa']}{capped})"
+    details = [d for d in (m.get("cpu_id"), m["vector_isa"]) if d]
+    if m.get("xla_flags"):
+        details.append(f"XLA_FLAGS={m['xla_flags']}")
+    return f"{m['cpu_count']} cores of {m['cpu']} ({', '.join(details)})"
 
 
 def versions() -> dict[str, str]:

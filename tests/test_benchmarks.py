@@ -361,18 +361,30 @@ def test_results_name_the_processor_and_its_vector_instructions():
         "flags\t\t: fpu sse4_2 avx avx2 avx512f amx_tile\n\n"
         "processor\t: 1\nmodel name\t: ignored, the first core's name counts\n"
     )
-    amd = "model name\t: AMD EPYC\nflags\t\t: fpu sse4_2 fma avx f16c\n"
+    amd = (
+        "cpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu sse4_2 fma avx avx2\n"
+    )
     assert _processor(intel) == {
         "cpu": "Intel(R) Xeon(R) Platinum 8481C",
+        "cpu_id": "",
         "vector_isa": "AVX-512",
     }
-    assert _processor(amd) == {"cpu": "AMD EPYC", "vector_isa": "AVX"}
+    assert _processor(amd) == {
+        "cpu": "AMD EPYC",
+        "cpu_id": "family 25 model 17",
+        "vector_isa": "AVX2",
+    }
+    assert _processor("model name\t: Old\nflags\t: fpu avx\n")["vector_isa"] == "AVX"
     assert _processor("model name\t: Old\nflags\t: fpu sse2\n")["vector_isa"] == "SSE"
     assert _processor("")["vector_isa"] == "unknown"
     m = {"cpu_count": 2, **_processor(amd), "xla_flags": ""}
-    assert cores(m) == "2 cores of AMD EPYC (AVX)"
+    assert cores(m) == "2 cores of AMD EPYC (family 25 model 17, AVX2)"
     capped = {**m, "xla_flags": "--xla_cpu_max_isa=SSE4_2"}
-    assert (
-        cores(capped) == "2 cores of AMD EPYC (AVX; XLA_FLAGS=--xla_cpu_max_isa=SSE4_2)"
+    assert cores(capped) == (
+        "2 cores of AMD EPYC (family 25 model 17, AVX2, "
+        "XLA_FLAGS=--xla_cpu_max_isa=SSE4_2)"
     )
+    intel_m = {"cpu_count": 2, **_processor(intel), "xla_flags": ""}
+    assert cores(intel_m) == "2 cores of Intel(R) Xeon(R) Platinum 8481C (AVX-512)"
     assert cores({"cpu_count": 2}) == "2 CPU cores"
