@@ -7,10 +7,11 @@ import pytest
 from eqx_ppo.ppo import gae
 
 
-def test_annotations_are_checked_in_every_worker():
+def test_annotations_are_checked_under_xdist():
     """`--jaxtyping-packages` (in `addopts`) checks eqx_ppo's annotations at
-    call time, in each pytest-xdist worker too: a time axis of 3 against one
-    of 4 is the checker's error, not a broadcasting error from inside."""
+    call time in the pytest-xdist worker that runs this test (every worker
+    gets the same options): a time axis of 3 against one of 4 is the
+    checker's error, not a broadcasting error from inside."""
     three, four = jnp.zeros(3), jnp.zeros(4)
     flags = jnp.zeros(3, bool)
     with pytest.raises(jaxtyping.TypeCheckError, match="time"):
