@@ -95,8 +95,16 @@ def test_lstm_shortcut_is_the_lstm_cell():
 def test_bad_cell_and_hidden_size_name_the_argument():
     with pytest.raises(ValueError, match=r"cell='rnn'.*'lstm', 'gru', 'lru'"):
         nn.make_recurrent_actor_critic(3, 2, 4, cell="rnn", key=jax.random.key(0))
-    for size in (0, -3, 2.5, True):
-        with pytest.raises((ValueError, TypeError), match="hidden_size"):
+    # The factory names its own argument (not the first layer's, which would
+    # catch 0 too); a float is already refused by the annotation checker.
+    own = r"make_recurrent_actor_critic\(hidden_size=\.\.\.\) must be a positive int"
+    for size, error, match in (
+        (0, ValueError, own),
+        (-3, ValueError, own),
+        (True, TypeError, own),
+        (2.5, TypeError, "hidden_size"),
+    ):
+        with pytest.raises(error, match=match):
             nn.make_recurrent_actor_critic(3, 2, size, key=jax.random.key(0))
 
 

@@ -522,12 +522,7 @@ def make_recurrent_actor_critic(
             f"cell={cell!r} is not a recurrent cell; choose one of "
             f"{', '.join(repr(c) for c in _CELLS)}."
         )
-    if (
-        isinstance(hidden_size, bool)
-        or not isinstance(hidden_size, int)
-        or hidden_size < 1
-    ):
-        raise ValueError(f"hidden_size={hidden_size!r} must be a positive int.")
+    check_size("make_recurrent_actor_critic(hidden_size=...)", hidden_size)
     if lru_state_size is not None:
         if cell != "lru":
             raise ValueError(
