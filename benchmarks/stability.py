@@ -18,8 +18,6 @@ that checkout's defaults.
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +28,11 @@ import numpy as np
 
 import eqx_ppo
 from eqx_ppo import envs
+
+if __package__:
+    from ._common import cores, machine
+else:  # run as a file, e.g. against another checkout: `_common` is beside it
+    from _common import cores, machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -305,9 +308,13 @@ def summarise(case: Case, steps: np.ndarray, returns: np.ndarray, wall: float):
     }
 
 
-def markdown(rows: list[dict[str, Any]], label: str) -> str:
+def markdown(rows: list[dict[str, Any]], label: str, m: dict[str, Any]) -> str:
+    """The table of `rows`, headed by the machine `m` that trained them
+    (float results, and so the curves, differ from one CPU to another)."""
     lines = [
         f"## Stability over seeds ({label})",
+        "",
+        f"JAX {m['jax']} on {cores(m)}.",
         "",
         "| env | seeds | final median | p10 | worst | reached | collapsed "
         "| levels (reach / collapse) | optimum | wall s |",
@@ -342,9 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         "first_seed": args.seed,
         "override": args.override,
         "eqx_ppo": getattr(eqx_ppo, "__version__", "unknown"),
-        "jax": jax.__version__,
-        "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
+        "machine": machine(),
     }
     path = RESULTS / f"stability_{args.label}"
     RESULTS.mkdir(exist_ok=True)
@@ -365,8 +370,8 @@ def main(argv: list[str] | None = None) -> None:
         path.with_suffix(".json").write_text(
             json.dumps({"meta": meta, "rows": rows}, indent=1)
         )
-        path.with_suffix(".md").write_text(markdown(rows, args.label))
-    print(markdown(rows, args.label))
+        path.with_suffix(".md").write_text(markdown(rows, args.label, meta["machine"]))
+    print(markdown(rows, args.label, meta["machine"]))
 
 
 if __name__ == "__main__":

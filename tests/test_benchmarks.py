@@ -5,6 +5,10 @@ time; these tests cover the parts whose breakage would silently corrupt the
 published numbers, on hand-made inputs and on a real compiled program.
 """
 
+import pathlib
+import subprocess
+import sys
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -388,3 +392,37 @@ def test_results_name_the_processor_and_its_vector_instructions():
     intel_m = {"cpu_count": 2, **_processor(intel), "xla_flags": ""}
     assert cores(intel_m) == "2 cores of Intel(R) Xeon(R) Platinum 8481C (AVX-512)"
     assert cores({"cpu_count": 2}) == "2 CPU cores"
+
+
+def test_stability_results_name_the_machine_and_run_as_a_file():
+    from benchmarks._common import _processor
+    from benchmarks.stability import markdown
+
+    amd = "cpu family\t: 23\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t: avx2\n"
+    m = {"jax": "0.10.2", "cpu_count": 2, **_processor(amd), "xla_flags": ""}
+    row = {
+        "env": "cartpole",
+        "seeds": 16,
+        "median": 500.0,
+        "p10": 480.0,
+        "worst": 412.0,
+        "reached": 16,
+        "collapsed": 0,
+        "reached_level": 450.0,
+        "collapsed_level": 200.0,
+        "optimum": 500,
+        "wall_s": 61.2,
+    }
+    table = markdown([row], "after", m).splitlines()
+    assert table[2] == "JAX 0.10.2 on 2 cores of AMD EPYC (family 23 model 1, AVX2)."
+    assert table[-1] == (
+        "| cartpole | 16 | 500 | 480 | 412 | 16/16 | 0/16 | 450 / 200 | 500 | 61 |"
+    )
+    # The docstring's way to measure another checkout's defaults: the script
+    # run as a file, which finds `_common` beside it.
+    script = pathlib.Path(__file__).parent.parent / "benchmarks" / "stability.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert "--override" in run.stdout
