@@ -157,6 +157,7 @@ ckpt.save_checkpoint(out, result.training_state, config=config, step=result.tota
 """
 
 
+@pytest.mark.slow  # 20-40 s; in-process resume is tested by the default suite
 def test_resume_in_new_process_is_bit_identical(tmp_path):
     env, networks, config = ppo_setup()
     logs = []

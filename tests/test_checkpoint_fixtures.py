@@ -11,6 +11,7 @@ import sys
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import pytest
 
 import eqx_ppo
 from eqx_ppo.distill import init_distillation_state, train_distillation
@@ -48,6 +49,7 @@ def test_release_ppo_checkpoint_loads_and_resumes():
     assert _finite(result.training_state)
 
 
+@pytest.mark.slow  # 12-20 s; the PPO fixture above resumes in the default suite
 def test_release_distillation_checkpoint_loads_and_resumes():
     path = FIXTURES / "checkpoints" / "distill"
     header = eqx_ppo.read_header(eqx_ppo.latest_checkpoint(path))
@@ -69,6 +71,7 @@ def test_release_distillation_checkpoint_loads_and_resumes():
     assert int(result.training_state.steps) == 96
 
 
+@pytest.mark.slow  # 15-20 s; the test below reads the same file without training
 def test_format2_checkpoint_reads_static_coefficients_as_leaves():
     import make_format2_checkpoint as made2
 

@@ -68,6 +68,7 @@ def _assert_learned(finals, *, median, low, quantile=25):
     assert m > median and q > low, f"median {m:.3g}, p{quantile} {q:.3g}: {finals}"
 
 
+@pytest.mark.slow  # 30-40 s; the README's example is the default suite's learning test
 def test_move_to_center_learns():
     env = envs.make("move_to_center")
     finals = _finals(

@@ -13,6 +13,7 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 
 from eqx_ppo import nn
 
@@ -39,9 +40,10 @@ _HANG_REPRO = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 15-30 s; the jaxpr test below guards the same fix quickly
 def test_multi_seed_lstm_init_finishes():
-    # ~15 s normally; the deadlock never ended. A subprocess, so a regression
-    # fails this test instead of hanging the suite.
+    # The deadlock never ended. A subprocess, so a regression fails this test
+    # instead of hanging the suite.
     done = subprocess.run(
         [sys.executable, "-c", _HANG_REPRO],
         capture_output=True,

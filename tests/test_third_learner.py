@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import eqx_ppo
 from eqx_ppo.ppo import replay
@@ -102,6 +103,7 @@ def test_a_third_learner_trains_on_the_shared_driver():
     assert "losses/value/mean" in first.final_metrics
 
 
+@pytest.mark.slow  # 12-25 s; keeps the default suite under 15 min
 def test_a_third_learners_checkpoint_resumes(tmp_path):
     run = config(total_steps=512, n_seeds=1)
     eqx_ppo.train(
