@@ -1,6 +1,40 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import jax
 import pytest
 
+
+def _use_own_compilation_cache():
+    """Keep this process's compiled programs on disk for the whole session.
+
+    `_free_compiled_programs` drops JAX's in-memory caches after every test
+    module, and each docs page runs in a fresh interpreter, so without this
+    the same training programs are compiled again and again (on a 2-core
+    Zen 1 the default suite takes 12 % less time). Each process gets a
+    folder of its own, removed at exit: JAX writes entries without a lock, so
+    two pytest-xdist workers sharing one could read a half-written entry,
+    and the key does not name the CPU's instruction set, so a folder must
+    never travel between machines. Docs interpreters inherit their worker's
+    folder through the environment and run while the worker waits.
+    """
+    path = tempfile.mkdtemp(prefix=f"eqx_ppo-tests-jax-cache-{os.getpid()}-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=path,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    )
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+# Before anything compiles: JAX decides once, at its first compilation,
+# whether a persistent cache is in use.
+_use_own_compilation_cache()
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 

@@ -82,12 +82,17 @@ def assert_metrics_close(a, b):
 """
 
 
+def _env(devices: int) -> dict[str, str]:
+    """This environment with `devices` CPU devices and without the suite's
+    compilation cache (`conftest.py`): the two processes of one distributed
+    run would read entries while the other writes them."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    return {**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+
+
 def run(script: str, *, devices: int = 4, timeout: int = 600, args=()) -> str:
     """Run `script` after the prelude in a fresh Python with `devices` CPU devices."""
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    }
+    env = _env(devices)
     proc = subprocess.run(
         [sys.executable, "-c", _PRELUDE + textwrap.dedent(script), *args],
         env=env,
@@ -368,7 +373,7 @@ def _free_port() -> int:
 def test_two_processes_train_like_one(tmp_path):
     """`jax.distributed` on CPU: 2 processes x 2 devices equal 1 process x 4."""
     port = str(_free_port())
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = _env(2)
     procs = [
         subprocess.Popen(
             [
