@@ -28,7 +28,8 @@ def _run_counting_cache_hits(fn, x):
     hits = []
 
     def listener(event, **kwargs):
-        hits.extend([event] if event == "/jax/compilation_cache/cache_hits" else [])
+        if event == "/jax/compilation_cache/cache_hits":
+            hits.append(event)
 
     jax.monitoring.register_event_listener(listener)
     try:
