@@ -1,5 +1,6 @@
 """Checkpoints: exact resume (in a new process), atomic writes, clear errors."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -568,3 +569,157 @@ def test_checkpoint_folders_get_the_usual_permissions(saved):
     mask = os.umask(0)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def test_replacing_a_step_that_fails_keeps_the_old_copy(saved, tmp_path, monkeypatch):
+    path, state = copy(saved, tmp_path)
+    directory = path.parent
+    env, networks, _ = small_setup()
+    real_replace = os.replace
+
+    def no_room(src, dst):
+        if pathlib.Path(src).name.startswith(".tmp-"):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt._files.os, "replace", no_room)
+    with pytest.raises(ckpt.CheckpointError, match="earlier checkpoint.*is intact"):
+        ckpt.save_checkpoint(
+            directory, state, config=None, step=7, metadata={"new": True}
+        )
+    monkeypatch.undo()
+    assert sorted(os.listdir(directory)) == [path.name]
+    assert ckpt.read_header(directory).metadata == {"hidden": [4]}
+    assert_identical(ckpt.load_checkpoint(directory, env=env, networks=networks), state)
+
+
+_KILL_WHILE_REPLACING_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import eqx_ppo.checkpoint as ckpt
+from test_checkpoint import small_setup
+
+directory, kill_at = sys.argv[1], sys.argv[2]
+env, networks, config = small_setup()
+state = ckpt.load_checkpoint(directory, env=env, networks=networks)
+if kill_at == "between renames":  # the old copy is set aside, the new one not placed
+    real_replace = os.replace
+    def replace(src, dst):
+        if os.path.basename(src).startswith(".tmp-"):
+            os._exit(3)
+        real_replace(src, dst)
+    ckpt._files.os.replace = replace
+else:  # while the old copy is being deleted, the new one in place
+    ckpt._files.shutil.rmtree = lambda path, **kwargs: os._exit(3)
+ckpt.save_checkpoint(directory, state, config=config, step=7, metadata={{"new": True}})
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["between renames", "while deleting"])
+def test_process_killed_while_replacing_a_step_loses_neither_copy(
+    saved, tmp_path, kill_at
+):
+    path, state = copy(saved, tmp_path)
+    directory = path.parent
+    env, networks, config = small_setup()
+    script = _KILL_WHILE_REPLACING_SCRIPT.format(tests=str(TESTS))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(directory), kill_at],
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 3
+    leftovers = sorted(p.name for p in directory.iterdir() if p.name != path.name)
+    assert [name.split("-")[0] for name in leftovers] == (
+        [".replaced", ".tmp"] if kill_at == "between renames" else [".replaced"]
+    )
+    # The next save puts the set-aside copy back if its successor never
+    # arrived, and removes the leftovers.
+    ckpt.save_checkpoint(directory, state, config=config, step=9)
+    assert sorted(os.listdir(directory)) == [path.name, "step_000000009"]
+    expected = {"hidden": [4]} if kill_at == "between renames" else {"new": True}
+    assert ckpt.read_header(path).metadata == expected
+    assert_identical(ckpt.load_checkpoint(path, env=env, networks=networks), state)
+
+
+def test_retention_never_deletes_the_new_checkpoint_or_later_ones(saved, tmp_path):
+    _, state = saved
+    ckpt.save_checkpoint(tmp_path, state, config=None, step=1000, keep=1)
+    for step in (500, 600):
+        with pytest.warns(UserWarning, match=r"after step \d+: \['step_000001000'\]"):
+            path = ckpt.save_checkpoint(tmp_path, state, config=None, step=step, keep=1)
+        assert path.is_dir()
+        assert sorted(os.listdir(tmp_path)) == [path.name, "step_000001000"]
+
+
+def test_a_folder_that_cannot_be_written_gives_a_checkpoint_error(saved, tmp_path):
+    _, state = saved
+    (tmp_path / "file").write_text("not a folder")
+    for directory in (tmp_path / "file", tmp_path / "file" / "below"):
+        with pytest.raises(
+            ckpt.CheckpointError, match=r"Saving .*step_000000001 failed"
+        ):
+            ckpt.save_checkpoint(directory, state, config=None, step=1)
+    assert os.listdir(tmp_path) == ["file"]
+
+
+@pytest.mark.parametrize("delete_before", ["header", "state"])
+def test_a_checkpoint_deleted_while_loading_says_so(
+    saved, tmp_path, monkeypatch, delete_before
+):
+    path, _ = copy(saved, tmp_path)
+    env, networks, _ = small_setup()
+    patched = {"header": "resolve", "state": "check_structure"}[delete_before]
+    original = getattr(ckpt, patched)
+
+    def then_delete(*args):
+        out = original(*args)
+        shutil.rmtree(path)  # a running save's `keep=` rotated it away
+        return out
+
+    monkeypatch.setattr(ckpt, patched, then_delete)
+    with pytest.raises(ckpt.CheckpointError, match="deleted while it was being read"):
+        ckpt.load_checkpoint(path.parent, env=env, networks=networks)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"keep": 0}, ValueError, r"save_checkpoint\(keep=0\): .* an int >= 1"),
+        # Wrong types: under test the annotations' checker may answer first.
+        ({"keep": 2.5}, TypeError, r"keep"),
+        ({"keep": "3"}, TypeError, r"keep"),
+        ({"keep": True}, TypeError, r"save_checkpoint\(keep=True\): .* an int"),
+        ({"step": -1}, ValueError, r"save_checkpoint\(step=-1\): .* >= 0"),
+        ({"step": 2.7}, TypeError, r"step"),
+        (
+            {"metadata": {"n": np.int64(3)}},
+            TypeError,
+            r"save_checkpoint\(metadata=...\): .*int64.*int\(x\)",
+        ),
+    ],
+)
+def test_bad_save_arguments_are_refused_before_writing(
+    saved, tmp_path, kwargs, error, message
+):
+    _, state = saved
+    with pytest.raises(error, match=message):
+        ckpt.save_checkpoint(tmp_path, state, **{"config": None, "step": 1, **kwargs})
+    assert os.listdir(tmp_path) == []
+    if "keep" in kwargs:
+        message = message.replace("save_checkpoint", "make_checkpoint_fn")
+        with pytest.raises(error, match=message):
+            ckpt.make_checkpoint_fn(tmp_path, None, keep=kwargs["keep"])
+
+
+def test_a_config_dict_with_a_type_key_is_refused_at_save(saved, tmp_path):
+    _, state = saved
+    _, _, config = small_setup()
+    config = dataclasses.replace(
+        config, video=VideoConfig(render_kwargs={"_type": "rgb"})
+    )
+    with pytest.raises(
+        TypeError, match=r"TrainConfig.video.render_kwargs has a key \"_type\""
+    ):
+        ckpt.save_checkpoint(tmp_path, state, config=config, step=1)
+    assert os.listdir(tmp_path) == []

@@ -26,8 +26,9 @@ any device count; states larger than one host's memory would need Orbax.
 **Atomic writes.** A checkpoint is written into a temporary folder next to
 the final one and renamed into place when complete, so a process killed
 mid-save leaves every earlier checkpoint whole; [`latest_checkpoint`][] only
-sees complete ones, and leftovers are removed by the next save. Retention
-(`keep`) deletes old checkpoints only after the new one is in place. One
+sees complete ones, and leftovers are removed by the next save. A replaced
+step and retention's (`keep`) old checkpoints are deleted only after the new
+one is in place, and retention never deletes steps after the one saved. One
 writer per directory.
 
 **Loading** needs a *template* with the state's structure: pass
@@ -66,12 +67,14 @@ constant learning rate).
 
 import dataclasses
 import json
+import numbers
 import os
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jax
 
 from ._codec import (
     CheckpointError as CheckpointError,
@@ -87,6 +90,7 @@ from ._files import (
     checked_state_file,
     latest_checkpoint as latest_checkpoint,
     list_checkpoints as list_checkpoints,
+    removed_while_reading,
     resolve,
     write_atomically,
     write_header,
@@ -161,27 +165,62 @@ def save_checkpoint(
     - `metadata`: extra JSON-serialisable information (e.g. how to rebuild the
       network), returned by [`read_header`][].
 
-    A checkpoint already saved at `step` is replaced.
+    A checkpoint already saved at `step` is replaced; it is deleted only
+    once the new one is in place. Checkpoints at later steps than `step` are
+    never deleted (they belong to another run: a warning says so, since
+    loading the folder picks the highest step).
     """
-    if keep is not None and keep < 1:
-        raise ValueError(f"save_checkpoint(keep={keep}): must be >= 1 or None.")
+    _check_keep("save_checkpoint", keep)
+    step = _check_step(step)
     leaves, treedef = saved_structure(state)
     header = {
         "format_version": FORMAT_VERSION,
         "library_version": _library_version(),
-        "step": int(step),
+        "step": step,
         "config": None if config is None else config_to_dict(config),
         "metadata": {} if metadata is None else metadata,
         "leaves": leaves,
         "treedef": treedef,
     }
-    json.dumps(header["metadata"])  # fail before writing anything
+    try:
+        json.dumps(header["metadata"])  # fail before writing anything
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"save_checkpoint(metadata=...): {e}. Use plain Python values (int, "
+            "float, str, bool, None, lists and str-keyed dicts): e.g. `int(x)` "
+            "for a NumPy or JAX scalar."
+        ) from None
 
     def fill(folder: pathlib.Path) -> None:
         size, sha256 = write_state(folder, lambda f: serialise(f, state))
         write_header(folder, {**header, "state_bytes": size, "state_sha256": sha256})
 
     return write_atomically(pathlib.Path(directory), step, fill, keep=keep)
+
+
+def _check_keep(where: str, keep: Any) -> None:
+    if keep is None:
+        return
+    message = (
+        f"{where}(keep={keep!r}): the number of checkpoints to keep must be an "
+        "int >= 1, or None to keep all."
+    )
+    if isinstance(keep, bool) or not isinstance(keep, numbers.Integral):
+        raise TypeError(message)
+    if keep < 1:
+        raise ValueError(message)
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral | jax.Array):
+        raise TypeError(
+            f"save_checkpoint(step={step!r}): the env step must be an int; "
+            "pass `int(state.steps)`."
+        )
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"save_checkpoint(step={step}): the env step must be >= 0.")
+    return step
 
 
 def make_checkpoint_fn(
@@ -199,6 +238,8 @@ def make_checkpoint_fn(
                       checkpoint_fn=eqx_ppo.make_checkpoint_fn("run/ckpt", config))
     ```
     """
+
+    _check_keep("make_checkpoint_fn", keep)
 
     def checkpoint_fn(state: Any, step: int) -> None:
         save_checkpoint(
@@ -229,6 +270,8 @@ def read_header(path: str | os.PathLike) -> CheckpointHeader:
             "state_sha256": str(raw["state_sha256"]),
         }
         saved_config = raw["config"]
+    except FileNotFoundError:
+        raise removed_while_reading(path) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"{path / HEADER} is unreadable or incomplete ({type(e).__name__}: "

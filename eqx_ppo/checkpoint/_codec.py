@@ -104,6 +104,11 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, tuple | list):
         return [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        if "_type" in value:
+            raise TypeError(
+                f'config_to_dict: {where} has a key "_type", which the header '
+                "reserves to tag configs; rename the key."
+            )
         return {k: _encode(v, f"{where}[{k!r}]") for k, v in value.items()}
     raise TypeError(
         f"config_to_dict: {where} = {value!r} ({type(value).__name__}) is not "

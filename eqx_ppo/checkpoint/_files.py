@@ -3,7 +3,10 @@
 A checkpoint is a folder `step_<step, 9 digits>/`, written into a temporary
 sibling and renamed into place when complete; `header.json` is written last,
 so a folder with a header is complete. Deletions rename before removing, so
-a crash never leaves a half-deleted folder that looks like a checkpoint.
+a crash never leaves a half-deleted folder that looks like a checkpoint. A
+checkpoint being replaced is set aside, not deleted, until its successor is
+in place; if a crash comes between the two renames, the next save puts it
+back.
 """
 
 import hashlib
@@ -12,6 +15,8 @@ import os
 import pathlib
 import shutil
 import tempfile
+import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -22,6 +27,7 @@ HEADER = "header.json"
 PREFIX = "step_"
 _TMP = ".tmp-"
 _TRASH = ".trash-"
+_REPLACED = ".replaced-"
 
 
 class _HashingWriter:
@@ -99,16 +105,52 @@ def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
     return found[-1] if found else None
 
 
+def _aside(path: pathlib.Path, prefix: str) -> pathlib.Path:
+    """Rename `path` to a hidden sibling no other call uses; return it."""
+    aside = path.with_name(f"{prefix}{path.name}-{uuid.uuid4().hex}")
+    os.replace(path, aside)
+    return aside
+
+
 def _remove(path: pathlib.Path) -> None:
-    trash = path.with_name(f"{_TRASH}{path.name}-{os.getpid()}")
-    os.replace(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(_aside(path, _TRASH), ignore_errors=True)
+
+
+def _is_intact(folder: pathlib.Path) -> bool:
+    try:
+        header = json.loads((folder / HEADER).read_text())
+        checked_state_file(folder, header["state_bytes"], header["state_sha256"])
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+        return False
+    return True
 
 
 def _remove_leftovers(directory: pathlib.Path) -> None:
+    """Delete what interrupted saves left, restoring a replaced checkpoint
+    whose successor never arrived."""
     for p in directory.iterdir():
-        if p.name.startswith((_TMP, _TRASH)) and p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
+        if not (p.name.startswith((_TMP, _TRASH, _REPLACED)) and p.is_dir()):
+            continue
+        if p.name.startswith(_REPLACED):
+            original = directory / p.name[len(_REPLACED) :].rsplit("-", 1)[0]
+            if not original.exists() and _is_intact(p):
+                os.replace(p, original)
+                continue
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _check_retention(directory: pathlib.Path, step: int) -> list[pathlib.Path]:
+    """The checkpoints up to `step`, oldest first; warns of any after it."""
+    found = list_checkpoints(directory)
+    later = [p.name for p in found if step_of(p) > step]
+    if later:
+        warnings.warn(
+            f"{directory} holds checkpoints after step {step}: {later}. Loading "
+            "the folder (`latest_checkpoint`, `--resume`) picks the highest step, "
+            "not this one; save each run to its own folder, or delete them.",
+            stacklevel=4,
+        )
+    return [p for p in found if step_of(p) <= step]
 
 
 def write_atomically(
@@ -120,36 +162,49 @@ def write_atomically(
 ) -> pathlib.Path:
     """Write `directory/step_<step>/` with `fill(tmp_folder)`, atomically.
 
-    The folder replaces any checkpoint at the same step; with `keep`, only
-    the newest `keep` checkpoints remain, deleted after the new one is in
-    place. Leftovers of interrupted saves are removed.
+    The folder replaces any checkpoint at the same step, which is deleted only
+    once the new one is in place. With `keep`, of the checkpoints up to `step`
+    only the newest `keep` remain (never the new one's successors: a folder
+    with later steps holds another run, which is warned about, not deleted).
+    Leftovers of interrupted saves are removed.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"{PREFIX}{int(step):09d}"
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=directory))
-    # mkdtemp makes a private (0700) folder; a checkpoint gets the usual
-    # permissions, as `mkdir` would give it under the current umask.
-    os.chmod(tmp, 0o777 & ~_umask())
+    final = directory / f"{PREFIX}{step:09d}"
+    tmp = replaced = None
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(
+            tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=directory)
+        )
+        # mkdtemp makes a private (0700) folder; a checkpoint gets the usual
+        # permissions, as `mkdir` would give it under the current umask.
+        os.chmod(tmp, 0o777 & ~_umask())
         fill(tmp)
         _fsync_dir(tmp)
         if final.exists():
-            _remove(final)
-        os.replace(tmp, final)
+            replaced = _aside(final, _REPLACED)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            if replaced is not None:
+                os.replace(replaced, final)
+            raise
         _fsync_dir(directory)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
             f"Saving {final} failed ({type(e).__name__}: {e}); the half-written "
             f"copy was removed and every earlier checkpoint in {directory} is "
             "intact. Free space or fix the folder, then save again."
         ) from e
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     _remove_leftovers(directory)
+    up_to_step = _check_retention(directory, step)
     if keep is not None:
-        for old in list_checkpoints(directory)[:-keep]:
+        for old in up_to_step[:-keep]:
             _remove(old)
     return final
 
@@ -173,21 +228,35 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
     return latest
 
 
+def removed_while_reading(folder: pathlib.Path) -> CheckpointError:
+    """The error for a checkpoint deleted by retention as it was read."""
+    return CheckpointError(
+        f"{folder} was deleted while it was being read: a save with `keep=` "
+        "removes older checkpoints as training goes on. Load again; the "
+        "folder's latest checkpoint is newer."
+    )
+
+
 def checked_state_file(folder: pathlib.Path, size: int, sha256: str) -> pathlib.Path:
     """`folder/state.eqx`, after checking its size and checksum."""
     file = folder / STATE
+    if not folder.is_dir():
+        raise removed_while_reading(folder)
     if not file.is_file():
         raise CheckpointError(f"{folder} has no {STATE}; it is incomplete.")
-    actual = file.stat().st_size
-    if actual != size:
-        raise CheckpointError(
-            f"{file} has {actual} bytes, the header records {size}: "
-            "the file is truncated or was overwritten."
-        )
     digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        actual = file.stat().st_size
+        if actual != size:
+            raise CheckpointError(
+                f"{file} has {actual} bytes, the header records {size}: "
+                "the file is truncated or was overwritten."
+            )
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        raise removed_while_reading(folder) from None
     if digest.hexdigest() != sha256:
         raise CheckpointError(
             f"{file} does not match the checksum in its header: it is corrupted."

@@ -7,6 +7,7 @@ shape and dtype and the pytree definition, so a load can say what differs.
 """
 
 import os
+import pathlib
 import re
 from typing import Any
 
@@ -14,6 +15,7 @@ import equinox as eqx
 import jax
 
 from ._codec import CheckpointError
+from ._files import removed_while_reading
 
 
 def _is_key(x: Any) -> bool:
@@ -117,12 +119,14 @@ def _load_target(x: Any, spec: dict[str, Any]) -> Any:
     return x
 
 
-def deserialise(file: Any, template: Any, saved_leaves: tuple) -> Any:
+def deserialise(file: pathlib.Path, template: Any, saved_leaves: tuple) -> Any:
     """The state in `file`, shaped like `template` (checked beforehand)."""
     specs = jax.tree.unflatten(jax.tree.structure(template), saved_leaves)
     target = jax.tree.map(_load_target, template, specs)
     try:
         loaded = eqx.tree_deserialise_leaves(file, target)
+    except FileNotFoundError:
+        raise removed_while_reading(file.parent) from None
     except Exception as e:
         raise CheckpointError(
             f"{file} could not be read ({type(e).__name__}: {e}); it is corrupted."
