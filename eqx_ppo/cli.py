@@ -70,11 +70,17 @@ def _env_kwargs(text: str) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eqx-ppo", description=__doc__.split("\n")[0])
+    # No abbreviated flags: `--resume` checks the flags given by their names.
+    parser = argparse.ArgumentParser(
+        prog="eqx-ppo", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser(
-        "train", help="train a policy and write a run folder", formatter_class=_Defaults
+        "train",
+        help="train a policy and write a run folder",
+        formatter_class=_Defaults,
+        allow_abbrev=False,
     )
     train.add_argument(
         "--env",
@@ -159,7 +165,9 @@ def _parser() -> argparse.ArgumentParser:
         ("eval", "evaluate a checkpoint"),
         ("record", "record activations of a checkpoint"),
     ):
-        p = sub.add_parser(name, help=text, formatter_class=_Defaults)
+        p = sub.add_parser(
+            name, help=text, formatter_class=_Defaults, allow_abbrev=False
+        )
         p.add_argument(
             "--checkpoint",
             type=pathlib.Path,
@@ -256,7 +264,12 @@ def _episode_length(env: Any) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .checkpoint import latest_checkpoint, load_checkpoint, make_checkpoint_fn
+    from .checkpoint import (
+        CheckpointError,
+        latest_checkpoint,
+        load_checkpoint,
+        make_checkpoint_fn,
+    )
 
     if args.resume is not None:
         out = args.resume
@@ -271,7 +284,8 @@ def _train(args: argparse.Namespace) -> int:
         if latest_checkpoint(out / "checkpoints") is None:
             raise CLIError(f"--resume {out}: the run has no checkpoint to resume from.")
         run = json.loads((out / "run.json").read_text())
-        run["steps"] = max(run["steps"], args.steps)
+        if "--steps" in args.given:
+            run["steps"] = max(run["steps"], args.steps)
     else:
         if "--cell" in args.given and not args.recurrent:
             raise CLIError(
@@ -308,8 +322,6 @@ def _train(args: argparse.Namespace) -> int:
     env = _make_env(run)
     # Built before anything is written: bad flags leave no folder behind.
     config = train_config(run, progress=not args.no_progress)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps(run, indent=2))
 
     def networks(key):
         return build_network(run, env, key)
@@ -317,10 +329,25 @@ def _train(args: argparse.Namespace) -> int:
     initial_state = None
     if args.resume is not None:
         latest = latest_checkpoint(out / "checkpoints")
-        initial_state = load_checkpoint(
-            latest, env=env, networks=networks, config=config
-        )
+        try:
+            initial_state = load_checkpoint(
+                latest, env=env, networks=networks, config=config
+            )
+        except CheckpointError as e:
+            previous = _previous_checkpoint(latest)
+            raise CLIError(
+                f"--resume {out}: {e}"
+                + (
+                    f"\nTo resume from {previous.name}, move {latest} out of "
+                    f"{latest.parent}."
+                    if previous
+                    else ""
+                )
+            ) from e
         print(f"resuming from {latest}")
+    # Written once the checkpoint loaded: a failed resume changes nothing.
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(run, indent=2))
     resuming = args.resume is not None
     metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
     print(
@@ -393,8 +420,17 @@ def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:
     plt.close(fig)
 
 
+def _previous_checkpoint(checkpoint: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint saved before `checkpoint` in its folder, if any."""
+    from .checkpoint import list_checkpoints
+
+    earlier = list_checkpoints(checkpoint.parent)
+    earlier = earlier[: earlier.index(checkpoint)] if checkpoint in earlier else []
+    return earlier[-1] if earlier else None
+
+
 def _load_for_analysis(path: pathlib.Path, seed: int):
-    from .checkpoint import latest_checkpoint, load_checkpoint
+    from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 
     run_dir = path if (path / "run.json").exists() else path.parent.parent
     if not (run_dir / "run.json").is_file():
@@ -417,12 +453,19 @@ def _load_for_analysis(path: pathlib.Path, seed: int):
         raise CLIError(f"--checkpoint {path}: the run has no checkpoint yet.")
     env = _make_env(run)
     config = train_config(run, progress=False)
-    state = load_checkpoint(
-        checkpoint,
-        env=env,
-        networks=lambda k: build_network(run, env, k),
-        config=config,
-    )
+    try:
+        state = load_checkpoint(
+            checkpoint,
+            env=env,
+            networks=lambda k: build_network(run, env, k),
+            config=config,
+        )
+    except CheckpointError as e:
+        previous = _previous_checkpoint(checkpoint)
+        raise CLIError(
+            f"--checkpoint {path}: {e}"
+            + (f"\nThe one before it: --checkpoint {previous}" if previous else "")
+        ) from e
     network = state.network
     if run["seeds"] > 1:
         network = select_seed(network, seed)

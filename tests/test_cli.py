@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -68,6 +69,35 @@ def test_resume_continues_and_extends_history(run_dir, capsys):
         == 0
     )
     assert "already trained" in capsys.readouterr().out
+    # Without --steps the run keeps its own total, not the flag's default.
+    assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert "already trained" in capsys.readouterr().out
+    assert json.loads((run_dir / "run.json").read_text())["steps"] == 6000
+
+
+def test_a_corrupted_checkpoint_gets_one_line_naming_the_one_before(
+    run_dir, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    *_, previous, latest = sorted((run / "checkpoints").iterdir())
+    state = latest / "state.eqx"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    before = (run / "run.json").read_text()
+    assert main(["train", "--resume", str(run), "--steps", "9000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eqx-ppo train: --resume {run}: ")
+    assert "does not match the checksum in its header: it is corrupted." in err
+    assert err.endswith(
+        f"To resume from {previous.name}, move {latest} out of {latest.parent}.\n"
+    )
+    assert (run / "run.json").read_text() == before
+    assert main(["eval", "--checkpoint", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eqx-ppo eval: --checkpoint {run}: ")
+    assert err.endswith(f"The one before it: --checkpoint {previous}\n")
 
 
 def test_resume_refuses_flags_it_cannot_honour(run_dir, capsys):
@@ -182,6 +212,8 @@ def test_eval_and_record(run_dir, capsys):
 def test_bad_flags_are_rejected():
     with pytest.raises(SystemExit):
         main(["train", "--hidden", "8,-1"])
+    with pytest.raises(SystemExit):  # no abbreviations: --resume checks names
+        main(["train", "--st", "640"])
     with pytest.raises(ValueError, match="unknown env"):
         main(["train", "--env", "nope", "--no-progress"])
 
