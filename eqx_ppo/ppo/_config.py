@@ -205,8 +205,9 @@ class PPOConfig(LearnerConfig):
     - `lr_schedule`: `"constant"`, `"linear"` (to 0 at `total_steps`) or
       `"cosine"` (to 0 at `total_steps`).
     - `truncation`: `"drop"` zeroes the advantage of a time-limit step
-      (nnx-ppo and Brax behaviour); `"bootstrap"` bootstraps it from the value
-      of the terminal observation.
+      before normalisation (nnx-ppo and Brax behaviour: the critic does not
+      learn from the step, the actor sees it as a zero advantage);
+      `"bootstrap"` bootstraps it from the value of the terminal observation.
     - `reset_mode`: `"cached"` (default) resets finished envs to start states
       drawn once per iteration (one `env.reset` per env per iteration);
       `"fresh"` calls `env.reset` with a new key at every step (costly for
