@@ -48,10 +48,14 @@ def _require_key(sampler: str, key: PRNGKeyArray | None, inference: bool) -> Non
 
 
 def _check_std_params(sampler: str, min_std: float, std_scale: float) -> None:
-    if min_std < 0:
-        raise ValueError(f"`{sampler}(min_std={min_std})`: min_std must be >= 0.")
-    if std_scale <= 0:
-        raise ValueError(f"`{sampler}(std_scale={std_scale})`: std_scale must be > 0.")
+    if not 0 <= min_std < math.inf:
+        raise ValueError(
+            f"`{sampler}(min_std={min_std})`: min_std must be finite and >= 0."
+        )
+    if not 0 < std_scale < math.inf:
+        raise ValueError(
+            f"`{sampler}(std_scale={std_scale})`: std_scale must be finite and > 0."
+        )
 
 
 def _mean_and_std(
@@ -189,9 +193,10 @@ class NormalTanhSampler(_GaussianSampler):
 
     - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
       leaf, so a sweep over it neither recompiles nor trains it.
-    - `min_std`: floor added to the softplus std, `>= 0`. The default 1e-3 is
-      nnx-ppo's; the factories (`make_mlp_actor_critic`, ...) pass 0.1.
-    - `std_scale`: multiplier applied after the floor, `> 0`.
+    - `min_std`: floor added to the softplus std, finite and `>= 0`. The
+      default 1e-3 is nnx-ppo's; the factories (`make_mlp_actor_critic`, ...)
+      pass 0.1.
+    - `std_scale`: multiplier applied after the floor, finite and `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 

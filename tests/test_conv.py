@@ -234,3 +234,12 @@ def test_wrong_input_at_call_time(getkey):
         jax.jit(lambda x: conv((), x).output)(jnp.zeros((64, 64)))
     with pytest.raises(ValueError, match="smaller than the"):
         conv((), jnp.zeros((2, 2, 3)))
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_pixel_scale_must_be_finite_and_positive(getkey, scale):
+    bound = rf"must be a finite number > 0, e.g. 1 / 255 .*got {scale}"
+    with pytest.raises(ValueError, match=rf"PixelScale\(factor=\.\.\.\) {bound}"):
+        PixelScale(scale)
+    with pytest.raises(ValueError, match=rf"make_cnn_encoder\(scale=\.\.\.\) {bound}"):
+        make_cnn_encoder((12, 12, 3), kind=((4, 3, 2),), scale=scale, key=getkey())

@@ -240,6 +240,24 @@ def test_filter_grad_through_a_factory_network(getkey):
         ({"critic_hidden_sizes": 8}, TypeError, "critic_hidden_sizes"),
         ({"initializer_scale": 0.0}, ValueError, "initializer_scale"),
         ({"activation": "nope"}, ValueError, "'nope' is not a known activation"),
+        (
+            {"pixel_scale": 1 / 255},
+            ValueError,
+            r"pixel_scale=0\.00392.* only applies with `encoder=`",
+        ),
+        *(
+            (
+                {"obs_size": (8, 8, 3), "encoder": ((4, 3, 2),), "pixel_scale": v},
+                ValueError,
+                rf"^pixel_scale must be a finite number > 0.*got {v}",
+            )
+            for v in (0.0, -1.0, float("nan"))
+        ),
+        *(
+            ({name: v}, ValueError, rf"NormalTanhSampler\({name}={v}\)`: {name} must")
+            for name in ("min_std", "std_scale")
+            for v in (float("nan"), float("inf"))
+        ),
     ],
 )
 def test_mlp_actor_critic_errors(getkey, kwargs, error, match):
@@ -252,6 +270,24 @@ def test_mlp_actor_critic_errors(getkey, kwargs, error, match):
     }
     with pytest.raises(error, match=match):
         make_mlp_actor_critic(**arguments, key=getkey())
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+@pytest.mark.parametrize("weight", [-1.0, float("nan")])
+def test_entropy_weight_is_checked_when_built_under_jit(discrete, weight):
+    """`train_ppo` runs the factory under `filter_jit`; the check still fires."""
+    sampler = "CategoricalSampler" if discrete else "NormalTanhSampler"
+
+    @eqx.filter_jit
+    def build(key):
+        return make_mlp_actor_critic(
+            2, 2, [8], [8], entropy_weight=weight, discrete=discrete, key=key
+        )
+
+    with pytest.raises(
+        ValueError, match=rf"`{sampler}\(entropy_weight\)={weight}` must be >= 0"
+    ):
+        build(jax.random.key(0))
 
 
 def test_lstm_actor_critic_errors(getkey):

@@ -186,10 +186,52 @@ def test_gaussian_samplers_validate(cls):
         sampler((), jnp.zeros(4))
     with pytest.raises(ValueError, match=r"even size.*got shape \(3,\)"):
         sampler((), jnp.zeros(3), key=jax.random.key(0))
-    with pytest.raises(ValueError, match="min_std must be >= 0"):
-        cls(entropy_weight=0.0, min_std=-1.0)
-    with pytest.raises(ValueError, match="std_scale must be > 0"):
-        cls(entropy_weight=0.0, std_scale=0.0)
+
+
+BAD_STD_SETTINGS = [("min_std", v, ">= 0") for v in (-1.0, math.nan, math.inf)] + [
+    ("std_scale", v, "> 0") for v in (0.0, -1.0, math.nan, math.inf)
+]
+
+
+@pytest.mark.parametrize("cls", [NormalTanhSampler, NormalSampler])
+@pytest.mark.parametrize("field, value, bound", BAD_STD_SETTINGS)
+def test_gaussian_samplers_refuse_bad_std_settings(cls, field, value, bound):
+    message = rf"{cls.__name__}\({field}={value}\)`: {field} must be finite and {bound}"
+    with pytest.raises(ValueError, match=message):
+        cls(entropy_weight=0.0, **{field: value})
+
+
+COEFFICIENT_LAYERS = [
+    pytest.param(NormalTanhSampler, "entropy_weight", id="NormalTanhSampler"),
+    pytest.param(NormalSampler, "entropy_weight", id="NormalSampler"),
+    pytest.param(
+        lambda w: CategoricalSampler(w, 3), "entropy_weight", id="CategoricalSampler"
+    ),
+    pytest.param(
+        lambda w: VariationalBottleneck(2, 2, kl_weight=w, key=jax.random.key(0)),
+        "kl_weight",
+        id="VariationalBottleneck",
+    ),
+]
+
+
+@pytest.mark.parametrize("make, field", COEFFICIENT_LAYERS)
+@pytest.mark.parametrize("value", [-1.0, math.nan, np.float64(-1.0)])
+def test_concrete_coefficients_are_checked_inside_a_trace(make, field, value):
+    """A factory run under `filter_jit` (as `train_ppo` runs it) still checks them."""
+    where = rf"{type(make(0.0)).__name__}\({field}\)"
+    with pytest.raises(ValueError, match=rf"`{where}={value}` must be >= 0"):
+        make(value)
+    with pytest.raises(ValueError, match=rf"`{where}={value}` must be >= 0"):
+        eqx.filter_jit(lambda: make(value))()
+
+
+@pytest.mark.parametrize("make, field", COEFFICIENT_LAYERS)
+def test_traced_coefficients_pass_unchecked(make, field):
+    """A sweep may build one layer per coefficient under `vmap`."""
+    weights = jnp.array([-1.0, 0.5])  # traced, so not even a negative one is seen
+    layers = eqx.filter_vmap(make)(weights)
+    np.testing.assert_array_equal(getattr(layers, field), weights)
 
 
 def test_normal_sampler_hand_worked_values(getkey):

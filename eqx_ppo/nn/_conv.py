@@ -6,6 +6,7 @@ channels-last, `[H, W, C]`; `equinox.nn.Conv2d` wants channels-first,
 transposes, so a network takes observations as the environment gives them.
 """
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -228,16 +229,27 @@ class PixelScale(AbstractStatelessLayer):
 
     **Arguments:**
 
-    - `factor`: the multiplier, static configuration, never trained.
+    - `factor`: the multiplier, finite and `> 0`; static configuration, never
+      trained.
     """
 
     factor: float = eqx.field(static=True)
 
     def __init__(self, factor: float):
+        check_pixel_scale("PixelScale(factor=...)", factor)
         self.factor = float(factor)
 
     def forward(self, x: Shaped[Array, "*shape"]) -> Float[Array, "*shape"]:
         return x.astype(jnp.float32) * self.factor
+
+
+def check_pixel_scale(name: str, value: Any) -> None:
+    """Raise unless `value` is a finite number > 0 (a pixel multiplier)."""
+    if not 0 < value < math.inf:
+        raise ValueError(
+            f"{name} must be a finite number > 0, e.g. 1 / 255 for uint8 pixels; "
+            f"got {value}."
+        )
 
 
 def _spec(kind: str | ConvSpec) -> tuple[tuple[tuple[int, int, int], ...], int]:
@@ -312,7 +324,8 @@ def make_cnn_encoder(
     - `activation`: a name accepted by [`eqx_ppo.nn.get_activation`][] or a
       callable, applied after every layer, the final `Dense` included.
     - `scale`: if given, a [`eqx_ppo.nn.PixelScale`][] first layer casts the
-      image to float and multiplies it by `scale` (`1 / 255` for `uint8`).
+      image to float and multiplies it by `scale` (`1 / 255` for `uint8`);
+      finite and `> 0`.
     - `kernel_init`: the kernel initialiser of every layer; default
       LeCun-normal, as in [`eqx_ppo.nn.Conv2d`][] and [`eqx_ppo.nn.Dense`][].
 
@@ -330,6 +343,8 @@ def make_cnn_encoder(
     stack, default_out = _spec(kind)
     out_size = default_out if out_size is None else out_size
     check_size("make_cnn_encoder(out_size=...)", out_size)
+    if scale is not None:
+        check_pixel_scale("make_cnn_encoder(scale=...)", scale)
     get_activation(activation)
     in_channels = []
     for i, (out_channels, kernel, stride) in enumerate(stack):

@@ -39,7 +39,7 @@ from jaxtyping import Array, PRNGKeyArray
 from ..samplers import CategoricalSampler, NormalTanhSampler
 from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
-from ._conv import make_cnn_encoder
+from ._conv import check_pixel_scale, make_cnn_encoder
 from ._dense import Dense, check_size, get_activation
 from ._linear_recurrent import LRU, MinGRU
 from ._module import AbstractStatefulModule
@@ -159,8 +159,16 @@ def _preprocessing(
                 f"encoder={encoder!r} reads images: obs_size={obs_size!r} must be "
                 "one env's image shape (height, width, channels)."
             )
+        if pixel_scale is not None:
+            check_pixel_scale("pixel_scale", pixel_scale)
         cnn, size = make_cnn_encoder(obs_size, key=key, kind=encoder, scale=pixel_scale)
         return [cnn], size
+    if pixel_scale is not None:
+        raise ValueError(
+            f"pixel_scale={pixel_scale!r} only applies with `encoder=` (image "
+            "observations); pass encoder='nature' or 'impala_small', or drop "
+            "pixel_scale."
+        )
     if isinstance(obs_size, tuple):
         raise ValueError(
             f"obs_size={obs_size!r} is a shape; for image observations [H, W, C] "
@@ -347,8 +355,8 @@ def make_mlp_actor_critic(
       [`eqx_ppo.nn.make_cnn_encoder`][] (`"nature"`, `"impala_small"` or a
       custom spec) comes first, shared by the actor and the critic, in place
       of the normaliser (`normalize_obs` is ignored).
-    - `pixel_scale`: with `encoder`, multiply the pixels by this first, e.g.
-      `1 / 255` for `uint8` images.
+    - `pixel_scale`: with `encoder` (only), multiply the pixels by this
+      first, e.g. `1 / 255` for `uint8` images; finite and `> 0`.
     """
 
     def no_trunk(port, features, key):

@@ -288,17 +288,25 @@ def coefficient(**kwargs: Any) -> Any:
     The value is stored as a float32 array: a pytree leaf, so changing it
     (`eqx.tree_at`) does not recompile and a sweep can `vmap` over it, but
     [`eqx_ppo.nn.trainable`][] leaves it out, so the optimiser never moves it.
+    A concrete value stays concrete even when the layer is built inside a
+    trace (a factory under `eqx.filter_jit`), so it is still checked there.
     """
     return eqx.field(
-        converter=lambda x: jnp.asarray(x, jnp.float32),
+        converter=_concrete_float32,
         metadata={"coefficient": True},
         **kwargs,
     )
 
 
+def _concrete_float32(x: Any) -> Array:
+    """`jnp.asarray(x, float32)`, evaluated now unless `x` is itself traced."""
+    with jax.ensure_compile_time_eval():
+        return jnp.asarray(x, jnp.float32)
+
+
 def check_coefficient(where: str, value: Any) -> None:
-    """Raise if a concrete coefficient is negative (traced values pass)."""
-    if not isinstance(value, jax.core.Tracer) and not value >= 0:
+    """Raise if a concrete coefficient is negative or NaN (traced values pass)."""
+    if not isinstance(value, jax.core.Tracer) and not float(value) >= 0:
         raise ValueError(f"`{where}={value}` must be >= 0.")
 
 
