@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -46,6 +47,9 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 
 RESUMABLE_FLAGS = frozenset({"--resume", "--steps", "--no-progress"})
 """The `train` flags a resumed run honours; the run's `run.json` fixes the rest."""
+
+NETWORK_FLAGS = ("--hidden", "--recurrent", "--cell", "--entropy-weight")
+"""The `train` flags, besides `--env`, that the network is built from."""
 
 
 class CLIError(Exception):
@@ -263,6 +267,21 @@ def _episode_length(env: Any) -> int:
     return int(getattr(env, "max_len", 0) or 1000)
 
 
+def _check_network(args: argparse.Namespace, run: dict[str, Any], env: Any) -> None:
+    """Build the network abstractly, so that a bad network flag is one line and
+    no run folder."""
+    try:
+        eqx.filter_eval_shape(build_network, run, env, jax.random.key(0))
+    except ValueError as e:
+        flags = [f for f in NETWORK_FLAGS if f in args.given] or ["--env"]
+        named = []
+        for flag in flags:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            named.append(f"{flag} {text}")
+        raise CLIError(f"{' '.join(named)}: {e}") from e
+
+
 def _train(args: argparse.Namespace) -> int:
     from .checkpoint import (
         CheckpointError,
@@ -312,6 +331,7 @@ def _train(args: argparse.Namespace) -> int:
             "eval_every": args.eval_every,
             "episode_length": _episode_length(env_probe),
         }
+        _check_network(args, run, env_probe)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = args.out or pathlib.Path("runs") / f"{args.env.replace(':', '_')}-{stamp}"
         if (out / "metrics.jsonl").exists():
@@ -320,7 +340,8 @@ def _train(args: argparse.Namespace) -> int:
                 "pass another --out."
             )
     env = _make_env(run)
-    # Built before anything is written: bad flags leave no folder behind.
+    # Built, like the network checked above, before anything is written: bad
+    # flags leave no folder behind.
     config = train_config(run, progress=not args.no_progress)
 
     def networks(key):
@@ -473,8 +494,6 @@ def _load_for_analysis(path: pathlib.Path, seed: int):
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import equinox as eqx
-
     from .ppo import eval_rollout
 
     _, run, env, network, checkpoint = _load_for_analysis(args.checkpoint, args.seed)

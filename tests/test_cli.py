@@ -131,6 +131,26 @@ def test_bad_flags_leave_no_run_folder(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--recurrent", "-5"], r"--recurrent -5: .*hidden_size.*positive int"),
+        (
+            ["--hidden", "8,8", "--entropy-weight=-1"],
+            r"--hidden 8,8 --entropy-weight -1.0: .*entropy_weight.*>= 0",
+        ),
+    ],
+)
+def test_bad_network_flags_get_one_line_and_no_run_folder(
+    tmp_path, capsys, flags, named
+):
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"eqx-ppo train: {named}[^\n]*\n", err), err
+    assert not out.exists()
+
+
 def test_help_shows_every_default(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -1,4 +1,5 @@
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -87,3 +88,41 @@ def test_matches_slow_reference(bootstrap):
     )
     expected = slow_gae(r, v, nv, done, trunc, 0.9, 0.8, bootstrap)
     np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def unchecked():
+    """Turn off the suite's runtime type checker, which would answer some of
+    these inputs first with its own error: these tests check what users see."""
+    previous = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    yield
+    jaxtyping.config.update("jaxtyping_disable", previous)
+
+
+_R = jnp.ones((5, 3))
+_V = jnp.zeros((5, 3))
+_D = jnp.zeros((5, 3), bool)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((_R, _V[:, :1], _V[:, :1], _D, _D), r"values=float32\[5, 1\]"),
+        ((_R, _V[..., None], _V, _D, _D), r"values=float32\[5, 3, 1\]"),
+        ((_R, _V, _V[:-1], _D, _D), r"next_values=float32\[4, 3\]"),
+        ((_R, _V.T, _V, _D, _D), r"values=float32\[3, 5\]"),
+        ((_R, _V, _V, _D, _D[:, :1]), r"truncated=bool\[5, 1\]"),
+    ],
+    ids=["broadcast", "unsqueezed", "short", "swapped", "truncated"],
+)
+def test_mismatched_shapes_are_rejected(unchecked, args, match):
+    with pytest.raises(ValueError, match=rf"gae\({match}\): expected the shape of "):
+        gae(*args, gamma=0.9, lambda_=0.9)
+
+
+@pytest.mark.parametrize("name", ["done", "truncated"])
+def test_non_bool_flags_are_rejected(unchecked, name):
+    flags = {"done": _D, "truncated": _D, name: _D.astype(jnp.float32)}
+    with pytest.raises(TypeError, match=rf"gae\({name}=float32.*expected a bool"):
+        gae(_R, _V, _V, flags["done"], flags["truncated"], gamma=0.9, lambda_=0.9)

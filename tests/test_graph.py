@@ -3,6 +3,7 @@ import dataclasses
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -470,3 +471,39 @@ def test_compiles_once(getkey):
         state = step(graph, state, jax.random.normal(getkey(), (2,))).next_state
     # New parameter values, same structure: no retrace.
     step(_dense_recurrent_graph(getkey()), state, jnp.zeros(2))
+
+
+def test_unreached_outputs_are_rejected():
+    b = PopulationGraphBuilder().add_input("s", 2).add_population("h", 4)
+    b.add_output("m", 3).connect("h", "m")
+    with pytest.raises(ValueError, match="output population 'm' is not reached"):
+        b.finalize(key=jax.random.key(0))
+    b = PopulationGraphBuilder().add_output("m", 2)
+    with pytest.raises(ValueError, match="'m' is not reached.*add_input"):
+        b.finalize(key=jax.random.key(0))
+    b = PopulationGraphBuilder().add_input("s", 1).add_output("m", 1)
+    b.add_output("n", 1).add_output("o", 1).connect("s", "o")
+    with pytest.raises(ValueError, match="populations 'm', 'n' are not reached"):
+        b.finalize(key=jax.random.key(0))
+    # Reached only through a delayed connection, and an output feeding an output.
+    b = PopulationGraphBuilder().add_input("s", 1).add_population("h", 1)
+    b.add_output("m", 1).add_output("n", 1)
+    b.connect("s", "h", delay=2).connect("h", "m").connect("m", "n", delay=1)
+    b.finalize(key=jax.random.key(0))
+
+
+@pytest.fixture
+def unchecked():
+    """Turn off the suite's runtime type checker, which would answer a wrongly
+    typed argument first with its own error: these tests check what users see."""
+    previous = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    yield
+    jaxtyping.config.update("jaxtyping_disable", previous)
+
+
+@pytest.mark.parametrize("key", [0, jax.random.split(jax.random.key(0))])
+def test_finalize_rejects_a_bad_key(unchecked, key):
+    b = PopulationGraphBuilder().add_input("s", 1).add_output("m", 1)
+    with pytest.raises(TypeError, match=r"finalize\(key=.*jax\.random\.key\("):
+        b.connect("s", "m").finalize(key=key)

@@ -12,6 +12,7 @@ from jaxtyping import Array, PRNGKeyArray
 from .._activation_key import ACTIVATION_KEY
 from ..nn._dense import Dense, check_int, check_size, get_activation
 from ..nn._module import AbstractStatefulModule, split_key
+from ..ppo._validate import check_key
 from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
 
 Activation = str | Callable[[Array], Array] | None
@@ -166,10 +167,13 @@ class PopulationGraphBuilder:
 
         Raises `ValueError` when there are no populations or no outputs, inputs
         mix whole-observation and keyed reads, a delay-0 cycle exists (the
-        message names its populations in order), or a transform's output
-        shape does not match its destination's size.
+        message names its populations in order), an output is not reached
+        from any input through connections of any delay, or a transform's
+        output shape does not match its destination's size; `TypeError` when
+        `key` is not a PRNG key.
         """
         self._check_open("finalize")
+        check_key("PopulationGraphBuilder.finalize", key)
         pops = self._populations
         if not pops:
             raise ValueError(
@@ -191,7 +195,22 @@ class PopulationGraphBuilder:
                 "be both. Give every input an input_from key (dict observations) "
                 "or none (array observations)."
             )
-        order = _topological_order(pops, [c.spec for c in self._connections])
+        specs = [c.spec for c in self._connections]
+        order = _topological_order(pops, specs)
+        unreached = _unreached_outputs(pops, specs)
+        if unreached:
+            what, it = (
+                (f"population {unreached[0]!r} is", "it")
+                if len(unreached) == 1
+                else (f"populations {', '.join(map(repr, unreached))} are", "them")
+            )
+            first = "" if inputs else " (add one with add_input first)"
+            raise ValueError(
+                f"PopulationGraphBuilder.finalize(): output {what} not reached from "
+                "any input through connections (of any delay): the observation "
+                f"never affects {it}; connect an input{first} to {it}, directly or "
+                "through other populations."
+            )
         buffer_length = {name: 0 for name in pops}
         for conn in self._connections:
             buffer_length[conn.spec.src] = max(
@@ -210,7 +229,7 @@ class PopulationGraphBuilder:
         return PopulationGraph(
             transforms=transforms,
             populations=populations,
-            connections=tuple(c.spec for c in self._connections),
+            connections=tuple(specs),
             order=order,
         )
 
@@ -365,6 +384,25 @@ def _topological_order(
             "in the same step. Give one of these connections delay >= 1."
         )
     return tuple(order)
+
+
+def _unreached_outputs(
+    populations: dict[str, PopulationSpec], connections: list[ConnectionSpec]
+) -> list[str]:
+    """The output populations no path of connections leads to from an input."""
+    reached = {name for name, p in populations.items() if p.role == "input"}
+    frontier = list(reached)
+    while frontier:
+        src = frontier.pop()
+        for conn in connections:
+            if conn.src == src and conn.dst not in reached:
+                reached.add(conn.dst)
+                frontier.append(conn.dst)
+    return [
+        name
+        for name, p in populations.items()
+        if p.role == "output" and name not in reached
+    ]
 
 
 def _find_cycle(stuck: list[str], connections: list[ConnectionSpec]) -> list[str]:

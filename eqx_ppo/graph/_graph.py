@@ -105,8 +105,9 @@ class PopulationGraph(AbstractStatefulModule):
     3. Connections have names, and their transforms' metrics are kept under
        them (nnx-ppo drops them).
     4. `add_input(input_from=None)` reads a whole array observation.
-    5. `finalize` rejects graphs without outputs and transforms whose output
-       size does not match their destination.
+    5. `finalize` rejects graphs without outputs, outputs that no input
+       reaches, and transforms whose output size does not match their
+       destination.
     """
 
     transforms: dict[str, AbstractStatefulModule]

@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from ._validate import _array_spec
+
 
 def gae(
     rewards: Float[Array, "time ..."],
@@ -28,8 +30,11 @@ def gae(
     - `A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}`: any `done`
       cuts the trace.
 
-    The result is wrapped in `stop_gradient`.
+    The result is wrapped in `stop_gradient`. At trace time, raises a
+    `ValueError` unless the five arrays share one shape, and a `TypeError`
+    unless `done` and `truncated` are bool.
     """
+    _check_inputs(rewards, values, next_values, done, truncated)
     terminated = done & ~truncated
     delta = rewards + gamma * jnp.where(terminated, 0.0, next_values) - values
     if not bootstrap_truncation:
@@ -45,3 +50,29 @@ def gae(
         backward, jnp.zeros_like(delta[0]), (delta, discount), reverse=True
     )
     return jax.lax.stop_gradient(advantages)
+
+
+def _check_inputs(rewards, values, next_values, done, truncated) -> None:
+    """Reject arrays that would broadcast silently or fail deep inside XLA."""
+    shape = jnp.shape(rewards)
+    others = {
+        "values": values,
+        "next_values": next_values,
+        "done": done,
+        "truncated": truncated,
+    }
+    for name, x in others.items():
+        if jnp.shape(x) != shape:
+            raise ValueError(
+                f"gae({name}={_array_spec(x)}): expected the shape of rewards "
+                f"{shape}, got {jnp.shape(x)}. Fix: pass all five arrays as "
+                "[time, ...] of one shape (squeeze a value head's trailing axis "
+                "of size 1; do not swap the time and env axes)."
+            )
+    for name in ("done", "truncated"):
+        if jnp.result_type(others[name]) != jnp.bool_:
+            raise TypeError(
+                f"gae({name}={_array_spec(others[name])}): expected a bool array, "
+                f"got dtype {jnp.result_type(others[name])}. Fix: pass a bool "
+                f"mask, e.g. `{name}.astype(bool)`."
+            )
