@@ -19,7 +19,8 @@ sampler scores the teacher's raw action instead of its own; every other extra
 Samplers are found by shape-probing both networks once at trace time: a
 sampler is a leaf layer whose output is a `{"action", "log_likelihood"}`
 dict, so custom samplers work too. Teacher and student must have the same
-action structure and samplers of the same kinds in the same order.
+action structure and samplers of the same kinds (and numbers of actions) in
+the same order.
 
 The student's critic receives no gradient (the loss has no value term); its
 statistics (e.g. observation normaliser) are updated from its own rollout
@@ -75,8 +76,10 @@ from .ppo._train import (
     _train,
 )
 from .ppo._validate import (
+    check_config_type,
     check_config_types,
     check_key,
+    check_network_argument,
 )
 from .recording import is_leaf_layer
 
@@ -152,9 +155,17 @@ class _SamplerProbe(AbstractLayerWrapper):
 
     def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
         if _is_sampler_dict(out.output):
-            marked = _SamplerExtras(out.extras, type(self.layer).__name__)
+            marked = _SamplerExtras(out.extras, _sampler_kind(self.layer))
             return out._replace(extras=marked)
         return out
+
+
+def _sampler_kind(sampler: AbstractStatefulModule) -> str:
+    """The sampler's class, with its number of actions if it has one
+    (`CategoricalSampler(n_actions=4)`)."""
+    kind = type(sampler).__name__
+    n_actions = getattr(sampler, "n_actions", None)
+    return kind if n_actions is None else f"{kind}(n_actions={n_actions!r})"
 
 
 def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
@@ -217,8 +228,8 @@ def _sampler_paths(
             "so the student cannot score the teacher's raw actions.\n"
             f"  teacher samplers (kind, replay extras): {summary(teacher_marks)}\n"
             f"  student samplers (kind, replay extras): {summary(student_marks)}\n"
-            "Fix: end the student's action port with the same sampler kinds, in "
-            "the same order, as the teacher's."
+            "Fix: end the student's action port with the same sampler kinds (and "
+            "numbers of actions), in the same order, as the teacher's."
         )
     if any(not jax.tree.leaves(m.value) for _, m in student_marks):
         raise ValueError(
@@ -372,6 +383,8 @@ def distill_init(
     structure, matching samplers) and raises a `ValueError` saying what
     differs otherwise.
     """
+    check_network_argument("distill_init", "teacher", teacher)
+    check_network_argument("distill_init", "student", student)
     check_key("distill_init", key)
     return init(env, student, Distillation(config, teacher), key=key)
 
@@ -485,6 +498,14 @@ def train_distillation(
     `DistillationState`.
     """
     config = DistillationTrainConfig() if config is None else config
+    check_config_type(
+        "train_distillation",
+        config,
+        DistillationTrainConfig,
+        "distillation",
+        DistillationConfig,
+    )
+    check_network_argument("train_distillation", "teacher", teacher)
     hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
     learner = Distillation(config.distillation, teacher)
     return _train(env, student, learner, config, key, hosts, *_STUDENT)

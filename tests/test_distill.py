@@ -237,6 +237,28 @@ def test_structure_mismatch_is_a_clear_error(getkey):
         distill_init(env, teacher, nn.Dense(2, 4, key=k1), dconfig, key=getkey())
 
 
+@pytest.mark.parametrize("n_logits", [3, 5])
+def test_student_must_have_the_teachers_number_of_actions(getkey, n_logits):
+    def discrete(key, n_actions=4):
+        return eqx_ppo.make_mlp_actor_critic(
+            5, n_actions, [8], [8], discrete=True, key=key
+        )
+
+    env = eqx_ppo.envs.make("repeat_first")  # n_actions=4
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)samplers differ.*teacher samplers \(kind, replay extras\): "
+        r"\[\('CategoricalSampler\(n_actions=4\)'.*student samplers \(kind, replay "
+        rf"extras\): \[\('CategoricalSampler\(n_actions={n_logits}\)'",
+    ):
+        train_distillation(
+            env,
+            discrete(getkey()),
+            lambda key: discrete(key, n_logits),
+            config(n_envs=2, rollout_length=4, total_steps=8, n_minibatches=1),
+        )
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match="divisible by n_minibatches"):
         DistillationConfig(n_envs=10, n_minibatches=4)

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from jaxtyping import Array
 
-from eqx_ppo import envs, make_mlp_actor_critic
+from eqx_ppo import envs, make_mlp_actor_critic, record_activations_rollout
 from eqx_ppo.distill import (
     DistillationConfig,
     DistillationTrainConfig,
+    distill_init,
     train_distillation,
 )
 from eqx_ppo.ppo import (
@@ -25,6 +26,7 @@ from eqx_ppo.ppo import (
     eval_rollout,
     init_state,
     ppo_init,
+    ppo_run,
     ppo_step,
     train_ppo,
 )
@@ -411,3 +413,195 @@ def test_record_activations_rollout_takes_keywords(getkey):
     )
     with pytest.raises(TypeError, match=r"missing keyword arguments \['key'\]"):
         record_activations_rollout(ENV, net, n_envs=2, max_episode_length=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, seen",
+    [({"every_steps": 0}, "got 0"), ({"episode_length": 2.0}, "got float")],
+)
+def test_video_sizes_must_be_positive_ints(unchecked, kwargs, seen):
+    from eqx_ppo.ppo import VideoConfig
+
+    [(name, value)] = kwargs.items()
+    with pytest.raises(
+        ValueError, match=rf"VideoConfig\({name}={value!r}\): .*positive int, {seen}"
+    ):
+        VideoConfig(**kwargs)
+
+
+@pytest.mark.parametrize("seed", [1.5, True, "3"])
+def test_the_seed_must_be_an_int(unchecked, seed):
+    with pytest.raises(TypeError, match=rf"TrainConfig\(seed={seed!r}\): .* an int"):
+        TrainConfig(seed=seed)
+
+
+def discrete_mlp(key, n_logits=4):
+    return make_mlp_actor_critic(5, n_logits, [8], [8], discrete=True, key=key)
+
+
+@pytest.mark.parametrize("n_logits", [3, 6])
+def test_categorical_samplers_must_match_env_n_actions(getkey, n_logits):
+    env = envs.make("repeat_first")  # n_actions=4
+    config = TrainConfig(
+        ppo=PPOConfig(
+            n_envs=2, rollout_length=4, total_steps=8, n_minibatches=1, n_epochs=1
+        ),
+        eval=EvalConfig(every_steps=8, n_envs=2, max_episode_length=4),
+        progress=False,
+    )
+    factory = functools.partial(discrete_mlp, n_logits=n_logits)
+    match = (
+        rf"The network's CategoricalSampler has {n_logits} actions but "
+        r"env\.n_actions = 4\. Fix: build it with action_size=env\.n_actions "
+        r"\(4\), discrete=True"
+    )
+    with pytest.raises(ValueError, match=match):
+        train_ppo(env, factory, config)
+    evaluate = functools.partial(eval_rollout, n_envs=2, max_episode_length=4)
+    with pytest.raises(ValueError, match=match):
+        eqx.filter_eval_shape(evaluate, env, factory(getkey()), getkey())
+    eqx.filter_eval_shape(evaluate, env, discrete_mlp(getkey()), getkey())
+
+
+@pytest.mark.parametrize(
+    "kwargs, seen",
+    [
+        ({"n_envs": 0}, "got 0"),
+        ({"n_envs": -1}, "got -1"),
+        ({"n_envs": 2.0}, "got float"),
+        ({"max_episode_length": 0}, "got 0"),
+    ],
+)
+@pytest.mark.parametrize(
+    "rollout",
+    [eval_rollout, record_activations_rollout],
+    ids=["eval_rollout", "record_activations_rollout"],
+)
+def test_rollout_sizes_must_be_positive_ints(unchecked, getkey, rollout, kwargs, seen):
+    [(name, value)] = kwargs.items()
+    where = rollout.__name__
+    sizes = {"n_envs": 2, "max_episode_length": 3} | kwargs
+    with pytest.raises(
+        ValueError,
+        match=rf"{where}\({name}={value!r}\): {name} must be a positive int, "
+        rf"{seen}\. Fix: pass an int >= 1",
+    ):
+        rollout(ENV, mlp(getkey()), key=getkey(), **sizes)
+
+
+@pytest.mark.parametrize("n_minibatches", [1, 4])
+def test_step_config_must_match_the_states_n_envs(getkey, n_minibatches):
+    built = PPOConfig(n_envs=2, rollout_length=4, n_minibatches=1)
+    state = ppo_init(ENV, mlp(getkey()), built, key=getkey())
+    config = PPOConfig(n_envs=4, rollout_length=4, n_minibatches=n_minibatches)
+    with pytest.raises(
+        ValueError,
+        match=r"step\(state=\.\.\.\): the state holds 2 envs but config\.n_envs = "
+        r"4\. Fix: use the config the state was built with \(n_envs=2\)",
+    ):
+        eqx.filter_eval_shape(ppo_step, ENV, config, state)
+
+
+def test_ppo_run_iterations_must_be_non_negative(getkey):
+    state = ppo_init(ENV, mlp(getkey()), CONFIG, key=getkey())
+    with pytest.raises(
+        ValueError,
+        match=r"ppo_run\(n_iterations=-1\): n_iterations must be an int >= 0, got "
+        r"-1\. Fix: pass an int >= 0",
+    ):
+        ppo_run(ENV, CONFIG, state, -1)
+    _, metrics = eqx.filter_eval_shape(ppo_run, ENV, CONFIG, state, 0)
+    assert metrics and all(m.shape[0] == 0 for m in metrics.values())
+
+
+DISTILL = DistillationTrainConfig(
+    distillation=DistillationConfig(n_envs=4, n_minibatches=1), progress=False
+)
+
+
+@pytest.mark.parametrize(
+    "config, fix",
+    [
+        (CONFIG, r"expected a TrainConfig, got PPOConfig\. Fix: wrap it: "),
+        (
+            DISTILL,
+            r"expected a TrainConfig, got DistillationTrainConfig\. Fix: pass a ",
+        ),
+    ],
+    ids=["PPOConfig", "DistillationTrainConfig"],
+)
+def test_train_ppo_takes_a_train_config(unchecked, config, fix):
+    name = type(config).__name__
+    with pytest.raises(
+        TypeError,
+        match=rf"train_ppo\(config={name}\(\.\.\.\)\): {fix}TrainConfig\(ppo=",
+    ):
+        train_ppo(ENV, mlp, config)
+
+
+@pytest.mark.parametrize(
+    "config, fix",
+    [
+        (TRAIN, r"got TrainConfig\. Fix: pass a "),
+        (DISTILL.distillation, r"got DistillationConfig\. Fix: wrap it: "),
+    ],
+    ids=["TrainConfig", "DistillationConfig"],
+)
+def test_train_distillation_takes_a_distillation_train_config(
+    unchecked, getkey, config, fix
+):
+    name = type(config).__name__
+    with pytest.raises(
+        TypeError,
+        match=rf"train_distillation\(config={name}\(\.\.\.\)\): expected a "
+        rf"DistillationTrainConfig, {fix}DistillationTrainConfig\(distillation=",
+    ):
+        train_distillation(ENV, mlp(getkey()), mlp, config)
+
+
+NOT_A_NETWORK = {
+    "factory": (
+        lambda state: mlp,
+        r"<function>\): expected an eqx_ppo network \(an AbstractStatefulModule\), "
+        r"got a function\. Fix: call the factory with a key, {arg}=factory\(key\)",
+    ),
+    "training-state": (
+        lambda state: state,
+        r"<TrainingState>\): expected an eqx_ppo network .*, got a TrainingState\. "
+        r"Fix: pass its network, {arg}=state\.network",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", NOT_A_NETWORK)
+def test_network_arguments_must_be_networks(unchecked, getkey, state, kind):
+    make, seen = NOT_A_NETWORK[kind]
+    bad, net, key = make(state), mlp(getkey()), getkey()
+    sizes = {"n_envs": 2, "max_episode_length": 3}
+    calls = [
+        ("ppo_init", "network", lambda: ppo_init(ENV, bad, CONFIG, key=key)),
+        ("eval_rollout", "network", lambda: eval_rollout(ENV, bad, key, **sizes)),
+        (
+            "record_activations_rollout",
+            "network",
+            lambda: record_activations_rollout(ENV, bad, key=key, **sizes),
+        ),
+        (
+            "train_distillation",
+            "teacher",
+            lambda: train_distillation(ENV, bad, mlp, DISTILL),
+        ),
+        (
+            "distill_init",
+            "teacher",
+            lambda: distill_init(ENV, bad, net, DISTILL.distillation, key=key),
+        ),
+        (
+            "distill_init",
+            "student",
+            lambda: distill_init(ENV, net, bad, DISTILL.distillation, key=key),
+        ),
+    ]
+    for where, arg, call in calls:
+        with pytest.raises(TypeError, match=rf"{where}\({arg}={seen.format(arg=arg)}"):
+            call()

@@ -1,6 +1,7 @@
 """Configuration of a PPO run: algorithm, evaluation, video and the driver."""
 
 import dataclasses
+import numbers
 from typing import Any, Literal
 
 import equinox as eqx
@@ -359,6 +360,9 @@ class VideoConfig:
         default_factory=lambda: {"height": 240, "width": 320}
     )
 
+    def __post_init__(self):
+        check_positive_ints(self, "every_steps", "episode_length")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DriverConfig:
@@ -396,6 +400,11 @@ class DriverConfig:
 
     def __post_init__(self):
         check_config_types(self, eval=EvalConfig, video=VideoConfig)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise TypeError(
+                f"{type(self).__name__}(seed={self.seed!r}): the seed must be an "
+                "int; for other randomness pass `key=` to the driver."
+            )
         check_positive_ints(self, "n_seeds", "checkpoint_every_steps")
         if self.log_every_steps is not None:
             check_positive_ints(self, "log_every_steps")

@@ -18,8 +18,9 @@ from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, reset_where
+from ..samplers import CategoricalSampler
 from ._sharding import shard_env_keys
-from ._validate import check_key, check_step_output
+from ._validate import check_int, check_key, check_network_argument, check_step_output
 
 
 class Transition(NamedTuple):
@@ -106,8 +107,26 @@ def _check_output(output: Any, reward: Any) -> None:
         )
 
 
+def _check_categorical_samplers(env: Any, network: AbstractStatefulModule) -> None:
+    """Raise unless every `CategoricalSampler` of `network` draws from the
+    `env.n_actions` choices of a discrete env (its actions are then in range)."""
+    n_actions = getattr(env, "n_actions", None)
+    if n_actions is None:
+        return
+    is_sampler = lambda x: isinstance(x, CategoricalSampler)  # noqa: E731
+    for sampler in jax.tree.leaves(network, is_leaf=is_sampler):
+        if is_sampler(sampler) and sampler.n_actions != n_actions:
+            raise ValueError(
+                f"The network's CategoricalSampler has {sampler.n_actions!r} actions "
+                f"but env.n_actions = {n_actions!r}. Fix: build it with "
+                f"action_size=env.n_actions ({n_actions!r}), discrete=True."
+            )
+
+
 def _expected_action_shapes(env: Any) -> Any:
-    """Per-env action shapes the env declares, or `None` if it declares none."""
+    """Per-env action shapes a continuous env declares, or `None` if it declares
+    none (a discrete env's samplers are checked by `_check_categorical_samplers`).
+    """
     if getattr(env, "n_actions", None) is not None:
         return None
     size = getattr(env, "action_size", None)
@@ -261,6 +280,7 @@ def run_episodes(
     with `axis_name`, `carry` holds this device's envs and they draw their
     keys from the split for all envs.
     """
+    _check_categorical_samplers(env, network)
     n_envs = jnp.shape(carry.env_state.done)[0]
 
     def keys_of(k):
@@ -367,9 +387,11 @@ def _single_episodes(
 
     Envs are never reset: each runs `max_episode_length` steps and
     `Steps.finished` masks the steps after its first `done`. `key` is checked
-    first, so a bad one is reported as `caller`'s.
+    first, then the sizes, so a bad one is reported as `caller`'s.
     """
     check_key(caller, key)
+    check_int(caller, "n_envs", n_envs)
+    check_int(caller, "max_episode_length", max_episode_length)
     return run_fresh_episodes(
         env,
         network,
@@ -409,6 +431,7 @@ def eval_rollout(
     into `(reset, run)`, the envs start from `env_keys(reset, n_envs)` and
     [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
+    check_network_argument("eval_rollout", "network", network)
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,
@@ -490,6 +513,7 @@ def record_activations_rollout(
     n_envs, max_episode_length, key = _keyword_only(
         positional, n_envs=n_envs, max_episode_length=max_episode_length, key=key
     )
+    check_network_argument("record_activations_rollout", "network", network)
     recorder = eqx.nn.inference_mode(with_recording(network))
     steps = _single_episodes(
         "record_activations_rollout",

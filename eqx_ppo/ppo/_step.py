@@ -30,7 +30,7 @@ from ._config import LearnerConfig, PPOConfig
 from ._learner import PPO, AbstractLearner, Minibatch
 from ._rollout import StepCarry, Transition, env_keys, rollout
 from ._sharding import gather_envs, pmean
-from ._validate import check_key
+from ._validate import check_int, check_key, check_network_argument
 
 
 class TrainingState(eqx.Module):
@@ -158,6 +158,7 @@ def init(
     The carry is the acting module's (`learner.acting`), so building it also
     checks that the learner can act with `network` on `env`.
     """
+    check_network_argument("init", "network", network)
     check_key("init", key)
     config = learner.config
     reset_key, key = jax.random.split(key)
@@ -183,6 +184,7 @@ def ppo_init(
     key: PRNGKeyArray,
 ) -> TrainingState:
     """`init` with the [`eqx_ppo.PPO`][] learner."""
+    check_network_argument("ppo_init", "network", network)
     check_key("ppo_init", key)
     return init(env, network, PPO(config), key=key)
 
@@ -333,6 +335,7 @@ def step(
     results stay identical on every device.
     """
     config = learner.config
+    _check_n_envs(config, state, axis_name)
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
     carry, data = rollout(
         env,
@@ -387,6 +390,22 @@ def step(
         steps=state.steps + config.steps_per_iteration,
     )
     return new_state, metrics
+
+
+def _check_n_envs(
+    config: LearnerConfig, state: TrainingState, axis_name: str | None
+) -> None:
+    """Raise unless `state` holds `config.n_envs` envs (this device's share of
+    them under `axis_name`), at trace time."""
+    n_envs = jnp.shape(state.env_state.done)[0]
+    if axis_name is not None:
+        n_envs *= jax.lax.axis_size(axis_name)
+    if n_envs != config.n_envs:
+        raise ValueError(
+            f"step(state=...): the state holds {n_envs} envs but config.n_envs = "
+            f"{config.n_envs}. Fix: use the config the state was built with "
+            f"(n_envs={n_envs})."
+        )
 
 
 def ppo_step(
@@ -454,6 +473,7 @@ def ppo_run(
     states, metrics = eqx.filter_jit(eqx.filter_vmap(run))(keys, lrs)
     ```
     """
+    check_int("ppo_run", "n_iterations", n_iterations, minimum=0)
     return scan_steps(lambda s: ppo_step(env, config, s), state, n_iterations)
 
 

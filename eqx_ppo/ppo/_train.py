@@ -30,7 +30,7 @@ from jaxtyping import Array, Key, PRNGKeyArray
 from ..checkpoint import register_template
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule
-from ._config import DriverConfig, LearnerConfig, TrainConfig
+from ._config import DriverConfig, LearnerConfig, PPOConfig, TrainConfig
 from ._learner import PPO, AbstractLearner
 from ._rollout import eval_rollout
 from ._sharding import (
@@ -44,6 +44,7 @@ from ._sharding import (
 from ._step import TrainingState, init, scan_steps, step
 from ._validate import (
     check_callbacks,
+    check_config_type,
     check_initial_state,
     check_key,
     check_network,
@@ -313,6 +314,7 @@ def train_ppo(
       device, so checkpoints load on any number of devices.
     """
     config = TrainConfig() if config is None else config
+    check_config_type("train_ppo", config, TrainConfig, "ppo", PPOConfig)
     hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
     return _train(env, networks, PPO(config.ppo), config, key, hosts, "train_ppo")
 

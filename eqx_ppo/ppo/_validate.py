@@ -45,18 +45,23 @@ def check_finite_value(kind: str, name: str, value: numbers.Real) -> None:
         )
 
 
+def check_int(kind: str, name: str, value: Any, minimum: int = 1) -> None:
+    """Raise unless `value`, the argument `name` of `kind`, is an int (not a
+    bool) >= `minimum`."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or value < minimum:
+        seen = value if is_int else type(value).__name__
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(
+            f"{kind}({name}={value!r}): {name} must be {what}, got {seen}. "
+            f"Fix: pass an int >= {minimum}."
+        )
+
+
 def check_positive_ints(config: Any, *names: str) -> None:
     """Raise unless each field `names` of `config` is an int >= 1 (not a bool)."""
-    kind = type(config).__name__
     for name in names:
-        value = getattr(config, name)
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        if not is_int or value < 1:
-            seen = value if is_int else type(value).__name__
-            raise ValueError(
-                f"{kind}({name}={value!r}): {name} must be a positive int, got "
-                f"{seen}. Fix: pass an int >= 1."
-            )
+        check_int(type(config).__name__, name, getattr(config, name))
 
 
 def check_percentiles(kind: str, percentiles: Any) -> None:
@@ -123,6 +128,45 @@ def check_network_factory(factory: Callable, where: str) -> None:
             f"called with one PRNG key; {name} has the signature {signature}. "
             "Fix: wrap it, e.g. `lambda key: make_network(..., key=key)`."
         ) from None
+
+
+def check_config_type(
+    where: str, config: Any, cls: type, field: str, inner: type
+) -> None:
+    """Raise a `TypeError` unless `config` is a `cls`, the driver config that
+    holds the algorithm's `inner` config as `field` (e.g. `TrainConfig`,
+    `"ppo"`, `PPOConfig`)."""
+    if isinstance(config, cls):
+        return
+    fix = (
+        f"wrap it: {cls.__name__}({field}=...)"
+        if isinstance(config, inner)
+        else f"pass a {cls.__name__}({field}={inner.__name__}(...))"
+    )
+    raise TypeError(
+        f"{where}(config={type(config).__name__}(...)): expected a {cls.__name__}, "
+        f"got {type(config).__name__}. Fix: {fix}."
+    )
+
+
+def check_network_argument(where: str, name: str, network: Any) -> None:
+    """Raise a `TypeError` unless the argument `name` of `where` is a network,
+    not a network factory or a training state."""
+    if isinstance(network, AbstractStatefulModule):
+        return
+    kind = type(network).__name__
+    if isinstance(getattr(network, "network", None), AbstractStatefulModule):
+        seen, fix = f"a {kind}", f"pass its network, {name}=state.network"
+    elif callable(network):
+        seen = "a function"
+        fix = f"call the factory with a key, {name}=factory(key)"
+    else:
+        seen = kind
+        fix = "pass a network, e.g. make_mlp_actor_critic(..., key=key)"
+    raise TypeError(
+        f"{where}({name}=<{kind}>): expected an eqx_ppo network (an "
+        f"AbstractStatefulModule), got {seen}. Fix: {fix}."
+    )
 
 
 def check_network(network: Any, where: str) -> AbstractStatefulModule:
