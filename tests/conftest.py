@@ -4,6 +4,7 @@ import shutil
 import tempfile
 
 import jax
+import jaxtyping
 import pytest
 
 
@@ -60,3 +61,14 @@ def _free_compiled_programs():
     """
     yield
     jax.clear_caches()
+
+
+@pytest.fixture
+def unchecked():
+    """Turn off the suite's runtime type checker, which would answer a wrongly
+    typed argument first with its own error: tests using this check what
+    users see."""
+    previous = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    yield
+    jaxtyping.config.update("jaxtyping_disable", previous)

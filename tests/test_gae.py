@@ -1,5 +1,4 @@
 import jax.numpy as jnp
-import jaxtyping
 import numpy as np
 import pytest
 
@@ -88,16 +87,6 @@ def test_matches_slow_reference(bootstrap):
     )
     expected = slow_gae(r, v, nv, done, trunc, 0.9, 0.8, bootstrap)
     np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture
-def unchecked():
-    """Turn off the suite's runtime type checker, which would answer some of
-    these inputs first with its own error: these tests check what users see."""
-    previous = jaxtyping.config.jaxtyping_disable
-    jaxtyping.config.update("jaxtyping_disable", True)
-    yield
-    jaxtyping.config.update("jaxtyping_disable", previous)
 
 
 _R = jnp.ones((5, 3))

@@ -3,7 +3,6 @@ import dataclasses
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jaxtyping
 import numpy as np
 import pytest
 
@@ -490,16 +489,6 @@ def test_unreached_outputs_are_rejected():
     b.add_output("m", 1).add_output("n", 1)
     b.connect("s", "h", delay=2).connect("h", "m").connect("m", "n", delay=1)
     b.finalize(key=jax.random.key(0))
-
-
-@pytest.fixture
-def unchecked():
-    """Turn off the suite's runtime type checker, which would answer a wrongly
-    typed argument first with its own error: these tests check what users see."""
-    previous = jaxtyping.config.jaxtyping_disable
-    jaxtyping.config.update("jaxtyping_disable", True)
-    yield
-    jaxtyping.config.update("jaxtyping_disable", previous)
 
 
 @pytest.mark.parametrize("key", [0, jax.random.split(jax.random.key(0))])

@@ -7,7 +7,6 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jaxtyping
 import numpy as np
 import pytest
 from jaxtyping import Array
@@ -39,16 +38,6 @@ TRAIN = TrainConfig(ppo=CONFIG, progress=False)
 
 def mlp(key, hidden=(8,)):
     return make_mlp_actor_critic(2, 2, list(hidden), list(hidden), key=key)
-
-
-@pytest.fixture
-def unchecked():
-    """Turn off the suite's runtime type checker, which would answer a wrongly
-    typed argument first with its own error: these tests check what users see."""
-    previous = jaxtyping.config.jaxtyping_disable
-    jaxtyping.config.update("jaxtyping_disable", True)
-    yield
-    jaxtyping.config.update("jaxtyping_disable", previous)
 
 
 COEFFICIENTS = [
