@@ -54,6 +54,7 @@ from .nn._module import (
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
+    check_key,
 )
 from .ppo._config import (
     DriverConfig,
@@ -78,7 +79,6 @@ from .ppo._train import (
 from .ppo._validate import (
     check_config_type,
     check_config_types,
-    check_key,
     check_network_argument,
 )
 from .recording import is_leaf_layer

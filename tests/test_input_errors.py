@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jaxtyping import Array
 
+import eqx_ppo
 from eqx_ppo import envs, make_mlp_actor_critic, record_activations_rollout
 from eqx_ppo.distill import (
     DistillationConfig,
@@ -375,6 +376,77 @@ def test_train_keys_are_checked(unchecked, getkey):
         train_ppo(ENV, mlp, config, key=keys)
     with pytest.raises(TypeError, match=r"train_ppo\(key=0\): expected a PRNG key"):
         train_ppo(ENV, mlp, config, key=0)
+
+
+def test_a_batch_of_seed_keys_may_be_legacy_key_data(unchecked, getkey):
+    config = dataclasses.replace(TRAIN, n_seeds=2)
+    typed = jax.random.split(getkey(), 2)
+    legacy = jax.random.key_data(typed)  # uint32[2, 2], as PRNGKey(...) splits
+    run = functools.partial(train_ppo, ENV, mlp, config)
+    from_typed, from_legacy = run(key=typed), run(key=legacy)
+    assert jax.tree.all(
+        jax.tree.map(
+            lambda a, b: bool(np.array_equal(a, b)),
+            eqx.filter(from_typed.training_state.network, eqx.is_array),
+            eqx.filter(from_legacy.training_state.network, eqx.is_array),
+        )
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"train_ppo\(key=key<fry>\[2, 2\]\): .*Fix: pass a single key, e\.g\. "
+        r"key=jax\.random\.key\(seed\) \(or one key per seed, \[n_seeds\], e\.g\. "
+        r"jax\.random\.split\(key, n_seeds\)\)",
+    ):
+        run(key=jax.random.split(getkey(), (2, 2)))
+
+
+@pytest.mark.parametrize(
+    "factory, args",
+    [
+        ("make_mlp", (2, [8], 2)),
+        ("make_mlp_actor_critic", (2, 2, [8], [8])),
+        ("make_recurrent_actor_critic", (2, 2, 8)),
+    ],
+)
+def test_factories_check_the_key(unchecked, factory, args):
+    with pytest.raises(
+        TypeError,
+        match=rf"{factory}\(key=0\): expected a PRNG key such as jax\.random\.key\(0\)",
+    ):
+        getattr(eqx_ppo.nn, factory)(*args, key=0)
+
+
+def test_a_network_for_another_obs_size_names_the_fix(getkey):
+    factory = lambda key: make_mlp_actor_critic(3, 2, [8], [8], key=key)  # noqa: E731
+    with pytest.raises(
+        ValueError,
+        match=r"Normalizer input leaf has shape \(2,\), expected \(3,\) \(one "
+        r"env's\)\. The sizes differ: build the network for one env's observation "
+        r"\(obs_size=env\.observation_size\)",
+    ):
+        train_ppo(ENV, factory, TRAIN)
+
+
+@pytest.mark.parametrize(
+    "layer, x, match",
+    [
+        ("dense", jnp.zeros((5, 2)), r"input of shape \(2,\), got shape \(5, 2\)\. "),
+        ("dense", jnp.zeros(3), r"input of shape \(2,\), got shape \(3,\)\. "),
+        ("normalizer", jnp.zeros((5, 2)), r"expected \(2,\) \(one env's\)\. "),
+        ("normalizer", jnp.zeros(3), r"expected \(2,\) \(one env's\)\. "),
+    ],
+    ids=["dense-batched", "dense-size", "normalizer-batched", "normalizer-size"],
+)
+def test_input_shape_errors_tell_a_batch_from_a_wrong_size(
+    unchecked, getkey, layer, x, match
+):
+    if layer == "dense":
+        module = eqx_ppo.nn.Dense(2, 4, key=getkey())
+    else:
+        module = eqx_ppo.nn.Normalizer(2)
+    fix = "Layers work on a single env: vmap" if x.ndim == 2 else "The sizes differ"
+    with pytest.raises(ValueError, match=match + fix):
+        module(module.initial_state(), x, key=getkey())
 
 
 @pytest.mark.parametrize("state", [(), {0: ()}], ids=["tuple", "missing-layer"])

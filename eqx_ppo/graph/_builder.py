@@ -11,8 +11,7 @@ from jaxtyping import Array, PRNGKeyArray
 
 from .._activation_key import ACTIVATION_KEY
 from ..nn._dense import Dense, check_int, check_size, get_activation
-from ..nn._module import AbstractStatefulModule, split_key
-from ..ppo._validate import check_key
+from ..nn._module import AbstractStatefulModule, check_key, split_key
 from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
 
 Activation = str | Callable[[Array], Array] | None

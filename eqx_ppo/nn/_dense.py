@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._module import AbstractStatelessLayer
+from ._module import AbstractStatelessLayer, input_shape_fix
 
 Initializer = Callable[..., Array]
 """A `jax.nn.initializers`-style callable `(key, shape, dtype) -> array`."""
@@ -88,8 +88,7 @@ def check_vector(layer: str, x: Any, size: int) -> None:
     if shape != (size,):
         raise ValueError(
             f"{layer} expects one env's input of shape ({size},), got shape {shape}. "
-            "Layers work on a single env: vmap over the env axis, or use "
-            "`eqx_ppo.nn.apply_batched`."
+            + input_shape_fix(shape, (size,))
         )
 
 

@@ -42,7 +42,7 @@ from ._containers import Map, Sequential
 from ._conv import check_pixel_scale, make_cnn_encoder
 from ._dense import Dense, check_size, get_activation
 from ._linear_recurrent import LRU, MinGRU
-from ._module import AbstractStatefulModule
+from ._module import AbstractStatefulModule, check_key
 from ._normalizer import Normalizer
 from ._recurrent import GRU, LSTM
 from ._utils import Flattener, Splitter
@@ -121,6 +121,7 @@ def make_mlp(
     - `activate_final`: also apply `activation` after the output layer.
     - `initializer_scale`: variance scale of the (fan-in, uniform) kernel init.
     """
+    check_key("make_mlp", key)
     hidden_sizes = _check_sizes("make_mlp(hidden_sizes)", hidden_sizes)
     get_activation(activation)
     return Sequential(
@@ -359,6 +360,8 @@ def make_mlp_actor_critic(
       first, e.g. `1 / 255` for `uint8` images; finite and `> 0`.
     """
 
+    check_key("make_mlp_actor_critic", key)
+
     def no_trunk(port, features, key):
         del port, key
         return [], features
@@ -525,6 +528,7 @@ def make_recurrent_actor_critic(
       reals and a faster replay (see the guide "Choosing a memory model");
       its output stays `hidden_size` wide. Only with `cell="lru"`.
     """
+    check_key("make_recurrent_actor_critic", key)
     if cell not in _CELLS:
         raise ValueError(
             f"cell={cell!r} is not a recurrent cell; choose one of "

@@ -39,12 +39,14 @@ parallel form (an associative scan) may override it.
 
 import abc
 import dataclasses
+import reprlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
 State = PyTree
@@ -354,6 +356,49 @@ def trainable(model: PyTree) -> PyTree[bool]:
 def zero_loss() -> Float[Array, ""]:
     """The regularisation loss of a layer that adds none."""
     return jnp.zeros((), jnp.float32)
+
+
+def input_shape_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """How to fix a layer's input of shape `got` where one env's `want` is
+    expected: vmap if `got` is a batch of `want`, otherwise match the sizes."""
+    if len(got) > len(want) and got[len(got) - len(want) :] == want:
+        return (
+            "Layers work on a single env: vmap over the env axis, or use "
+            "`eqx_ppo.nn.apply_batched`."
+        )
+    return (
+        "The sizes differ: build the network for one env's observation "
+        "(obs_size=env.observation_size), or the layer for its input."
+    )
+
+
+def array_spec(x: Any) -> str:
+    """`float32[8, 2]` for an array or a `jax.ShapeDtypeStruct`, else the type."""
+    if eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+def check_key(
+    where: str, key: Any, several: str = "vmap over keys to use several"
+) -> None:
+    """Raise a `TypeError` unless `key` is one PRNG key: a typed key
+    (`jax.random.key`) or legacy raw key data (`jax.random.PRNGKey`, uint32).
+    `several` tells how `where` takes more than one key."""
+    if eqx.is_array(key):
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            if key.shape == ():
+                return
+        elif key.dtype == np.uint32 and key.shape in ((2,), (4,)):
+            return
+        value, seen = array_spec(key), f"a {array_spec(key)} array"
+    else:
+        value, seen = reprlib.repr(key), type(key).__name__
+    raise TypeError(
+        f"{where}(key={value}): expected a PRNG key such as jax.random.key(0), got "
+        f"{seen}. Fix: pass a single key, e.g. key=jax.random.key(seed) "
+        f"({several})."
+    )
 
 
 def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:

@@ -13,6 +13,7 @@ from ._module import (
     AbstractDeterministicModule,
     AbstractStatistics,
     StatefulModuleOutput,
+    input_shape_fix,
     zero_loss,
 )
 
@@ -181,7 +182,8 @@ class Normalizer(AbstractDeterministicModule):
             if jnp.shape(leaf) != mean.shape:
                 raise ValueError(
                     f"Normalizer input leaf has shape {jnp.shape(leaf)}, expected "
-                    f"{mean.shape} (one env, no batch axis; vmap over envs)."
+                    f"{mean.shape} (one env's). "
+                    + input_shape_fix(jnp.shape(leaf), mean.shape)
                 )
         # Statistics are data, not parameters: no gradient may reach them.
         frozen = eqx.tree_at(

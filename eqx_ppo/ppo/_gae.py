@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from ._validate import _array_spec
+from ..nn._module import array_spec
 
 
 def gae(
@@ -64,7 +64,7 @@ def _check_inputs(rewards, values, next_values, done, truncated) -> None:
     for name, x in others.items():
         if jnp.shape(x) != shape:
             raise ValueError(
-                f"gae({name}={_array_spec(x)}): expected the shape of rewards "
+                f"gae({name}={array_spec(x)}): expected the shape of rewards "
                 f"{shape}, got {jnp.shape(x)}. Fix: pass all five arrays as "
                 "[time, ...] of one shape (squeeze a value head's trailing axis "
                 "of size 1; do not swap the time and env axes)."
@@ -72,7 +72,7 @@ def _check_inputs(rewards, values, next_values, done, truncated) -> None:
     for name in ("done", "truncated"):
         if jnp.result_type(others[name]) != jnp.bool_:
             raise TypeError(
-                f"gae({name}={_array_spec(others[name])}): expected a bool array, "
+                f"gae({name}={array_spec(others[name])}): expected a bool array, "
                 f"got dtype {jnp.result_type(others[name])}. Fix: pass a bool "
                 f"mask, e.g. `{name}.astype(bool)`."
             )

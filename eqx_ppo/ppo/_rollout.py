@@ -17,10 +17,10 @@ from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
-from ..nn._module import AbstractStatefulModule, State, reset_where
+from ..nn._module import AbstractStatefulModule, State, check_key, reset_where
 from ..samplers import CategoricalSampler
 from ._sharding import shard_env_keys
-from ._validate import check_int, check_key, check_network_argument, check_step_output
+from ._validate import check_int, check_network_argument, check_step_output
 
 
 class Transition(NamedTuple):

@@ -25,12 +25,12 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from ..logging import LoggingLevel, reduce_metric
-from ..nn._module import AbstractStatefulModule, State, trainable
+from ..nn._module import AbstractStatefulModule, State, check_key, trainable
 from ._config import LearnerConfig, PPOConfig
 from ._learner import PPO, AbstractLearner, Minibatch
 from ._rollout import StepCarry, Transition, env_keys, rollout
 from ._sharding import gather_envs, pmean
-from ._validate import check_int, check_key, check_network_argument
+from ._validate import check_int, check_network_argument
 
 
 class TrainingState(eqx.Module):

@@ -29,7 +29,7 @@ from jaxtyping import Array, Key, PRNGKeyArray
 
 from ..checkpoint import register_template
 from ..logging import LoggingLevel
-from ..nn._module import AbstractStatefulModule
+from ..nn._module import AbstractStatefulModule, check_key
 from ._config import DriverConfig, LearnerConfig, PPOConfig, TrainConfig
 from ._learner import PPO, AbstractLearner
 from ._rollout import eval_rollout
@@ -46,7 +46,6 @@ from ._validate import (
     check_callbacks,
     check_config_type,
     check_initial_state,
-    check_key,
     check_network,
     check_network_factory,
 )
@@ -172,11 +171,14 @@ def seed_keys(
 
     `key=None` gives seed `i` the key `jax.random.key(config.seed + i)`. A
     single key is split into `n_seeds` keys (used as is for one seed); a
-    batch of keys `[S]` gives one per seed and must have `S == n_seeds`.
+    batch of keys `[S]` (typed, or legacy `uint32[S, 2]` key data) gives one
+    per seed and must have `S == n_seeds`.
     """
     n_seeds = config.n_seeds
     if key is None:
         return jnp.stack([jax.random.key(config.seed + i) for i in range(n_seeds)])
+    if eqx.is_array(key) and key.dtype == np.uint32 and key.ndim == 2:
+        key = jax.random.wrap_key_data(key)
     typed = eqx.is_array(key) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     if typed and key.ndim == 1:
         if key.shape[0] != n_seeds:
@@ -187,7 +189,11 @@ def seed_keys(
                 f"{key.shape[0]}), or pass one key to split."
             )
         return key
-    check_key(where, key)
+    check_key(
+        where,
+        key,
+        several="or one key per seed, [n_seeds], e.g. jax.random.split(key, n_seeds)",
+    )
     if not typed:
         key = jax.random.wrap_key_data(key)
     return key[None] if n_seeds == 1 else jax.random.split(key, n_seeds)
@@ -277,9 +283,10 @@ def train_ppo(
       `key -> network` (each seed then gets its own initialisation).
     - `config`: a [`eqx_ppo.TrainConfig`][].
     - `key`: the run's randomness. One key is split into `n_seeds` seed keys
-      (used as is when `n_seeds=1`); a batch of keys `[n_seeds]` gives each
-      seed its own. Each seed key is split once into the network
-      initialisation, training and evaluation keys. `None` (default) uses
+      (used as is when `n_seeds=1`); a batch of keys `[n_seeds]` (typed, or
+      legacy `uint32[n_seeds, 2]` key data) gives each seed its own. Each
+      seed key is split once into the network initialisation, training and
+      evaluation keys. `None` (default) uses
       `jax.random.key(config.seed + i)` for seed `i`. When resuming from
       `initial_state`, the training key comes from the state; pass the
       original `key` (or seed) so evaluations draw the same noise as in an

@@ -20,20 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree
 
-from ..nn._module import AbstractStatefulModule
+from ..nn._module import AbstractStatefulModule, array_spec
 
 _CALLBACK_CALLS = {
     "log_fn": "log_fn(metrics, step)",
     "video_fn": "video_fn(video_data)",
     "checkpoint_fn": "checkpoint_fn(training_state, step)",
 }
-
-
-def _array_spec(x: Any) -> str:
-    """`float32[8, 2]` for an array or a `jax.ShapeDtypeStruct`, else the type."""
-    if eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct):
-        return f"{x.dtype}{list(x.shape)}"
-    return type(x).__name__
 
 
 def check_finite_value(kind: str, name: str, value: numbers.Real) -> None:
@@ -180,25 +173,6 @@ def check_network(network: Any, where: str) -> AbstractStatefulModule:
     return network
 
 
-def check_key(where: str, key: Any) -> None:
-    """Raise a `TypeError` unless `key` is one PRNG key: a typed key
-    (`jax.random.key`) or legacy raw key data (`jax.random.PRNGKey`, uint32)."""
-    if eqx.is_array(key):
-        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-            if key.shape == ():
-                return
-        elif key.dtype == np.uint32 and key.shape in ((2,), (4,)):
-            return
-        value, seen = _array_spec(key), f"a {_array_spec(key)} array"
-    else:
-        value, seen = reprlib.repr(key), type(key).__name__
-    raise TypeError(
-        f"{where}(key={value}): expected a PRNG key such as jax.random.key(0), got "
-        f"{seen}. Fix: pass a single key, e.g. key=jax.random.key(seed) (vmap "
-        "over keys to use several)."
-    )
-
-
 def _per_env(tree: PyTree[Array]) -> list[tuple[str, tuple[int, ...], Any]]:
     """(path, per-env shape, dtype) of every leaf of an `[env, ...]` pytree."""
     return [
@@ -304,5 +278,5 @@ def check_initial_state(where: str, state: Any, fresh: Callable[[], Any]) -> Non
         if isinstance(spec, jax.ShapeDtypeStruct) and not _same_leaf(x, spec):
             raise ValueError(
                 f"{prefix}: initial_state{jax.tree_util.keystr(path)} is "
-                f"{_array_spec(x)}, but a fresh state has {_array_spec(spec)}. {fix}"
+                f"{array_spec(x)}, but a fresh state has {array_spec(spec)}. {fix}"
             )
