@@ -5,6 +5,7 @@ import dataclasses
 
 import equinox as eqx
 import jax
+import pytest
 
 import eqx_ppo
 from eqx_ppo.distill import (
@@ -80,6 +81,25 @@ def test_one_key_is_split_over_seeds():
         jax.random.key_data(eqx_ppo.select_seed(seeds.key, 0)),
         jax.random.key_data(first.training_state.key),
     )
+
+
+def test_select_seed_refuses_a_seed_out_of_range_or_a_single_seed_tree():
+    key = jax.random.key(3)
+    seeds = eqx_ppo.train_ppo(ENV, networks, config(n_seeds=2), key=key).training_state
+    assert same(
+        eqx_ppo.select_seed(seeds.network, -1), eqx_ppo.select_seed(seeds.network, 1)
+    )
+    for index in (2, -3):  # JAX indexing would clamp both to a seed
+        with pytest.raises(
+            IndexError,
+            match=rf"select_seed\(seed_index={index}\): out of range for 2 seeds\. "
+            r"Fix: pass 0 <= seed_index < 2\.",
+        ):
+            eqx_ppo.select_seed(seeds, index)
+    with pytest.raises(
+        ValueError, match=r"select_seed\(tree=\.\.\.\): the array leaves share no"
+    ):
+        eqx_ppo.select_seed(networks(key), 0)
 
 
 def test_distillation_takes_a_key():

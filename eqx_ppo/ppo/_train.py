@@ -16,6 +16,7 @@ the network, and checkpoints receive the state gathered onto one device.
 import dataclasses
 import functools
 import math
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -86,7 +87,25 @@ def select_seed(tree: Any, seed_index: int) -> Any:
     """Seed `seed_index`'s slice of a multi-seed result (state, network, ...).
 
     Every array leaf loses its leading seed axis; everything else is kept.
+    Raises a `ValueError` if the array leaves share no leading axis (a
+    single-seed result) and an `IndexError` if `seed_index` is out of range,
+    which JAX indexing would otherwise clamp to the last seed.
     """
+    arrays = [x for x in jax.tree.leaves(tree) if eqx.is_array(x)]
+    sizes = sorted({x.shape[0] if x.ndim else 0 for x in arrays})
+    if len(sizes) > 1 or sizes == [0]:
+        raise ValueError(
+            f"select_seed(tree=...): the array leaves share no leading seed axis "
+            f"(leading sizes {sizes}, 0 for scalars). Fix: pass a result of "
+            "TrainConfig(n_seeds > 1); a single-seed result needs no selection."
+        )
+    if sizes and not isinstance(seed_index, jax.core.Tracer):
+        n_seeds, index = sizes[0], operator.index(seed_index)
+        if not -n_seeds <= index < n_seeds:
+            raise IndexError(
+                f"select_seed(seed_index={index}): out of range for {n_seeds} "
+                f"seeds. Fix: pass 0 <= seed_index < {n_seeds}."
+            )
     return jax.tree.map(lambda x: x[seed_index] if eqx.is_array(x) else x, tree)
 
 
