@@ -59,6 +59,27 @@ def test_non_finite_coefficients_are_rejected(name, value):
         PPOConfig(**{name: value})
 
 
+@pytest.mark.parametrize(
+    "config", [PPOConfig, DistillationConfig], ids=lambda c: c.__name__
+)
+def test_a_zero_clip_norm_is_rejected(config):
+    # optax.clip_by_global_norm(0) scales every gradient to zero.
+    with pytest.raises(
+        ValueError,
+        match=rf"{config.__name__}\(gradient_clipping=0\.0\): must be > 0 or None",
+    ):
+        config(gradient_clipping=0.0)
+    config(gradient_clipping=None, weight_decay=0.0)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0])
+def test_reward_scaling_must_be_positive(value):
+    with pytest.raises(
+        ValueError, match=rf"PPOConfig\(reward_scaling={value}\): must be > 0\.0\."
+    ):
+        PPOConfig(reward_scaling=value)
+
+
 def test_non_finite_distillation_learning_rate_is_rejected():
     with pytest.raises(
         ValueError, match=r"DistillationConfig\(learning_rate=nan\): must be finite"

@@ -121,13 +121,15 @@ class OptimizerConfig(eqx.Module):
         _check_choice(
             "lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"), kind
         )
-        for name in ("gradient_clipping", "weight_decay"):
+        # A zero clip norm scales every gradient to zero: nothing would train.
+        for name, positive in (("gradient_clipping", True), ("weight_decay", False)):
             value = getattr(self, name)
             if value is None:
                 continue
             check_finite_value(kind, name, value)
-            if value < 0:
-                raise ValueError(f"{kind}({name}={value}): must be >= 0 or None.")
+            if value < 0 or (positive and value == 0):
+                bound = "> 0" if positive else ">= 0"
+                raise ValueError(f"{kind}({name}={value}): must be {bound} or None.")
         check_coefficient(self, "learning_rate", 0.0)
 
 
@@ -185,8 +187,8 @@ class PPOConfig(LearnerConfig):
       run collapse?").
     - `combine_advantages`: sum per-reward-key advantages into one advantage
       for every action log-likelihood (multi-head rewards).
-    - `gradient_clipping`: global-norm clip (default 0.5, as in CleanRL and
-      Stable-Baselines3), or `None` for none.
+    - `gradient_clipping`: global-norm clip, `> 0` (default 0.5, as in CleanRL
+      and Stable-Baselines3), or `None` for none.
     - `target_kl`: stop the epoch loop early once a minibatch's approximate
       KL divergence from the rollout policy (`mean((r - 1) - log r)`, `r` the
       probability ratio) exceeds `1.5 * target_kl`: that minibatch and every
@@ -196,7 +198,7 @@ class PPOConfig(LearnerConfig):
     - `value_clip_range`: clip the value loss as CleanRL's `clip_vloss`:
       `max((V - t)^2, (V_old + clip(V - V_old, -c, c) - t)^2)`, with `V_old`
       the rollout's value. `None` (default) for the plain squared error.
-    - `reward_scaling`: the loss multiplies every reward by it (Brax's
+    - `reward_scaling`: `> 0`; the loss multiplies every reward by it (Brax's
       `reward_scaling`), so advantages and value targets are in scaled units
       while the rollout, its metrics and evaluation stay in the env's units.
       For one factor per key of a dict reward, wrap the env in
@@ -291,18 +293,25 @@ class PPOConfig(LearnerConfig):
             "critic_loss_weight": (0.0, None),
             "target_kl": (0.0, None),
             "value_clip_range": (0.0, None),
-            "reward_scaling": (0.0, None),
         }
         for name, (low, high) in bounds.items():
             if getattr(self, name) is not None:
                 check_coefficient(self, name, low, high)
+        # Zero would erase every reward: the actor would learn from entropy alone.
+        check_coefficient(self, "reward_scaling", 0.0, open_low=True)
 
 
 def check_coefficient(
-    config: Any, name: str, low: float, high: float | None = None
+    config: Any,
+    name: str,
+    low: float,
+    high: float | None = None,
+    *,
+    open_low: bool = False,
 ) -> None:
-    """A concrete coefficient must be a finite scalar in `[low, high]`; traced
-    values (configs built inside `jax.vmap`) are not checked."""
+    """A concrete coefficient must be a finite scalar in `[low, high]` (`(low,
+    high]` with `open_low`); traced values (configs built inside `jax.vmap`)
+    are not checked."""
     kind, value = type(config).__name__, getattr(config, name)
     if not _is_concrete(value):
         return
@@ -313,9 +322,10 @@ def check_coefficient(
         )
     v = float(value)
     check_finite_value(kind, name, v)
-    if v < low or (high is not None and v > high):
+    if v < low or (open_low and v == low) or (high is not None and v > high):
+        lower = f"> {low}" if open_low else f">= {low}"
         upper = "" if high is None else f" and <= {high}"
-        raise ValueError(f"{kind}({name}={v}): must be >= {low}{upper}.")
+        raise ValueError(f"{kind}({name}={v}): must be {lower}{upper}.")
 
 
 def _check_choice(
