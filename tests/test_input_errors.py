@@ -687,3 +687,17 @@ def test_network_arguments_must_be_networks(unchecked, getkey, state, kind):
     for where, arg, call in calls:
         with pytest.raises(TypeError, match=rf"{where}\({arg}={seen.format(arg=arg)}"):
             call()
+
+
+def test_make_mesh_takes_devices(unchecked):
+    from eqx_ppo import make_mesh
+
+    with pytest.raises(
+        TypeError,
+        match=r"make_mesh\(devices=3\): expected a sequence of devices\. Fix: pass "
+        r"a list of devices",
+    ):
+        make_mesh(3)
+    with pytest.raises(TypeError, match=r"expected jax devices, got \['str'\]"):
+        make_mesh(["cpu:0"])
+    assert make_mesh(jax.devices()[:1]).axis_names == ("env",)

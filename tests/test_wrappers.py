@@ -156,6 +156,17 @@ def test_scales_dict_rewards(getkey):
 def test_bad_scale(getkey):
     with pytest.raises(TypeError, match="scale"):
         RewardScalingWrapper(MoveToCenter(), "big")
+    for scale in (
+        0.0,
+        float("nan"),
+        {"arm1": 0.0, "arm2": 0},
+        {"arm1": 1.0, "arm2": float("inf")},
+    ):
+        with pytest.raises(
+            ValueError, match=r"every factor must be finite and at least one non-zero"
+        ):
+            RewardScalingWrapper(TwoArm(), scale)
+    RewardScalingWrapper(TwoArm(), {"arm1": 1.0, "arm2": 0.0})  # ignore one key
     wrong_keys = RewardScalingWrapper(TwoArm(), {"left": 1.0, "right": 1.0})
     with pytest.raises(ValueError, match="one factor per reward key"):
         wrong_keys.reset(getkey())

@@ -126,7 +126,8 @@ class RewardScalingWrapper(AbstractWrapper):
     - `env`: the env whose rewards to scale.
     - `scale`: a float applied to every reward leaf, or a pytree with the
       reward's structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`) giving one factor
-      per reward key.
+      per reward key. Factors are finite; a key's may be 0 (to ignore it), but
+      not every one.
     """
 
     env: Any
@@ -142,8 +143,15 @@ class RewardScalingWrapper(AbstractWrapper):
                 f"`RewardScalingWrapper(scale={scale!r})`: scale must be a float or "
                 "a dict of floats with the reward's keys."
             )
+        factors = tuple(float(s) for s in leaves)
+        if not all(np.isfinite(factors)) or not any(factors):
+            raise ValueError(
+                f"`RewardScalingWrapper(scale={scale!r})`: every factor must be "
+                "finite and at least one non-zero; scaling every reward to zero "
+                "leaves nothing to learn."
+            )
         self.env = env
-        self.scale_leaves = tuple(float(s) for s in leaves)
+        self.scale_leaves = factors
         self.scale_treedef = treedef
 
     @property

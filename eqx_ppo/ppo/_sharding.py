@@ -24,7 +24,7 @@ from constants, which the varying-manual-axes type checker rejects. The
 collectives below keep replicated outputs identical on every device.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import equinox as eqx
@@ -47,9 +47,20 @@ def make_mesh(devices: Any = None) -> Mesh:
       which is every local device, or every device of every process once
       `jax.distributed.initialize()` has run.
     """
+    if devices is not None and not isinstance(devices, Iterable):
+        raise TypeError(
+            f"make_mesh(devices={devices!r}): expected a sequence of devices. Fix: "
+            "pass a list of devices, e.g. jax.devices()[:2]."
+        )
     devices = jax.devices() if devices is None else list(devices)
     if not devices:
         raise ValueError("make_mesh(devices=[]): expected at least one device.")
+    if not all(isinstance(d, jax.Device) for d in devices):
+        raise TypeError(
+            f"make_mesh(devices=...): expected jax devices, got "
+            f"{sorted({type(d).__name__ for d in devices})}. Fix: pass devices "
+            "from jax.devices()."
+        )
     return Mesh(np.asarray(devices), (ENV_AXIS,))
 
 
