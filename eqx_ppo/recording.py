@@ -132,6 +132,12 @@ def with_recording(net: PyTree) -> PyTree:
             return Recorder(node)
         return node
 
+    if not any(map(is_target, jax.tree.leaves(net, is_leaf=is_target))):
+        fix = "call the factory first" if callable(net) else "pass a network"
+        raise TypeError(
+            f"with_recording(net=<{type(net).__name__}>): found no layer to record. "
+            f"Fix: {fix}, e.g. with_recording(make_mlp_actor_critic(..., key=key))."
+        )
     return jax.tree.map(record, net, is_leaf=is_target)
 
 

@@ -701,3 +701,64 @@ def test_make_mesh_takes_devices(unchecked):
     with pytest.raises(TypeError, match=r"expected jax devices, got \['str'\]"):
         make_mesh(["cpu:0"])
     assert make_mesh(jax.devices()[:1]).axis_names == ("env",)
+
+
+def lstm(key):
+    return eqx_ppo.make_lstm_actor_critic(2, 2, lstm_size=8, key=key)
+
+
+def test_apply_batched_needs_one_env_axis_on_every_leaf(unchecked, getkey):
+    from eqx_ppo.nn import apply_batched
+
+    net = lstm(getkey())
+    fix = r"\. Fix: batch them alike"
+    with pytest.raises(
+        ValueError,
+        match=r"apply_batched\(state\[1\]\['action'\]\[0\]\[0\]=\.\.\.\): every leaf "
+        rf"of state, x and extras needs the same leading env axis \[B\] \(x has 4\), "
+        rf"but it has 3{fix}",
+    ):
+        apply_batched(net, net.initialize_state(3), jnp.zeros((4, 2)), key=getkey())
+    with pytest.raises(ValueError, match=rf"apply_batched\(x=\.\.\.\): .*scalar{fix}"):
+        apply_batched(net, net.initialize_state(3), jnp.zeros(()), key=getkey())
+    feedforward = mlp(getkey())  # no carry: its state has no array leaves
+    with pytest.raises(ValueError, match=r"x has no array leaves"):
+        apply_batched(feedforward, feedforward.initialize_state(2), {}, key=getkey())
+    # One env's observation reaches the normaliser as [].
+    with pytest.raises(
+        ValueError,
+        match=r"The input has fewer axes than one env's: vmap and `apply_batched` "
+        r"take the leading axis as the env axis, so give them a batch \[B, \.\.\.\]",
+    ):
+        apply_batched(
+            feedforward, feedforward.initialize_state(2), jnp.zeros(2), key=getkey()
+        )
+    out = apply_batched(net, net.initialize_state(3), jnp.zeros((3, 2)), key=getkey())
+    assert out.output.value_estimates.shape == (3,)
+
+
+def test_initialize_state_takes_a_number_of_envs(unchecked, getkey):
+    net = lstm(getkey())
+    with pytest.raises(
+        ValueError,
+        match=r"Sequential\.initialize_state\(batch_size=-1\): the number of envs "
+        r"must be >= 0",
+    ):
+        net.initialize_state(-1)
+    with pytest.raises(TypeError, match=r"batch_size=2\.0\): expected an int"):
+        net.initialize_state(2.0)
+    assert jax.tree.leaves(net.initialize_state(0))[0].shape[0] == 0
+
+
+@pytest.mark.parametrize(
+    "net, fix",
+    [(mlp, "call the factory first"), (3, "pass a network")],
+    ids=["factory", "int"],
+)
+def test_with_recording_needs_a_network(unchecked, net, fix):
+    with pytest.raises(
+        TypeError,
+        match=rf"with_recording\(net=<{type(net).__name__}>\): found no layer to "
+        rf"record\. Fix: {fix}",
+    ):
+        eqx_ppo.with_recording(net)
