@@ -10,6 +10,7 @@ import json
 import pathlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -36,6 +37,17 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _count(text: str) -> int:
+    """A positive int flag (a number of steps, envs, seeds, ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
     """`--help` with every default, except `None` and on/off switches."""
 
@@ -50,6 +62,21 @@ RESUMABLE_FLAGS = frozenset({"--resume", "--steps", "--no-progress"})
 
 NETWORK_FLAGS = ("--hidden", "--recurrent", "--cell", "--entropy-weight")
 """The `train` flags, besides `--env`, that the network is built from."""
+
+CONFIG_FLAGS = (
+    "--steps",
+    "--n-envs",
+    "--rollout-length",
+    "--seeds",
+    "--lr",
+    "--minibatches",
+    "--epochs",
+    "--eval-every",
+)
+"""The `train` flags the `TrainConfig` is built from."""
+
+ENV_FLAGS = ("--env", "--env-kwargs")
+"""The `train` flags the env is made from."""
 
 
 class CLIError(Exception):
@@ -102,17 +129,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--steps",
-        type=int,
+        type=_count,
         default=300_000,
         help="env steps in all (with --resume: train on up to this many)",
     )
-    train.add_argument("--n-envs", type=int, default=128, help="parallel envs")
+    train.add_argument("--n-envs", type=_count, default=128, help="parallel envs")
     train.add_argument(
-        "--rollout-length", type=int, default=20, help="steps per env per iteration"
+        "--rollout-length", type=_count, default=20, help="steps per env per iteration"
     )
     train.add_argument(
         "--seeds",
-        type=int,
+        type=_count,
         default=1,
         help="train this many seeds in one vmapped program",
     )
@@ -141,12 +168,12 @@ def _parser() -> argparse.ArgumentParser:
         "--entropy-weight", type=float, default=1e-2, help="entropy bonus weight"
     )
     train.add_argument(
-        "--minibatches", type=int, default=4, help="minibatches per epoch"
+        "--minibatches", type=_count, default=4, help="minibatches per epoch"
     )
-    train.add_argument("--epochs", type=int, default=4, help="epochs per iteration")
+    train.add_argument("--epochs", type=_count, default=4, help="epochs per iteration")
     train.add_argument(
         "--eval-every",
-        type=int,
+        type=_count,
         default=None,
         help="env steps between evaluations (default: steps/10)",
     )
@@ -178,10 +205,12 @@ def _parser() -> argparse.ArgumentParser:
             required=True,
             help="a run folder or one checkpoint folder in it",
         )
-        p.add_argument("--n-envs", type=int, default=16, help="episodes, one per env")
+        p.add_argument(
+            "--n-envs", type=_count, default=16, help="episodes, one per env"
+        )
         p.add_argument(
             "--episode-length",
-            type=int,
+            type=_count,
             default=None,
             help="steps per env (default: the env's own episode limit)",
         )
@@ -267,19 +296,24 @@ def _episode_length(env: Any) -> int:
     return int(getattr(env, "max_len", 0) or 1000)
 
 
+def _given(args: argparse.Namespace, flags: Sequence[str], fallback: str) -> str:
+    """`--flag value ...` for those of `flags` the command line gave (else
+    `fallback`), to name them in a one-line error."""
+    named = []
+    for flag in [f for f in flags if f in args.given] or [fallback]:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        named.append(f"{flag} {text}")
+    return " ".join(named)
+
+
 def _check_network(args: argparse.Namespace, run: dict[str, Any], env: Any) -> None:
     """Build the network abstractly, so that a bad network flag is one line and
     no run folder."""
     try:
         eqx.filter_eval_shape(build_network, run, env, jax.random.key(0))
     except ValueError as e:
-        flags = [f for f in NETWORK_FLAGS if f in args.given] or ["--env"]
-        named = []
-        for flag in flags:
-            value = getattr(args, flag[2:].replace("-", "_"))
-            text = ",".join(map(str, value)) if isinstance(value, tuple) else value
-            named.append(f"{flag} {text}")
-        raise CLIError(f"{' '.join(named)}: {e}") from e
+        raise CLIError(f"{_given(args, NETWORK_FLAGS, '--env')}: {e}") from e
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -312,7 +346,10 @@ def _train(args: argparse.Namespace) -> int:
                 "--recurrent SIZE."
             )
         env_kwargs = args.env_kwargs or {}
-        env_probe = envs.make(args.env, **env_kwargs)
+        try:
+            env_probe = envs.make(args.env, **env_kwargs)
+        except (ValueError, TypeError) as e:
+            raise CLIError(f"{_given(args, ENV_FLAGS, '--env')}: {e}") from e
         run = {
             "env": args.env,
             "env_kwargs": env_kwargs,
@@ -342,7 +379,10 @@ def _train(args: argparse.Namespace) -> int:
     env = _make_env(run)
     # Built, like the network checked above, before anything is written: bad
     # flags leave no folder behind.
-    config = train_config(run, progress=not args.no_progress)
+    try:
+        config = train_config(run, progress=not args.no_progress)
+    except ValueError as e:
+        raise CLIError(f"{_given(args, CONFIG_FLAGS, '--n-envs')}: {e}") from e
 
     def networks(key):
         return build_network(run, env, key)
