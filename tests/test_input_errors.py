@@ -3,6 +3,7 @@ was expected, what was seen and the fix."""
 
 import dataclasses
 import functools
+import re
 
 import equinox as eqx
 import jax
@@ -762,3 +763,39 @@ def test_with_recording_needs_a_network(unchecked, net, fix):
         rf"record\. Fix: {fix}",
     ):
         eqx_ppo.with_recording(net)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda v: PPOConfig(normalize_advantages=v), "PPOConfig(normalize_advantages"),
+        (lambda v: PPOConfig(combine_advantages=v), "PPOConfig(combine_advantages"),
+        (
+            lambda v: DistillationConfig(check_finite=v),
+            "DistillationConfig(check_finite",
+        ),
+        (lambda v: EvalConfig(enabled=v), "EvalConfig(enabled"),
+        (lambda v: TrainConfig(progress=v), "TrainConfig(progress"),
+    ],
+)
+def test_switches_must_be_bools(unchecked, make, name):
+    # "false" from a YAML file or a command line would count as true.
+    with pytest.raises(
+        TypeError,
+        match=rf"{re.escape(name)}='false'\): expected True or False, got str\. "
+        r"Fix: pass a Python bool\.",
+    ):
+        make("false")
+    make(False)
+
+
+@pytest.mark.parametrize("config", [PPOConfig, EvalConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("level", ["losses", 3])
+def test_logging_levels_must_be_flags(unchecked, config, level):
+    with pytest.raises(
+        TypeError,
+        match=rf"{config.__name__}\(logging_level={level!r}\): expected a "
+        rf"LoggingLevel, got {type(level).__name__}\. Fix: combine flags, e\.g\. "
+        r"logging_level=LoggingLevel\.",
+    ):
+        config(logging_level=level)

@@ -12,8 +12,10 @@ from jaxtyping import Array, Float
 from ..checkpoint import register_config
 from ..logging import LoggingLevel
 from ._validate import (
+    check_bools,
     check_config_types,
     check_finite_value,
+    check_flags,
     check_percentiles,
     check_positive_ints,
 )
@@ -75,6 +77,13 @@ class IterationConfig(eqx.Module):
                 f"{self.n_minibatches * max(1, self.n_envs // self.n_minibatches)}."
             )
         _check_choice("reset_mode", self.reset_mode, ("cached", "fresh"), kind)
+        check_bools(self, "check_finite")
+        check_flags(
+            self,
+            "logging_level",
+            LoggingLevel,
+            "LoggingLevel.LOSSES | LoggingLevel.THROUGHPUT",
+        )
         check_percentiles(kind, self.logging_percentiles)
 
     @property
@@ -286,6 +295,7 @@ class PPOConfig(LearnerConfig):
 
     def __check_init__(self):
         _check_choice("truncation", self.truncation, ("drop", "bootstrap"))
+        check_bools(self, "normalize_advantages", "combine_advantages")
         bounds = {
             "clip_range": (0.0, None),
             "discounting_factor": (0.0, 1.0),
@@ -354,7 +364,14 @@ class EvalConfig:
     logging_percentiles: tuple[int | float, ...] | None = (0, 25, 50, 75, 100)
 
     def __post_init__(self):
+        check_bools(self, "enabled")
         check_positive_ints(self, "every_steps", "n_envs", "max_episode_length")
+        check_flags(
+            self,
+            "logging_level",
+            LoggingLevel,
+            "LoggingLevel.ENV_METRICS | LoggingLevel.NETWORK_METRICS",
+        )
         check_percentiles("EvalConfig", self.logging_percentiles)
 
 
@@ -371,6 +388,7 @@ class VideoConfig:
     )
 
     def __post_init__(self):
+        check_bools(self, "enabled")
         check_positive_ints(self, "every_steps", "episode_length")
 
 
@@ -415,6 +433,7 @@ class DriverConfig:
                 f"{type(self).__name__}(seed={self.seed!r}): the seed must be an "
                 "int; for other randomness pass `key=` to the driver."
             )
+        check_bools(self, "progress")
         check_positive_ints(self, "n_seeds", "checkpoint_every_steps")
         if self.log_every_steps is not None:
             check_positive_ints(self, "log_every_steps")

@@ -57,6 +57,30 @@ def check_positive_ints(config: Any, *names: str) -> None:
         check_int(type(config).__name__, name, getattr(config, name))
 
 
+def check_bools(config: Any, *names: str) -> None:
+    """Raise a `TypeError` unless each field `names` of `config` is a bool: a
+    string such as `"false"` (from a YAML file or a command line) would
+    otherwise count as true."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"{type(config).__name__}({name}={value!r}): expected True or "
+                f"False, got {type(value).__name__}. Fix: pass a Python bool."
+            )
+
+
+def check_flags(config: Any, name: str, cls: type, example: str) -> None:
+    """Raise a `TypeError` unless the field `name` of `config` is a `cls` flag
+    enum (`example` shows how to build one)."""
+    value = getattr(config, name)
+    if not isinstance(value, cls):
+        raise TypeError(
+            f"{type(config).__name__}({name}={value!r}): expected a {cls.__name__}, "
+            f"got {type(value).__name__}. Fix: combine flags, e.g. {name}={example}."
+        )
+
+
 def check_percentiles(kind: str, percentiles: Any) -> None:
     """Raise unless `percentiles` is `None` or a tuple of numbers in [0, 100]."""
     if percentiles is None:
