@@ -163,3 +163,13 @@ def test_progress_bar_counts_env_steps_of_all_seeds_and_says_compiling(monkeypat
     assert bar.total == bar.n == 3 * 20 * 2  # the real total, both seeds
     assert bar.descs[0] == "compiling" and bar.descs[-1] == "train"
     assert all(set(p) == {"eval_return"} for p in bar.postfixes)
+
+
+def test_combine_loggers_refuses_what_cannot_log(unchecked, tmp_path):
+    path = tmp_path / "log.jsonl"
+    with pytest.raises(
+        TypeError,
+        match=r"combine_loggers\(log_fns\[1\]='.*log\.jsonl'\): expected a callable "
+        r"`\(metrics, step\) -> None`, e\.g\. JSONLLogger\(path\)\.",
+    ):
+        combine_loggers(JSONLLogger(tmp_path / "a.jsonl"), str(path))
