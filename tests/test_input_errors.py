@@ -799,3 +799,24 @@ def test_logging_levels_must_be_flags(unchecked, config, level):
         r"logging_level=LoggingLevel\.",
     ):
         config(logging_level=level)
+
+
+@pytest.mark.parametrize(
+    "layer, args",
+    [
+        ("Dense", (2, 4)),
+        ("LSTM", (2, 4)),
+        ("GRU", (2, 4)),
+        ("LRU", (2, 4)),
+        ("MinGRU", (2, 4)),
+        ("Conv2d", (3, 4, 3)),
+        ("VariationalBottleneck", (2, 4)),
+        ("AR1VariationalBottleneck", (2, 4)),
+    ],
+)
+def test_layers_check_the_key(unchecked, layer, args):
+    with pytest.raises(
+        TypeError,
+        match=rf"{layer}\(key=0\): expected a PRNG key such as jax\.random\.key\(0\)",
+    ):
+        getattr(eqx_ppo.nn, layer)(*args, key=0)

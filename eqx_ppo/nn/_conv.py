@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, Shaped
 
 from ._containers import Sequential
 from ._dense import Dense, Initializer, check_size, get_activation, init_param
-from ._module import AbstractStatefulModule, AbstractStatelessLayer
+from ._module import AbstractStatefulModule, AbstractStatelessLayer, check_key
 from ._utils import Flattener
 
 Padding = str | int
@@ -120,6 +120,7 @@ class Conv2d(AbstractStatelessLayer):
             default `jax.nn.initializers.lecun_normal()`.
         - `bias_init`: initialiser for the `[out]` bias; default zeros.
         """
+        check_key("Conv2d", key)
         check_size("Conv2d(in_channels=...)", in_channels)
         check_size("Conv2d(out_channels=...)", out_channels)
         kernel_size = _pair("Conv2d(kernel_size=...)", kernel_size)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._module import AbstractStatelessLayer, input_shape_fix
+from ._module import AbstractStatelessLayer, check_key, input_shape_fix
 
 Initializer = Callable[..., Array]
 """A `jax.nn.initializers`-style callable `(key, shape, dtype) -> array`."""
@@ -178,6 +178,7 @@ class Dense(AbstractStatelessLayer):
             default `jax.nn.initializers.lecun_normal()`.
         - `bias_init`: initialiser for the bias; default zeros.
         """
+        check_key("Dense", key)
         check_size("Dense(in_size=...)", in_size)
         check_size("Dense(out_size=...)", out_size)
         kernel_key, bias_key = jax.random.split(key)

@@ -37,7 +37,7 @@ from jax import custom_batching
 from jaxtyping import Array, Bool, Float, Inexact, Key, PRNGKeyArray
 
 from ._dense import Initializer, check_size
-from ._module import SequenceOutput
+from ._module import SequenceOutput, check_key
 from ._recurrent import (
     _AbstractRecurrentCell,
     _init_input_weights,
@@ -464,6 +464,7 @@ class LRU(_AbstractLinearRecurrence):
             on CPUs; see the module docstring). Either way the input and
             output projections run once over the whole sequence.
         """
+        check_key("LRU", key)
         check_size("LRU(in_size=...)", in_size)
         check_size("LRU(hidden_size=...)", hidden_size)
         out_size = in_size if out_size is None else out_size
@@ -596,6 +597,7 @@ class MinGRU(_AbstractLinearRecurrence):
         - `bias_init`: initialiser of each block's bias; default zeros.
         - `parallel_replay`: as in [`eqx_ppo.nn.LRU`][].
         """
+        check_key("MinGRU", key)
         kernel_key, bias_key = jax.random.split(key)
         self.kernel, self.bias = _init_input_weights(
             "MinGRU",

@@ -21,6 +21,7 @@ from ._module import (
     AbstractDeterministicModule,
     State,
     StatefulModuleOutput,
+    check_key,
     zero_loss,
 )
 
@@ -252,6 +253,7 @@ class LSTM(_AbstractRecurrentCell):
             `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
         - `bias_init`: initialiser of each gate's bias; default zeros.
         """
+        check_key("LSTM", key)
         self.kernel, self.recurrent_kernel, self.bias = _init_weights(
             "LSTM",
             in_size,
@@ -339,6 +341,7 @@ class GRU(_AbstractRecurrentCell):
             `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
         - `bias_init`: initialiser of every bias; default zeros.
         """
+        check_key("GRU", key)
         *keys, recurrent_bias_key = jax.random.split(key, 4)
         self.kernel, self.recurrent_kernel, self.bias = _init_weights(
             "GRU", in_size, hidden_size, 3, keys, kernel_init, recurrent_init, bias_init

@@ -13,6 +13,7 @@ from ._module import (
     AbstractStatefulModule,
     StatefulModuleOutput,
     check_coefficient,
+    check_key,
     coefficient,
 )
 
@@ -124,6 +125,7 @@ class VariationalBottleneck(AbstractStatefulModule):
             finite.
         - `inference`: output `mu` instead of a sample.
         """
+        check_key("VariationalBottleneck", key)
         check_coefficient("VariationalBottleneck(kl_weight)", kl_weight)
         self.head = GaussianHead(
             "VariationalBottleneck", in_size, latent_size, min_std, key
@@ -195,6 +197,7 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         - `backprop_through_time`: let the penalty's gradient flow into the
             previous step's sample as well.
         """
+        check_key("AR1VariationalBottleneck", key)
         check_coefficient("AR1VariationalBottleneck(kl_weight)", kl_weight)
         check_coefficient("AR1VariationalBottleneck(ar1_weight)", ar1_weight)
         self.head = GaussianHead(
