@@ -102,3 +102,18 @@ def test_registering_two_classes_of_one_name_is_refused():
 def test_an_unknown_config_type_in_a_header_is_named():
     with pytest.raises(CheckpointError, match="config: unknown config type 'Nope'"):
         config_from_dict({"_type": "Nope"})
+
+
+@pytest.mark.parametrize(
+    "data, seen",
+    [({"ppo": {}}, "got a dict without one"), (None, "got NoneType")],
+    ids=["no-type", "none"],
+)
+def test_config_from_dict_needs_a_typed_dict(unchecked, data, seen):
+    # Without the check, a hand-written dict came back as a plain dict.
+    with pytest.raises(
+        CheckpointError,
+        match=rf"config_from_dict\(data=\.\.\.\): expected what config_to_dict "
+        rf"returns, a dict with the config's '_type'; {seen}",
+    ):
+        config_from_dict(data)

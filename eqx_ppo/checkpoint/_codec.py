@@ -122,8 +122,16 @@ def config_from_dict(data: dict[str, Any]) -> Any:
     Fields missing from `data` take their defaults. Anything else that does
     not rebuild (an unknown type, field or flag, a sub-config without its
     `"_type"`, a value the config refuses) raises a [`CheckpointError`][]
-    naming the field.
+    naming the field, as does `data` itself without a `"_type"` (it would
+    otherwise come back as a plain dict).
     """
+    if not isinstance(data, dict) or "_type" not in data:
+        seen = "a dict without" if isinstance(data, dict) else type(data).__name__
+        raise CheckpointError(
+            f"config_from_dict(data=...): expected what config_to_dict returns, a "
+            f"dict with the config's '_type'; got {seen}"
+            + (" one." if isinstance(data, dict) else ".")
+        )
     return _decode(data, "config")
 
 
