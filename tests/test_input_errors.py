@@ -820,3 +820,39 @@ def test_layers_check_the_key(unchecked, layer, args):
         match=rf"{layer}\(key=0\): expected a PRNG key such as jax\.random\.key\(0\)",
     ):
         getattr(eqx_ppo.nn, layer)(*args, key=0)
+
+
+@pytest.mark.parametrize("learner", [CONFIG, None], ids=["PPOConfig", "None"])
+def test_the_generic_engine_takes_a_learner(unchecked, getkey, state, learner):
+    from eqx_ppo import init, step, train
+
+    name = type(learner).__name__
+    fix = "wrap the config in its learner" if learner is CONFIG else "pass a learner"
+    calls = {
+        "train": lambda: train(ENV, mlp, learner, TRAIN, key=getkey()),
+        "init": lambda: init(ENV, mlp(getkey()), learner, key=getkey()),
+        "step": lambda: step(ENV, learner, state),
+    }
+    for where, call in calls.items():
+        with pytest.raises(
+            TypeError,
+            match=rf"{where}\(learner=<{name}>\): expected an eqx_ppo\.AbstractLearner"
+            rf", got {name}\. Fix: {fix}",
+        ):
+            call()
+
+
+def test_eval_rollout_logging_level_must_be_flags(unchecked, getkey):
+    with pytest.raises(
+        TypeError,
+        match=r"eval_rollout\(logging_level='env'\): expected a LoggingLevel, got "
+        r"str\. Fix: combine flags",
+    ):
+        eval_rollout(
+            ENV,
+            mlp(getkey()),
+            getkey(),
+            n_envs=2,
+            max_episode_length=3,
+            logging_level="env",
+        )

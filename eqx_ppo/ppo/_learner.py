@@ -114,6 +114,22 @@ class AbstractLearner(eqx.Module):
         return True
 
 
+def check_learner(where: str, learner: Any) -> None:
+    """Raise a `TypeError` unless `learner` is an `AbstractLearner` (a learner's
+    config alone, e.g. a `PPOConfig`, is the usual mistake)."""
+    if isinstance(learner, AbstractLearner):
+        return
+    fix = (
+        "wrap the config in its learner, e.g. learner=eqx_ppo.PPO(config)"
+        if isinstance(learner, LearnerConfig)
+        else "pass a learner, e.g. learner=eqx_ppo.PPO(eqx_ppo.PPOConfig())"
+    )
+    raise TypeError(
+        f"{where}(learner=<{type(learner).__name__}>): expected an "
+        f"eqx_ppo.AbstractLearner, got {type(learner).__name__}. Fix: {fix}."
+    )
+
+
 class PPO(AbstractLearner):
     """Proximal policy optimisation: the clipped surrogate with GAE advantages.
 

@@ -432,6 +432,12 @@ def eval_rollout(
     [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
     check_network_argument("eval_rollout", "network", network)
+    if not isinstance(logging_level, LoggingLevel):
+        raise TypeError(
+            f"eval_rollout(logging_level={logging_level!r}): expected a "
+            f"LoggingLevel, got {type(logging_level).__name__}. Fix: combine "
+            "flags, e.g. LoggingLevel.ENV_METRICS | LoggingLevel.NETWORK_METRICS."
+        )
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,

@@ -27,7 +27,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._module import AbstractStatefulModule, State, check_key, trainable
 from ._config import LearnerConfig, PPOConfig
-from ._learner import PPO, AbstractLearner, Minibatch
+from ._learner import PPO, AbstractLearner, Minibatch, check_learner
 from ._rollout import StepCarry, Transition, env_keys, rollout
 from ._sharding import gather_envs, pmean
 from ._validate import check_int, check_network_argument
@@ -159,6 +159,7 @@ def init(
     checks that the learner can act with `network` on `env`.
     """
     check_network_argument("init", "network", network)
+    check_learner("init", learner)
     check_key("init", key)
     config = learner.config
     reset_key, key = jax.random.split(key)
@@ -334,6 +335,7 @@ def step(
     (`all_gather`), and metrics are whole-batch values, so the replicated
     results stay identical on every device.
     """
+    check_learner("step", learner)
     config = learner.config
     _check_n_envs(config, state, axis_name)
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)

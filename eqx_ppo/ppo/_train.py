@@ -32,7 +32,7 @@ from ..checkpoint import register_template
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule, check_key
 from ._config import DriverConfig, LearnerConfig, PPOConfig, TrainConfig
-from ._learner import PPO, AbstractLearner
+from ._learner import PPO, AbstractLearner, check_learner
 from ._rollout import eval_rollout
 from ._sharding import (
     ENV_AXIS,
@@ -367,6 +367,7 @@ def train(
     `ppo` field is then ignored in favour of `learner.config`). The other
     arguments are [`eqx_ppo.train_ppo`][]'s.
     """
+    check_learner("train", learner)
     hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
     return _train(env, networks, learner, config, key, hosts, "train")
 
