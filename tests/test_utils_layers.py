@@ -128,6 +128,14 @@ def test_scale_multiplies_every_leaf_and_is_not_trainable():
     assert jax.tree.leaves(layer) == []
 
 
+@pytest.mark.parametrize("factor", [float("nan"), float("inf")])
+def test_scale_refuses_a_non_finite_factor(factor):
+    with pytest.raises(
+        ValueError, match=rf"Scale\(factor={factor}\): the factor must be finite"
+    ):
+        Scale(factor)
+
+
 def test_utility_layers_compose_and_compile_once():
     net = Sequential([Flattener(), Splitter(a=2, b=3), Filter({"b": "b"}), Scale(-1.0)])
 

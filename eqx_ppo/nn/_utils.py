@@ -1,5 +1,6 @@
 """Small stateless layers that reshape, select and scale pytrees."""
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -172,12 +173,17 @@ class Scale(AbstractStatelessLayer):
 
     **Arguments:**
 
-    - `factor`: the multiplier.
+    - `factor`: the multiplier, finite.
     """
 
     factor: float = eqx.field(static=True)
 
     def __init__(self, factor: float):
+        if not math.isfinite(factor):
+            raise ValueError(
+                f"Scale(factor={factor}): the factor must be finite; a NaN or "
+                "infinite one makes every output non-finite."
+            )
         self.factor = float(factor)
 
     def forward(self, x: PyTree[Array]) -> Any:
