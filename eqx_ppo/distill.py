@@ -341,6 +341,7 @@ class Distillation(AbstractLearner):
     teacher: AbstractStatefulModule
 
     def __init__(self, config: DistillationConfig, teacher: AbstractStatefulModule):
+        check_network_argument("Distillation", "teacher", teacher)
         self.config = config
         self.teacher = eqx.nn.inference_mode(teacher)
 

@@ -856,3 +856,27 @@ def test_eval_rollout_logging_level_must_be_flags(unchecked, getkey):
             max_episode_length=3,
             logging_level="env",
         )
+
+
+def test_learners_take_their_own_config_and_a_network_teacher(unchecked, getkey):
+    from eqx_ppo import PPO, Distillation
+
+    teacher = mlp(getkey())
+    # PPO's loss reads clip_range etc., which a DistillationConfig lacks.
+    with pytest.raises(
+        TypeError,
+        match=r"PPO\(config=\.\.\.\): expected a PPOConfig, got DistillationConfig\.",
+    ):
+        PPO(DistillationConfig())
+    with pytest.raises(
+        TypeError,
+        match=r"Distillation\(config=\.\.\.\): expected a DistillationConfig, got "
+        r"PPOConfig\.",
+    ):
+        Distillation(CONFIG, teacher)
+    with pytest.raises(
+        TypeError,
+        match=r"Distillation\(teacher=<function>\): expected an eqx_ppo network .* "
+        r"Fix: call the factory with a key",
+    ):
+        Distillation(DistillationConfig(), mlp)

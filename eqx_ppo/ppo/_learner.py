@@ -15,6 +15,7 @@ implementations; a third algorithm is one subclass in one file.
 """
 
 import abc
+import typing
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -60,10 +61,18 @@ class AbstractLearner(eqx.Module):
     config: eqx.AbstractVar[LearnerConfig]
 
     def __check_init__(self):
-        if not isinstance(self.config, LearnerConfig):
+        # The config class the learner declares (PPO: PPOConfig), so that one
+        # learner's config cannot drive another whose loss reads other fields.
+        try:
+            declared = typing.get_type_hints(type(self)).get("config")
+        except NameError:  # an annotation that does not resolve here
+            declared = None
+        wanted = declared if isinstance(declared, type) else LearnerConfig
+        if not isinstance(self.config, wanted):
             raise TypeError(
-                f"{type(self).__name__}(config=...): expected a LearnerConfig "
-                f"(e.g. PPOConfig), got {type(self.config).__name__}."
+                f"{type(self).__name__}(config=...): expected a {wanted.__name__}"
+                + (" (e.g. PPOConfig)" if wanted is LearnerConfig else "")
+                + f", got {type(self.config).__name__}."
             )
 
     @abc.abstractmethod
