@@ -4,6 +4,7 @@ engine code dispatches on a concrete container type."""
 import ast
 import dataclasses
 import pathlib
+import re
 
 import pytest
 
@@ -117,3 +118,17 @@ def test_config_from_dict_needs_a_typed_dict(unchecked, data, seen):
         rf"returns, a dict with the config's '_type'; {seen}",
     ):
         config_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "thing, name",
+    [(int, "int"), (lambda: 0, "<function>"), (eqx_ppo.TrainConfig(), "<TrainConfig>")],
+    ids=["int", "function", "instance"],
+)
+def test_register_config_takes_a_dataclass_or_flag_class(unchecked, thing, name):
+    with pytest.raises(
+        TypeError,
+        match=rf"register_config\({re.escape(name)}\): expected a dataclass or an "
+        r"enum\.Flag class\.",
+    ):
+        register_config(thing)

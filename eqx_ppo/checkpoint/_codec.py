@@ -32,9 +32,12 @@ def register_config(cls: T) -> T:
     `cls` is a frozen dataclass (a config) or an `enum.Flag`; it is stored
     under its class name, which must be unique among registered types.
     """
-    if not (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Flag)):
+    if not isinstance(cls, type) or not (
+        dataclasses.is_dataclass(cls) or issubclass(cls, enum.Flag)
+    ):
+        name = cls.__name__ if isinstance(cls, type) else f"<{type(cls).__name__}>"
         raise TypeError(
-            f"register_config({cls.__name__}): expected a dataclass or an enum.Flag."
+            f"register_config({name}): expected a dataclass or an enum.Flag class."
         )
     known = _TYPES.setdefault(cls.__name__, cls)
     if known is not cls:
