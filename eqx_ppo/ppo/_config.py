@@ -79,8 +79,9 @@ class IterationConfig(eqx.Module):
         _check_choice("reset_mode", self.reset_mode, ("cached", "fresh"), kind)
         check_bools(self, "check_finite")
         check_flags(
-            self,
+            kind,
             "logging_level",
+            self.logging_level,
             LoggingLevel,
             "LoggingLevel.LOSSES | LoggingLevel.THROUGHPUT",
         )
@@ -345,6 +346,10 @@ def _check_choice(
         raise ValueError(f"{config}({name}={value!r}): expected one of {choices}.")
 
 
+EVAL_LEVELS_EXAMPLE = "LoggingLevel.ENV_METRICS | LoggingLevel.NETWORK_METRICS"
+"""The evaluation flags, as a `check_flags` example."""
+
+
 @register_config
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -367,10 +372,11 @@ class EvalConfig:
         check_bools(self, "enabled")
         check_positive_ints(self, "every_steps", "n_envs", "max_episode_length")
         check_flags(
-            self,
+            "EvalConfig",
             "logging_level",
+            self.logging_level,
             LoggingLevel,
-            "LoggingLevel.ENV_METRICS | LoggingLevel.NETWORK_METRICS",
+            EVAL_LEVELS_EXAMPLE,
         )
         check_percentiles("EvalConfig", self.logging_percentiles)
 

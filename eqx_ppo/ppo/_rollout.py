@@ -19,8 +19,14 @@ from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, check_key, reset_where
 from ..samplers import CategoricalSampler
+from ._config import EVAL_LEVELS_EXAMPLE
 from ._sharding import shard_env_keys
-from ._validate import check_int, check_network_argument, check_step_output
+from ._validate import (
+    check_flags,
+    check_int,
+    check_network_argument,
+    check_step_output,
+)
 
 
 class Transition(NamedTuple):
@@ -432,12 +438,13 @@ def eval_rollout(
     [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
     check_network_argument("eval_rollout", "network", network)
-    if not isinstance(logging_level, LoggingLevel):
-        raise TypeError(
-            f"eval_rollout(logging_level={logging_level!r}): expected a "
-            f"LoggingLevel, got {type(logging_level).__name__}. Fix: combine "
-            "flags, e.g. LoggingLevel.ENV_METRICS | LoggingLevel.NETWORK_METRICS."
-        )
+    check_flags(
+        "eval_rollout",
+        "logging_level",
+        logging_level,
+        LoggingLevel,
+        EVAL_LEVELS_EXAMPLE,
+    )
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,

@@ -70,14 +70,13 @@ def check_bools(config: Any, *names: str) -> None:
             )
 
 
-def check_flags(config: Any, name: str, cls: type, example: str) -> None:
-    """Raise a `TypeError` unless the field `name` of `config` is a `cls` flag
-    enum (`example` shows how to build one)."""
-    value = getattr(config, name)
+def check_flags(where: str, name: str, value: Any, cls: type, example: str) -> None:
+    """Raise a `TypeError` unless `value`, the argument `name` of `where`, is a
+    `cls` flag enum (`example` shows how to build one)."""
     if not isinstance(value, cls):
         raise TypeError(
-            f"{type(config).__name__}({name}={value!r}): expected a {cls.__name__}, "
-            f"got {type(value).__name__}. Fix: combine flags, e.g. {name}={example}."
+            f"{where}({name}={value!r}): expected a {cls.__name__}, got "
+            f"{type(value).__name__}. Fix: combine flags, e.g. {name}={example}."
         )
 
 
