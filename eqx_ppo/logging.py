@@ -9,6 +9,7 @@ import csv
 import enum
 import json
 import math
+import os
 import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -106,6 +107,26 @@ def per_seed_columns(metrics: Metrics) -> dict[str, float]:
     return flat
 
 
+def _check_log_path(sink: str, path: pathlib.Path, append: bool, suffix: str) -> None:
+    """Refuse a `path` that is a folder, or that holds an earlier run's log.
+
+    A log is one run's: adding to (or rewriting) an earlier run's file would
+    mix the two runs or lose the first, so only `append=True` may reuse one.
+    """
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"{sink}: {path} is a folder; pass the path of the log file to "
+            f"write, e.g. {path / 'metrics'}{suffix}."
+        )
+    if not append and path.exists() and path.stat().st_size > 0:
+        raise FileExistsError(
+            f"{sink}: {path} already holds a log (an earlier run's?), and "
+            "writing to it would mix two runs or lose the first. Log to a new "
+            "path, or pass append=True to continue it (e.g. when resuming that "
+            "run)."
+        )
+
+
 class JSONLLogger:
     """Writes one JSON object per call to `path`: `{"step": ..., **metrics}`.
 
@@ -117,12 +138,7 @@ class JSONLLogger:
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
-        if not append and self.path.exists() and self.path.stat().st_size > 0:
-            raise FileExistsError(
-                f"JSONLLogger: {self.path} already holds a log (an earlier run's?), "
-                "and adding to it would mix two runs. Log to a new path, or pass "
-                "append=True to continue it (e.g. when resuming that run)."
-            )
+        _check_log_path("JSONLLogger", self.path, append, ".jsonl")
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, metrics: Metrics, step: int) -> None:
@@ -135,15 +151,30 @@ class CSVLogger:
     """Writes metrics as CSV rows; the header is the union of keys seen so far.
 
     When a new key appears the file is rewritten with the wider header, so the
-    file always parses as one table. Multi-seed values become `key/seed{i}`
-    columns.
+    file always parses as one table; the rewrite goes to a temporary file that
+    then replaces the log, so a run killed mid-write leaves the log whole.
+    Multi-seed values become `key/seed{i}` columns. As with `JSONLLogger`, a
+    `path` that already holds a log raises a `FileExistsError` unless
+    `append=True`, which reads its rows and continues the table.
     """
 
-    def __init__(self, path: str | pathlib.Path):
+    def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _check_log_path("CSVLogger", self.path, append, ".csv")
         self._rows: list[dict[str, Any]] = []
         self._fields: list[str] = ["step"]
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with self.path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                if not reader.fieldnames or reader.fieldnames[0] != "step":
+                    raise ValueError(
+                        f"CSVLogger(append=True): {self.path} is not a CSVLogger "
+                        "log (its header does not start with 'step'); log to a "
+                        "new path."
+                    )
+                self._fields = list(reader.fieldnames)
+                self._rows = list(reader)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, metrics: Metrics, step: int) -> None:
         row = {"step": step, **per_seed_columns(metrics)}
@@ -151,10 +182,12 @@ class CSVLogger:
         self._fields.extend(new)
         self._rows.append(row)
         if new or len(self._rows) == 1:
-            with self.path.open("w", newline="") as f:
+            partial = self.path.with_name(self.path.name + ".partial")
+            with partial.open("w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=self._fields)
                 writer.writeheader()
                 writer.writerows(self._rows)
+            os.replace(partial, self.path)
         else:
             with self.path.open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=self._fields).writerow(row)

@@ -118,6 +118,52 @@ def test_jsonl_logger_never_mixes_two_runs(tmp_path):
     JSONLLogger(empty)({"a": 3.0}, 3)  # an empty file holds no run yet
 
 
+def test_csv_logger_never_mixes_or_loses_a_run(tmp_path):
+    path = tmp_path / "m.csv"
+    CSVLogger(path)({"a": 1.0}, 1)
+    with pytest.raises(FileExistsError, match=r"m\.csv already holds a log.*append"):
+        CSVLogger(path)
+    resumed = CSVLogger(path, append=True)
+    resumed({"a": 2.0}, 2)
+    resumed({"a": 3.0, "b": 4.0}, 3)  # a new key rewrites the old rows too
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["a"], r["b"]) for r in rows] == [
+        ("1", "1.0", ""),
+        ("2", "2.0", ""),
+        ("3", "3.0", "4.0"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]
+    other = tmp_path / "other.csv"
+    other.write_text("x,y\n1,2\n")
+    with pytest.raises(ValueError, match=r"other\.csv is not a CSVLogger log"):
+        CSVLogger(other, append=True)
+
+
+def test_a_csv_rewrite_cut_short_leaves_the_log_whole(tmp_path, monkeypatch):
+    path = tmp_path / "m.csv"
+    log = CSVLogger(path)
+    log({"a": 1.0}, 1)
+    log({"a": 2.0}, 2)
+    before = path.read_text()
+
+    class Killed(csv.DictWriter):
+        def writerows(self, rows):
+            super().writerow(rows[0])
+            raise KeyboardInterrupt  # the run is killed mid-rewrite
+
+    monkeypatch.setattr(eqx_ppo.logging.csv, "DictWriter", Killed)
+    with pytest.raises(KeyboardInterrupt):
+        log({"a": 3.0, "b": 1.0}, 3)
+    assert path.read_text() == before
+
+
+@pytest.mark.parametrize("sink", [JSONLLogger, CSVLogger])
+def test_a_log_path_must_not_be_a_folder(tmp_path, sink):
+    with pytest.raises(IsADirectoryError, match=r"is a folder; pass the path of"):
+        sink(tmp_path, append=True)
+
+
 class _FakeBar:
     """Records what the driver does with its progress bar."""
 
