@@ -141,7 +141,7 @@ def with_recording(net: PyTree) -> PyTree:
     return jax.tree.map(record, net, is_leaf=is_target)
 
 
-def extract_activations(metrics: Any) -> PyTree | None:
+def extract_activations(metrics: Mapping | None) -> PyTree | None:
     """The recorded activations in a recording network's `metrics`.
 
     Returns a nested dict mirroring the network: `Sequential` positions as int
@@ -152,13 +152,27 @@ def extract_activations(metrics: Any) -> PyTree | None:
     there are no activations at all. Works on metrics of any leading shape:
     one env, `[B]` from `apply_batched`, `[T, N]` from a stacked rollout.
     """
+    if metrics is not None and not isinstance(metrics, Mapping):
+        fix = (
+            "pass its `.metrics`"
+            if isinstance(metrics, StatefulModuleOutput)
+            else "pass the `metrics` of a recording network's output"
+        )
+        raise TypeError(
+            f"extract_activations(metrics) takes a metrics dict (`out.metrics`), "
+            f"got {type(metrics).__name__}; {fix}."
+        )
+    return _activations_in(metrics)
+
+
+def _activations_in(metrics: Any) -> PyTree | None:
     if not isinstance(metrics, Mapping):
         return None
     if ACTIVATION_KEY in metrics:
         return metrics[ACTIVATION_KEY]
     found = {}
     for name, sub in metrics.items():
-        activations = extract_activations(sub)
+        activations = _activations_in(sub)
         if activations is not None:
             found[name] = activations
     return found or None

@@ -267,7 +267,23 @@ def test_extract_activations_drops_plain_metrics():
     assert set(acts) == {0, 1} and set(acts[1]) == {"inner"}
     assert acts[0] is a0 and acts[1]["inner"] is a1
     assert extract_activations({"a": jnp.array(1.0)}) is None
-    assert extract_activations(jnp.array(1.0)) is None
+    assert extract_activations({}) is None and extract_activations(None) is None
+
+
+def test_extract_activations_names_the_metrics_it_needs(getkey, unchecked):
+    rec = with_recording(
+        eqx_ppo.nn.make_mlp_actor_critic(OBS, ACT, [4], [4], key=getkey())
+    )
+    out = eqx_ppo.nn.apply_batched(
+        rec, rec.initialize_state(B), jnp.zeros((B, OBS)), key=getkey()
+    )
+    with pytest.raises(
+        TypeError, match=r"got StatefulModuleOutput; pass its `\.metrics`"
+    ):
+        extract_activations(out)
+    with pytest.raises(TypeError, match=r"takes a metrics dict.*got ArrayImpl"):
+        extract_activations(jnp.array(1.0))
+    assert extract_activations(out.metrics) is not None
 
 
 def test_seed_workflow(getkey):
