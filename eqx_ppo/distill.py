@@ -47,6 +47,7 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Float, Key, PRNGKeyArray, PyTree
 
 from .checkpoint import register_config
+from .envs._env import check_env
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
 from .nn._module import (
@@ -384,6 +385,7 @@ def distill_init(
     structure, matching samplers) and raises a `ValueError` saying what
     differs otherwise.
     """
+    check_env("distill_init", "env", env)
     check_network_argument("distill_init", "teacher", teacher)
     check_network_argument("distill_init", "student", student)
     check_key("distill_init", key)

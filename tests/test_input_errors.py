@@ -880,3 +880,92 @@ def test_learners_take_their_own_config_and_a_network_teacher(unchecked, getkey)
         r"Fix: call the factory with a key",
     ):
         Distillation(DistillationConfig(), mlp)
+
+
+class _RawGymnaxEnv:
+    """What a gymnax env looks like: `reset` / `step` take params."""
+
+    default_params = None
+
+    def reset(self, key, params=None): ...
+
+    def step(self, key, state, action, params=None): ...
+
+    def step_env(self, key, state, action, params): ...
+
+
+NOT_AN_ENV = {
+    "int": (3, r"got int\. Fix: pass an env with `reset\(key\)` and `step\(state, "),
+    "class": (envs.MoveToCenter, r"got the class MoveToCenter\. Fix: pass an "),
+    "gymnax": (
+        _RawGymnaxEnv(),
+        r"got _RawGymnaxEnv\. Fix: this looks like a gymnax env.*GymnaxAdapter\(env\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", NOT_AN_ENV)
+def test_env_arguments_must_be_envs(unchecked, getkey, state, kind):
+    from eqx_ppo import PPO, init, step, train
+
+    bad, seen = NOT_AN_ENV[kind]
+    net, key = mlp(getkey()), getkey()
+    sizes = {"n_envs": 2, "max_episode_length": 3}
+    calls = [
+        ("train_ppo", "env", lambda: train_ppo(bad, mlp, TRAIN)),
+        ("train_ppo", "eval_env", lambda: train_ppo(ENV, mlp, TRAIN, eval_env=bad)),
+        ("train", "env", lambda: train(bad, mlp, PPO(CONFIG), TRAIN, key=key)),
+        (
+            "train_distillation",
+            "env",
+            lambda: train_distillation(bad, net, mlp, DISTILL),
+        ),
+        ("init", "env", lambda: init(bad, net, PPO(CONFIG), key=key)),
+        ("ppo_init", "env", lambda: ppo_init(bad, net, CONFIG, key=key)),
+        (
+            "distill_init",
+            "env",
+            lambda: distill_init(bad, net, net, DISTILL.distillation, key=key),
+        ),
+        ("step", "env", lambda: step(bad, PPO(CONFIG), state)),
+        ("step", "env", lambda: ppo_step(bad, CONFIG, state)),
+        ("eval_rollout", "env", lambda: eval_rollout(bad, net, key, **sizes)),
+        (
+            "record_activations_rollout",
+            "env",
+            lambda: record_activations_rollout(bad, net, key=key, **sizes),
+        ),
+        ("EpisodeWrapper", "env", lambda: envs.EpisodeWrapper(bad, 10)),
+        ("RewardScalingWrapper", "env", lambda: envs.RewardScalingWrapper(bad, 2.0)),
+    ]
+    for where, arg, call in calls:
+        with pytest.raises(
+            TypeError, match=rf"^{where}\({arg}=\.\.\.\): expected an env, {seen}"
+        ):
+            call()
+
+
+def test_an_env_following_the_protocol_need_not_subclass(getkey):
+    from eqx_ppo.envs._env import check_env
+
+    class BraxLike:
+        """Brax's and Playground's envs are not `AbstractEnv`s."""
+
+        def reset(self, key): ...
+
+        def step(self, state, action): ...
+
+    check_env("train_ppo", "env", BraxLike())
+    check_env("train_ppo", "env", envs.EpisodeWrapper(BraxLike(), 5))
+
+
+@pytest.mark.parametrize(
+    "env, seen", [(3, "int"), (_RawGymnaxEnv, "the class _RawGymnaxEnv")]
+)
+def test_gymnax_adapter_takes_a_gymnax_env(unchecked, env, seen):
+    with pytest.raises(
+        TypeError,
+        match=rf"GymnaxAdapter\(env=\.\.\.\): expected a gymnax environment, got "
+        rf"{seen}\. Fix: pass one instance",
+    ):
+        envs.GymnaxAdapter(env)

@@ -99,3 +99,32 @@ def check_action_tree(env_name: str, action: Any, shapes: dict[str, Any]) -> Any
             f"{got}. Build the policy's action port with these keys."
         )
     return jax.tree.map(lambda a, s: check_action(env_name, a, s), action, shapes)
+
+
+def check_env(where: str, name: str, env: Any) -> None:
+    """Raise a `TypeError` naming `where`'s argument `name` unless `env` follows
+    the protocol: an instance with `reset(key)` and `step(state, action)`.
+
+    Catches, before anything is traced, an env class passed for an instance
+    and a raw gymnax env (whose `reset` / `step` take `params` and return
+    tuples).
+    """
+    if isinstance(env, AbstractEnv):
+        return
+    if isinstance(env, type):
+        fix = f"pass an instance, e.g. {env.__name__}()"
+    elif hasattr(env, "default_params") and hasattr(env, "step_env"):
+        fix = (
+            "this looks like a gymnax env, whose reset and step take params; "
+            "wrap it: eqx_ppo.envs.GymnaxAdapter(env), or use "
+            "eqx_ppo.envs.make('gymnax:<name>')"
+        )
+    elif callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        return
+    else:
+        fix = (
+            "pass an env with `reset(key)` and `step(state, action)` (the Brax / "
+            "MuJoCo Playground protocol), e.g. eqx_ppo.envs.make('cartpole')"
+        )
+    got = f"the class {env.__name__}" if isinstance(env, type) else type(env).__name__
+    raise TypeError(f"{where}({name}=...): expected an env, got {got}. Fix: {fix}.")

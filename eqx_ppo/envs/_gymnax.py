@@ -85,6 +85,17 @@ class GymnaxAdapter(AbstractEnv):
         truncation_from_info: bool | None = None,
         max_len: int | None = None,
     ):
+        if not (hasattr(env, "step_env") and hasattr(env, "reset_env")):
+            got = (
+                f"the class {env.__name__}"
+                if isinstance(env, type)
+                else type(env).__name__
+            )
+            raise TypeError(
+                f"GymnaxAdapter(env=...): expected a gymnax environment, got "
+                f"{got}. Fix: pass one instance, e.g. "
+                "gymnax.make('CartPole-v1')[0]."
+            )
         self.env = env
         self.env_params = env.default_params if env_params is None else env_params
         self.rescale_actions = rescale_actions

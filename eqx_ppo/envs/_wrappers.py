@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from ._env import AbstractEnv, Size
+from ._env import AbstractEnv, Size, check_env
 
 
 class AbstractWrapper(AbstractEnv):
@@ -22,6 +22,9 @@ class AbstractWrapper(AbstractEnv):
     """
 
     env: eqx.AbstractVar[Any]
+
+    def __check_init__(self):
+        check_env(type(self).__name__, "env", self.env)
 
     @property
     def observation_size(self) -> Size:

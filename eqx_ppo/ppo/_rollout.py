@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
+from ..envs._env import check_env
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, check_key, reset_where
@@ -437,6 +438,7 @@ def eval_rollout(
     into `(reset, run)`, the envs start from `env_keys(reset, n_envs)` and
     [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
+    check_env("eval_rollout", "env", env)
     check_network_argument("eval_rollout", "network", network)
     check_flags(
         "eval_rollout",
@@ -526,6 +528,7 @@ def record_activations_rollout(
     n_envs, max_episode_length, key = _keyword_only(
         positional, n_envs=n_envs, max_episode_length=max_episode_length, key=key
     )
+    check_env("record_activations_rollout", "env", env)
     check_network_argument("record_activations_rollout", "network", network)
     recorder = eqx.nn.inference_mode(with_recording(network))
     steps = _single_episodes(

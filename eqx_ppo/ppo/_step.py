@@ -24,6 +24,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from ..envs._env import check_env
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._module import AbstractStatefulModule, State, check_key, trainable
 from ._config import LearnerConfig, PPOConfig
@@ -158,6 +159,7 @@ def init(
     The carry is the acting module's (`learner.acting`), so building it also
     checks that the learner can act with `network` on `env`.
     """
+    check_env("init", "env", env)
     check_network_argument("init", "network", network)
     check_learner("init", learner)
     check_key("init", key)
@@ -185,6 +187,7 @@ def ppo_init(
     key: PRNGKeyArray,
 ) -> TrainingState:
     """`init` with the [`eqx_ppo.PPO`][] learner."""
+    check_env("ppo_init", "env", env)
     check_network_argument("ppo_init", "network", network)
     check_key("ppo_init", key)
     return init(env, network, PPO(config), key=key)
@@ -335,6 +338,7 @@ def step(
     (`all_gather`), and metrics are whole-batch values, so the replicated
     results stay identical on every device.
     """
+    check_env("step", "env", env)
     check_learner("step", learner)
     config = learner.config
     _check_n_envs(config, state, axis_name)

@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Key, PRNGKeyArray
 
 from ..checkpoint import register_template
+from ..envs._env import check_env
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule, check_key
 from ._config import DriverConfig, LearnerConfig, PPOConfig, TrainConfig
@@ -395,6 +396,9 @@ def _train(
 ) -> TrainResult:
     """`train`, with error messages naming the entry point `where` and its
     network argument `networks_arg`."""
+    check_env(where, "env", env)
+    if hosts.eval_env is not None:
+        check_env(where, "eval_env", hosts.eval_env)
     check_callbacks(
         where,
         log_fn=hosts.log_fn,
