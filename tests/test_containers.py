@@ -309,11 +309,33 @@ def test_named_containers_validate_their_children(cls):
         cls({1: affine(1.0)})
 
 
+@pytest.mark.parametrize("cls", [Parallel, Concat, Map, Merge])
+def test_named_containers_take_their_children_by_name(unchecked, cls):
+    name = cls.__name__
+    with pytest.raises(
+        TypeError,
+        match=rf"`{name}` takes its children by name, as a dict or keywords, got "
+        rf"list; pass e\.g\. `{name}\(a=module_a, b=module_b\)`",
+    ):
+        cls([affine(1.0), affine(2.0)])
+
+
 def test_sequential_validates_its_layers():
     with pytest.raises(ValueError, match="at least one layer"):
         Sequential([])
     with pytest.raises(TypeError, match="AbstractStatefulModule"):
         Sequential([affine(1.0), jnp.tanh])
+
+
+def test_sequential_takes_a_list_not_one_layer_or_a_dict(unchecked):
+    with pytest.raises(
+        TypeError,
+        match=r"takes a list of layers, got a single Affine; pass "
+        r"Sequential\(\[layer\]\)",
+    ):
+        Sequential(affine(1.0))
+    with pytest.raises(TypeError, match=r"got a single dict; for named children use"):
+        Sequential({"a": affine(1.0)})
 
 
 def test_reset_state_recurses_and_update_statistics_returns_new_containers():

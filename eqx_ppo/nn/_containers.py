@@ -59,6 +59,12 @@ def _named_children(
             f"pass the children one way, e.g. `{container}(a=module_a, b=module_b)` "
             f'or `{container}({{"a": module_a, "b": module_b}})`.'
         )
+    if modules is not None and not isinstance(modules, Mapping):
+        raise TypeError(
+            f"`{container}` takes its children by name, as a dict or keywords, "
+            f"got {type(modules).__name__}; pass e.g. "
+            f"`{container}(a=module_a, b=module_b)`."
+        )
     children = dict(kwargs if modules is None else modules)
     if not children:
         raise ValueError(
@@ -193,6 +199,16 @@ class Sequential(AbstractStatefulModule):
     layers: tuple[AbstractStatefulModule, ...]
 
     def __init__(self, layers: Iterable[AbstractStatefulModule]):
+        if isinstance(layers, AbstractStatefulModule | Mapping):
+            fix = (
+                "for named children use Parallel, Concat, Map or Merge"
+                if isinstance(layers, Mapping)
+                else "pass Sequential([layer])"
+            )
+            raise TypeError(
+                "`Sequential` takes a list of layers, got a single "
+                f"{type(layers).__name__}; {fix}."
+            )
         layers = tuple(layers)
         if not layers:
             raise ValueError(
