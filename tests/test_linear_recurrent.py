@@ -508,3 +508,49 @@ def test_default_replay_is_the_sequential_scan_on_cpu(getkey, layer):
     # The loop body is the elementwise update alone: no matmul inside it.
     assert "dot_general" not in {eqn.primitive.name for eqn in body.eqns}
     assert not _has_scan(jax.make_jaxpr(replay)(parallel).jaxpr)
+
+
+_T, _N = 5, 3
+_OK = {
+    "a": jnp.full((_T, _N), 0.5),
+    "b": jnp.ones((_T, _N)),
+    "h0": jnp.zeros(_N),
+    "done": jnp.zeros(_T, bool),
+    "h_reset": jnp.zeros(_N),
+}
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize(
+    "bad, seen",
+    [
+        # The sequential path clamped a short `a` or a long `done` silently.
+        ({"a": jnp.full((2, _N), 0.5)}, r"a has shape \(2, 3\) and b \(5, 3\)"),
+        ({"a": jnp.full((_N,), 0.5)}, r"a has shape \(3,\) and b \(5, 3\)"),
+        ({"done": jnp.zeros(_T + 1, bool)}, r"done has shape \(6,\) and dtype bool"),
+        ({"done": jnp.zeros(_T)}, r"done has shape \(5,\) and dtype float32"),
+        ({"h0": jnp.zeros(_N + 1)}, r"h0 has shape \(4,\) and b \(5, 3\)"),
+        ({"h_reset": jnp.zeros((1, _N))}, r"h_reset has shape \(1, 3\)"),
+        ({"b": jnp.ones((_T, _N), jnp.int32)}, r"b has dtype int32, not a float"),
+    ],
+)
+def test_linear_recurrence_names_the_argument_that_does_not_fit(
+    unchecked, parallel, bad, seen
+):
+    args = {**_OK, **bad}
+    with pytest.raises(
+        ValueError, match=rf"^linear_recurrence: {seen}.*done: bool \[T\]"
+    ):
+        linear_recurrence(**args, parallel=parallel)
+
+
+def test_linear_recurrence_pairs_need_a_parts_axis(unchecked):
+    with pytest.raises(
+        ValueError, match=r"b has shape \(5, 3\)\. Expected b: .*\[\.\.\., 2, n\]"
+    ):
+        linear_recurrence(**_OK, pairs=True)
+    with pytest.raises(ValueError, match=r"second-last axis must hold 2 parts"):
+        shaped = {
+            k: v.reshape(*v.shape[:-1], 1, _N) for k, v in _OK.items() if k != "done"
+        }
+        linear_recurrence(**shaped, done=_OK["done"], pairs=True)

@@ -217,6 +217,38 @@ def _as_pairs(x: Inexact[Array, "..."], n_time: int) -> Float[Array, "..."]:
     return jnp.concatenate([jnp.real(x), jnp.imag(x)], -2).astype(jnp.float32)
 
 
+def _check_recurrence(a, b, h0, done, h_reset, pairs: bool) -> None:
+    """Raise a `ValueError` naming the argument of `linear_recurrence` whose
+    shape or dtype does not fit `b`'s `[T, *state]` (at trace time: the
+    sequential path would otherwise clamp a short `a` or `done` silently)."""
+    b_shape = jnp.shape(b)
+    layout = "[T, *state] with *state = [..., 2, n]" if pairs else "[T, *state]"
+
+    def fail(problem: str) -> None:
+        raise ValueError(
+            f"linear_recurrence: {problem}. Expected b: {layout}; a: the same, or "
+            "[1, *state] for the same coefficients at every step; h0 and h_reset: "
+            "[*state]; done: bool [T]."
+        )
+
+    if len(b_shape) < 1 + (2 if pairs else 0):
+        fail(f"b has shape {b_shape}")
+    n_steps, state = b_shape[0], b_shape[1:]
+    if pairs and state[-2] != 2:
+        fail(f"b's second-last axis must hold 2 parts (pairs=True); b: {b_shape}")
+    for name, x in (("a", a), ("b", b), ("h0", h0), ("h_reset", h_reset)):
+        if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+            fail(f"{name} has dtype {jnp.result_type(x)}, not a float or complex one")
+    if jnp.shape(a) not in ((n_steps, *state), (1, *state)):
+        fail(f"a has shape {jnp.shape(a)} and b {b_shape}")
+    for name, x in (("h0", h0), ("h_reset", h_reset)):
+        if jnp.shape(x) != state:
+            fail(f"{name} has shape {jnp.shape(x)} and b {b_shape}")
+    if jnp.shape(done) != (n_steps,) or jnp.result_type(done) != jnp.bool_:
+        dtype = jnp.result_type(done)
+        fail(f"done has shape {jnp.shape(done)} and dtype {dtype}, b {b_shape}")
+
+
 def linear_recurrence(
     a: Inexact[Array, " #time *state"],
     b: Inexact[Array, " time *state"],
@@ -249,6 +281,7 @@ def linear_recurrence(
     so this path supports reverse-mode differentiation (`grad`, `vjp`) but
     not `jvp`.
     """
+    _check_recurrence(a, b, h0, done, h_reset, pairs)
     if not pairs and any(jnp.iscomplexobj(x) for x in (a, b, h0, h_reset)):
         states, last = linear_recurrence(
             _as_pairs(a, 1),
