@@ -61,6 +61,26 @@ def test_non_finite_coefficients_are_rejected(name, value):
 
 
 @pytest.mark.parametrize(
+    "name, value, bound",
+    [
+        ("learning_rate", -0.001, ">= 0.0"),
+        ("clip_range", -0.1, ">= 0.0"),
+        ("discounting_factor", 1.01, ">= 0.0 and <= 1.0"),
+        ("gae_lambda", -0.1, ">= 0.0 and <= 1.0"),
+        ("critic_loss_weight", -0.5, ">= 0.0"),
+        ("target_kl", -0.02, ">= 0.0"),
+        ("value_clip_range", -0.2, ">= 0.0"),
+        ("reward_scaling", -0.3, "> 0.0"),
+    ],
+)
+def test_coefficients_out_of_range_are_shown_as_written(name, value, bound):
+    # Stored as float32; the message shows -0.1, not -0.10000000149011612.
+    with pytest.raises(ValueError) as error:
+        PPOConfig(**{name: value})
+    assert str(error.value) == f"PPOConfig({name}={value}): must be {bound}."
+
+
+@pytest.mark.parametrize(
     "config", [PPOConfig, DistillationConfig], ids=lambda c: c.__name__
 )
 def test_a_zero_clip_norm_is_rejected(config):

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ..checkpoint import register_config
@@ -336,7 +337,10 @@ def check_coefficient(
     if v < low or (open_low and v == low) or (high is not None and v > high):
         lower = f"> {low}" if open_low else f">= {low}"
         upper = "" if high is None else f" and <= {high}"
-        raise ValueError(f"{kind}({name}={v}): must be {lower}{upper}.")
+        # float32's shortest repr: the value as the user wrote it (-0.001, not
+        # -0.0010000000474974513).
+        shown = str(np.float32(value))
+        raise ValueError(f"{kind}({name}={shown}): must be {lower}{upper}.")
 
 
 def _check_choice(
