@@ -371,6 +371,8 @@ def _train(args: argparse.Namespace) -> int:
         _check_network(args, run, env_probe)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = args.out or pathlib.Path("runs") / f"{args.env.replace(':', '_')}-{stamp}"
+        if out.exists() and not out.is_dir():
+            raise CLIError(f"--out {out}: a file is there; pass a folder to write to.")
         if (out / "metrics.jsonl").exists():
             raise CLIError(
                 f"{out} already holds a run; continue it with --resume {out}, or "

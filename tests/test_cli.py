@@ -124,6 +124,16 @@ def test_missing_folders_get_one_line(tmp_path, capsys):
     assert "not a run folder" in capsys.readouterr().err
 
 
+def test_an_out_path_that_is_a_file_gets_one_line(tmp_path, capsys):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    assert main(["train", "--out", str(afile), "--steps", "64"]) == 2
+    assert capsys.readouterr().err == (
+        f"eqx-ppo train: --out {afile}: a file is there; pass a folder to write to.\n"
+    )
+    assert afile.read_text() == "mine"
+
+
 @pytest.mark.parametrize(
     "flags, named",
     [
