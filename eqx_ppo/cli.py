@@ -203,7 +203,8 @@ def _parser() -> argparse.ArgumentParser:
             "--checkpoint",
             type=pathlib.Path,
             required=True,
-            help="a run folder or one checkpoint folder in it",
+            help="a run folder (its latest checkpoint), its checkpoints folder, "
+            "or one checkpoint folder in it",
         )
         p.add_argument(
             "--n-envs", type=_count, default=16, help="episodes, one per env"
@@ -495,11 +496,16 @@ def _previous_checkpoint(checkpoint: pathlib.Path) -> pathlib.Path | None:
 def _load_for_analysis(path: pathlib.Path, seed: int):
     from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 
-    run_dir = path if (path / "run.json").exists() else path.parent.parent
+    if (path / "run.json").exists():
+        run_dir = path
+    elif path.name == "checkpoints" and (path.parent / "run.json").exists():
+        run_dir = path.parent
+    else:
+        run_dir = path.parent.parent
     if not (run_dir / "run.json").is_file():
         raise CLIError(
-            f"--checkpoint {path}: not a run folder or a checkpoint inside one "
-            "(no run.json found)."
+            f"--checkpoint {path}: not a run folder, its checkpoints folder or a "
+            "checkpoint inside it (no run.json found)."
         )
     run = json.loads((run_dir / "run.json").read_text())
     if not 0 <= seed < run["seeds"]:
@@ -508,8 +514,8 @@ def _load_for_analysis(path: pathlib.Path, seed: int):
             f"{run['seeds'] - 1}."
         )
     checkpoint = (
-        latest_checkpoint(path / "checkpoints")
-        if (path / "checkpoints").exists()
+        latest_checkpoint(run_dir / "checkpoints")
+        if path in (run_dir, run_dir / "checkpoints")
         else path
     )
     if checkpoint is None:

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
+from eqx_ppo import latest_checkpoint
 from eqx_ppo.cli import main
 
 
@@ -286,6 +287,25 @@ def test_env_kwargs_reach_the_env():
     assert _make_env({"env": "move_to_center"})  # run.json from before the flag
     with pytest.raises(SystemExit):
         main(["train", "--env-kwargs", "spring"])
+
+
+def test_eval_takes_the_run_its_checkpoints_folder_or_one_checkpoint(run_dir, capsys):
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    printed = {}
+    for name, path in {
+        "run": run_dir,
+        "checkpoints": run_dir / "checkpoints",
+        "latest": latest,
+    }.items():
+        argv = ["eval", "--checkpoint", str(path), "--n-envs", "4"]
+        assert main(argv + ["--episode-length", "20"]) == 0
+        printed[name] = capsys.readouterr().out.splitlines()[1:]
+    assert any("eval/episode_reward/mean" in line for line in printed["run"])
+    assert printed["run"] == printed["checkpoints"] == printed["latest"]
+    assert main(["eval", "--checkpoint", str(run_dir / "run.json")]) == 2
+    assert "not a run folder, its checkpoints folder or a checkpoint" in (
+        capsys.readouterr().err
+    )
 
 
 def test_record_peaks_count_live_steps_only():
