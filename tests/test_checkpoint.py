@@ -459,6 +459,26 @@ def test_wrong_version_or_missing_header_is_refused(saved, tmp_path):
         ckpt.load_checkpoint(path.parent, env=env, networks=networks)
 
 
+def test_no_checkpoint_or_a_non_path_is_refused_by_name(unchecked, tmp_path):
+    env, networks, config = small_setup()
+    # The usual pattern on a folder that has no checkpoint yet.
+    assert ckpt.latest_checkpoint(tmp_path) is None
+    for call in (ckpt.read_header, ckpt.load_checkpoint):
+        with pytest.raises(
+            ckpt.CheckpointError,
+            match=r"No checkpoint given \(path=None; latest_checkpoint\(folder\) "
+            r"is None when the folder holds no complete checkpoint\)",
+        ):
+            call(ckpt.latest_checkpoint(tmp_path))
+    state = init_state(env, networks, config)
+    with pytest.raises(
+        TypeError,
+        match=r"expected the path of a checkpoint \(a str or pathlib\.Path\), got "
+        r"TrainingState",
+    ):
+        ckpt.load_checkpoint(state, env=env, networks=networks)
+
+
 def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
     path, state = copy(saved, tmp_path)
     env, networks, config = small_setup()

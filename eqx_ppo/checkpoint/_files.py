@@ -211,6 +211,18 @@ def write_atomically(
 
 def resolve(path: str | os.PathLike) -> pathlib.Path:
     """A checkpoint folder, or the latest complete one in a folder of them."""
+    if path is None:
+        # What `latest_checkpoint` returns for a folder without checkpoints.
+        raise CheckpointError(
+            "No checkpoint given (path=None; latest_checkpoint(folder) is None "
+            "when the folder holds no complete checkpoint). Pass the folder "
+            "itself to be told what is in it, or start a fresh run."
+        )
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"expected the path of a checkpoint (a str or pathlib.Path), got "
+            f"{type(path).__name__}."
+        )
     path = pathlib.Path(path)
     if (path / HEADER).is_file():
         return path
