@@ -702,6 +702,33 @@ def test_a_checkpoint_deleted_while_loading_says_so(
         ckpt.load_checkpoint(path.parent, env=env, networks=networks)
 
 
+class _Holder:
+    """Not a pytree: JAX sees one leaf, which holds arrays."""
+
+    def __init__(self, state):
+        self.state = state
+
+
+def test_a_state_hiding_arrays_from_the_serialiser_is_refused(saved, tmp_path):
+    _, state = saved
+    result = eqx_ppo.TrainResult(state, {}, [], 0, 0)
+    for bad, where, kind in (
+        (result, "the state", "TrainResult"),
+        ({"run": _Holder(state)}, r"leaf \['run'\]", "_Holder"),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=rf"save_checkpoint\(state=\.\.\.\): {where} is a {kind}, which "
+            r"holds arrays but is not a pytree, so they would not be saved\. Fix: "
+            r"save the pytree inside it \(for a TrainResult, result\.training_state\)",
+        ):
+            ckpt.save_checkpoint(tmp_path, bad, config=None, step=1)
+    assert os.listdir(tmp_path) == []
+    # Leaves that hold no arrays (a str, a function) are restored from the
+    # template, as before.
+    ckpt.save_checkpoint(tmp_path, {"a": jnp.ones(2), "name": "x"}, config=None, step=2)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [

@@ -96,7 +96,13 @@ from ._files import (
     write_header,
     write_state,
 )
-from ._leaves import check_structure, deserialise, saved_structure, serialise
+from ._leaves import (
+    check_saveable,
+    check_structure,
+    deserialise,
+    saved_structure,
+    serialise,
+)
 from ._migrations import find_migration, register_migration as register_migration
 
 FORMAT_VERSION = 3
@@ -172,6 +178,7 @@ def save_checkpoint(
     """
     _check_keep("save_checkpoint", keep)
     step = _check_step(step)
+    check_saveable(state)
     leaves, treedef = saved_structure(state)
     header = {
         "format_version": FORMAT_VERSION,

@@ -50,6 +50,31 @@ def saved_structure(state: Any) -> tuple[list[dict[str, Any]], str]:
     return leaves, treedef
 
 
+def _holds_arrays(x: Any) -> bool:
+    """Whether `x`, a pytree leaf, is an object whose attributes hold arrays."""
+    try:
+        fields = vars(x)
+    except TypeError:
+        return False
+    return any(eqx.is_array(leaf) for leaf in jax.tree.leaves(fields))
+
+
+def check_saveable(state: Any) -> None:
+    """Raise a `TypeError` naming the first leaf of `state` that is not a pytree
+    but holds arrays: serialising writes arrays and scalars only, so that
+    leaf's arrays (e.g. all of a `TrainResult`) would be lost without a word."""
+    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if not eqx.is_array_like(x) and _holds_arrays(x):
+            where = f"leaf {jax.tree_util.keystr(path)}" if path else "the state"
+            raise TypeError(
+                f"save_checkpoint(state=...): {where} is a {type(x).__name__}, "
+                "which holds arrays but is not a pytree, so they would not be "
+                "saved. Fix: save the pytree inside it (for a TrainResult, "
+                "result.training_state), or make the class a pytree (an "
+                "eqx.Module)."
+            )
+
+
 def serialise(file: Any, state: Any) -> None:
     """Write `state`'s array leaves to `file`, PRNG keys as key data."""
     data = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, state)
