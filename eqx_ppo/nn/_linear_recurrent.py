@@ -650,8 +650,12 @@ class MinGRU(_AbstractLinearRecurrence):
         self, xs: Float[Array, "*time in_size"]
     ) -> tuple[Float[Array, "*time hidden_size"], Float[Array, "*time hidden_size"]]:
         """`1 - z` and `z * h~`: the update is `h' = (1 - z) * h + z * h~`."""
-        z, candidate = jnp.split(xs @ self.kernel + self.bias, 2, axis=-1)
-        z = jax.nn.sigmoid(z)
+        # Two matmuls on the kernel's blocks rather than one split afterwards:
+        # the split's gradient concatenates two `[T, hidden]` halves, the
+        # blocks' only two small `[in, hidden]` ones (13% of a replay's time).
+        h = self.hidden_size
+        z = jax.nn.sigmoid(xs @ self.kernel[:, :h] + self.bias[:h])
+        candidate = xs @ self.kernel[:, h:] + self.bias[h:]
         return 1.0 - z, z * candidate
 
     def _output(
