@@ -120,6 +120,19 @@ def test_filter_errors():
         call(Filter({"x": ("arm", "q")}), {"arm": {"p": jnp.ones(1)}})
 
 
+def test_filter_indexes_arrays_in_range_only():
+    # JAX would clamp x[5] of a length-2 array to x[1].
+    obs = {"v": jnp.array([3.0, 4.0])}
+    assert call(Filter({"last": ("v", -1)}), obs)["last"] == 4.0
+    for index in (2, 5, -3):
+        with pytest.raises(ValueError, match=rf"no entry {index} at \('v',\)"):
+            call(Filter({"x": ("v", index)}), obs)
+    with pytest.raises(ValueError, match=r"no entry 0 at \('v', 0\)"):
+        call(Filter({"x": ("v", 0, 0)}), obs)
+    with pytest.raises(ValueError, match=r"no entry 'a' at \('v',\)"):
+        call(Filter({"x": ("v", "a")}), obs)
+
+
 def test_scale_multiplies_every_leaf_and_is_not_trainable():
     layer = Scale(2.5)
     out = call(layer, {"a": jnp.ones(2), "b": jnp.array([4.0])})

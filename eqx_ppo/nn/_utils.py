@@ -113,14 +113,20 @@ def _select(x: Any, out_key: str, spec: FilterSpec) -> Any:
     path = spec if isinstance(spec, tuple) else (spec,)
     value = x
     for i, part in enumerate(path):
+        missing = ValueError(
+            f"`Filter`: output {out_key!r} asks for the path {path!r}, but "
+            f"there is no entry {part!r} at {path[:i]!r}; check the spec "
+            "against the input's structure."
+        )
+        # JAX clamps an out-of-range index into an array instead of raising.
+        if eqx.is_array(value) and not (
+            isinstance(part, int) and value.ndim and -len(value) <= part < len(value)
+        ):
+            raise missing
         try:
             value = value[part]
         except (KeyError, IndexError, TypeError) as err:
-            raise ValueError(
-                f"`Filter`: output {out_key!r} asks for the path {path!r}, but "
-                f"there is no entry {part!r} at {path[:i]!r}; check the spec "
-                "against the input's structure."
-            ) from err
+            raise missing from err
     return value
 
 
