@@ -10,6 +10,7 @@ import pytest
 
 from eqx_ppo.envs import (
     AbstractEnv,
+    CartPole,
     Counter,
     DictObsAct,
     MoveToCenter,
@@ -452,6 +453,48 @@ def test_bad_constructor_arguments():
         Recall(length=1)
     with pytest.raises(ValueError, match="obs_size"):
         Parrot(obs_size=0)
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (
+            lambda: CartPole(max_force=-1.0),
+            ValueError,
+            r"`CartPole\(max_force=-1\.0\)`",
+        ),
+        (lambda: CartPole(max_force=float("nan")), ValueError, r"max_force=nan"),
+        # A truthy string would have hidden the velocities.
+        (
+            lambda: CartPole(hide_velocity="no"),
+            TypeError,
+            r"hide_velocity='no'\)`: must be True or False",
+        ),
+        (
+            lambda: Pendulum(step_dt=0.0),
+            ValueError,
+            r"`Pendulum\(step_dt=0\.0\)`: must be positive",
+        ),
+        (
+            lambda: Pendulum(mass=-1.0, length=0.0),
+            ValueError,
+            r"`Pendulum\(mass=-1\.0, length=0\.0\)`",
+        ),
+        (
+            lambda: Pendulum(gravity=float("nan")),
+            ValueError,
+            r"gravity=nan\)`: must be finite and >= 0",
+        ),
+        (
+            lambda: Pendulum(hide_velocity=1),
+            TypeError,
+            r"hide_velocity=1\)`: must be True or False",
+        ),
+    ],
+)
+def test_physics_envs_check_their_parameters(unchecked, make, error, message):
+    with pytest.raises(error, match=message):
+        make()
 
 
 def test_state_is_brax_compatible(getkey):

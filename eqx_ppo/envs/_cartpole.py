@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._draw import Canvas
-from ._env import AbstractEnv, check_action
+from ._env import AbstractEnv, check_action, check_positive, check_switches
 from ._state import State
 
 _GRAVITY = 9.8
@@ -60,6 +60,10 @@ class CartPole(AbstractEnv):
     hide_velocity: bool = eqx.field(static=True, default=False)
     max_force: float = eqx.field(static=True, default=10.0)
     action_size: ClassVar[int] = 1
+
+    def __check_init__(self):
+        check_switches("CartPole", hide_velocity=self.hide_velocity)
+        check_positive("CartPole", max_force=self.max_force)
 
     def _state(self, physics: Float[Array, "4"], reward, done) -> State:
         obs = physics[jnp.array([0, 2])] if self.hide_velocity else physics

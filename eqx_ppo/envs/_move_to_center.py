@@ -10,7 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._draw import Canvas
-from ._env import AbstractEnv, check_action
+from ._env import AbstractEnv, check_action, check_positive
 from ._state import State, ongoing
 
 
@@ -32,14 +32,6 @@ def start_on_circle(key: PRNGKeyArray, radius: float) -> Float[Array, "2"]:
     """A point at a uniformly random angle on the circle of `radius`."""
     angle = jax.random.uniform(key, (), jnp.float32, 0.0, 2 * jnp.pi)
     return radius * jnp.stack([jnp.cos(angle), jnp.sin(angle)])
-
-
-def check_positive(env_name: str, **values: float) -> None:
-    """A `ValueError` naming every non-positive value among `values`."""
-    bad = {name: v for name, v in values.items() if not v > 0}
-    if bad:
-        args = ", ".join(f"{name}={v!r}" for name, v in bad.items())
-        raise ValueError(f"`{env_name}({args})`: must be positive.")
 
 
 def distance(pos: Float[Array, "2"]) -> Float[Array, ""]:

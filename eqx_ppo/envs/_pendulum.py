@@ -1,5 +1,6 @@
 """Pendulum: the classic swing-up (gym's Pendulum-v1), optionally without velocity."""
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -10,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._draw import Canvas
-from ._env import AbstractEnv, check_action
+from ._env import AbstractEnv, check_action, check_positive, check_switches
 from ._state import State
 
 
@@ -62,6 +63,21 @@ class Pendulum(AbstractEnv):
     length: float = eqx.field(static=True, default=1.0)
     step_dt: float = eqx.field(static=True, default=0.05)
     action_size: ClassVar[int] = 1
+
+    def __check_init__(self):
+        check_switches("Pendulum", hide_velocity=self.hide_velocity)
+        check_positive(
+            "Pendulum",
+            max_torque=self.max_torque,
+            max_speed=self.max_speed,
+            mass=self.mass,
+            length=self.length,
+            step_dt=self.step_dt,
+        )
+        if not (self.gravity >= 0 and math.isfinite(self.gravity)):
+            raise ValueError(
+                f"`Pendulum(gravity={self.gravity!r})`: must be finite and >= 0."
+            )
 
     def _state(
         self, theta: Float[Array, ""], theta_dot: Float[Array, ""], reward

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action_tree
-from ._move_to_center import check_positive, distance, push, start_on_circle
+from ._env import AbstractEnv, check_action_tree, check_positive
+from ._move_to_center import distance, push, start_on_circle
 from ._state import State, ongoing
 
 _ARMS = ("arm1", "arm2")
