@@ -7,6 +7,7 @@ folder: `metrics.jsonl`, `eval.jsonl`, `learning_curve.png`, `summary.json`,
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -411,7 +412,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"resuming from {latest}")
     # Written once the checkpoint loaded: a failed resume changes nothing.
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps(run, indent=2))
+    _write_json(out / "run.json", run)
     resuming = args.resume is not None
     metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
     print(
@@ -445,7 +446,7 @@ def _train(args: argparse.Namespace) -> int:
         "final_eval_return": final,
         "final_eval_return_mean_over_seeds": float(np.mean(final)),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _write_json(out / "summary.json", summary)
     _plot(history, out / "learning_curve.png", run)
     print(
         f"final eval return: {float(np.mean(final)):.3f}"
@@ -453,6 +454,14 @@ def _train(args: argparse.Namespace) -> int:
     )
     print(f"wrote {out}/metrics.jsonl, learning_curve.png, summary.json, checkpoints/")
     return 0
+
+
+def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
+    """Write `data` to `path` through a temporary file, so a run killed while
+    writing keeps the old file whole (`run.json` is what `--resume` reads)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=2))
+    os.replace(partial, path)
 
 
 def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:

@@ -1,6 +1,7 @@
 """`eqx-ppo train / eval / record` end to end on a tiny budget."""
 
 import json
+import pathlib
 import re
 import shutil
 
@@ -99,6 +100,26 @@ def test_a_corrupted_checkpoint_gets_one_line_naming_the_one_before(
     err = capsys.readouterr().err
     assert err.startswith(f"eqx-ppo eval: --checkpoint {run}: ")
     assert err.endswith(f"The one before it: --checkpoint {previous}\n")
+
+
+def test_a_resume_killed_while_writing_run_json_keeps_the_run(
+    run_dir, tmp_path, monkeypatch
+):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    before = (run / "run.json").read_text()
+    real = pathlib.Path.write_text
+
+    def killed_mid_write(self, text, *args, **kwargs):
+        if self.name.startswith("run.json"):
+            real(self, text[: len(text) // 2])
+            raise KeyboardInterrupt
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        main(["train", "--resume", str(run), "--steps", "99999", "--no-progress"])
+    assert (run / "run.json").read_text() == before
 
 
 def test_resume_refuses_flags_it_cannot_honour(run_dir, capsys):
