@@ -11,6 +11,7 @@ import json
 import math
 import os
 import pathlib
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -127,18 +128,40 @@ def _check_log_path(sink: str, path: pathlib.Path, append: bool, suffix: str) ->
         )
 
 
+def _drop_partial_line(sink: str, path: pathlib.Path) -> None:
+    """Cut an unfinished last line (a run killed mid-write) off a log being
+    continued, with a warning: it cannot be parsed, and the next record
+    would otherwise be glued onto it."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    keep = data.rfind(b"\n") + 1
+    with path.open("r+b") as f:
+        f.truncate(keep)
+    warnings.warn(
+        f"{sink}: {path} ended in an unfinished line ({len(data) - keep} bytes, "
+        "from a run killed while writing?); dropped it before continuing.",
+        stacklevel=3,
+    )
+
+
 class JSONLLogger:
     """Writes one JSON object per call to `path`: `{"step": ..., **metrics}`.
 
     Non-finite values are written as `null`, so every line is strict JSON;
     multi-seed values stay lists. A log is one run's: if `path` already holds
     lines (an earlier run's), construction raises a `FileExistsError` naming
-    it, unless `append=True` (e.g. when resuming that run), which adds to it.
+    it, unless `append=True` (e.g. when resuming that run), which adds to it
+    (after cutting off, with a warning, an unfinished last line left by a run
+    killed while writing).
     """
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
         _check_log_path("JSONLLogger", self.path, append, ".jsonl")
+        _drop_partial_line("JSONLLogger", self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, metrics: Metrics, step: int) -> None:
@@ -161,6 +184,7 @@ class CSVLogger:
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
         _check_log_path("CSVLogger", self.path, append, ".csv")
+        _drop_partial_line("CSVLogger", self.path)
         self._rows: list[dict[str, Any]] = []
         self._fields: list[str] = ["step"]
         if self.path.exists() and self.path.stat().st_size > 0:

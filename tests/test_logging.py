@@ -158,6 +158,26 @@ def test_a_csv_rewrite_cut_short_leaves_the_log_whole(tmp_path, monkeypatch):
     assert path.read_text() == before
 
 
+def test_continuing_a_log_cut_mid_line_drops_the_unfinished_line(tmp_path):
+    jsonl, table = tmp_path / "m.jsonl", tmp_path / "m.csv"
+    JSONLLogger(jsonl)({"a": 1.0}, 1)
+    CSVLogger(table)({"a": 1.0}, 1)
+    for path in (jsonl, table):  # a run killed while writing step 2
+        with path.open("a") as f:
+            f.write('{"step": 2, "a": 2.' if path is jsonl else "2,2.")
+    for sink, path in ((JSONLLogger, jsonl), (CSVLogger, table)):
+        with pytest.warns(UserWarning, match=r"ended in an unfinished line"):
+            log = sink(path, append=True)
+        log({"a": 3.0}, 3)
+    steps = [json.loads(line)["step"] for line in jsonl.read_text().splitlines()]
+    assert steps == [1, 3]
+    with table.open() as f:
+        assert [(r["step"], r["a"]) for r in csv.DictReader(f)] == [
+            ("1", "1.0"),
+            ("3", "3.0"),
+        ]
+
+
 @pytest.mark.parametrize("sink", [JSONLLogger, CSVLogger])
 def test_a_log_path_must_not_be_a_folder(tmp_path, sink):
     with pytest.raises(IsADirectoryError, match=r"is a folder; pass the path of"):
