@@ -930,6 +930,7 @@ def test_env_arguments_must_be_envs(unchecked, getkey, state, kind):
 
     bad, seen = NOT_AN_ENV[kind]
     net, key = mlp(getkey()), getkey()
+    carry = eqx_ppo.ppo.start_episodes(ENV, net, key, 2)
     sizes = {"n_envs": 2, "max_episode_length": 3}
     calls = [
         ("train_ppo", "env", lambda: train_ppo(bad, mlp, TRAIN)),
@@ -954,6 +955,24 @@ def test_env_arguments_must_be_envs(unchecked, getkey, state, kind):
             "record_activations_rollout",
             "env",
             lambda: record_activations_rollout(bad, net, key=key, **sizes),
+        ),
+        (
+            "start_episodes",
+            "env",
+            lambda: eqx_ppo.ppo.start_episodes(bad, net, key, 2),
+        ),
+        (
+            "run_episodes",
+            "env",
+            lambda: eqx_ppo.ppo.rollout(
+                bad,
+                net,
+                carry,
+                key,
+                length=2,
+                reset_mode="cached",
+                keep_terminal_obs=False,
+            ),
         ),
         ("EpisodeWrapper", "env", lambda: envs.EpisodeWrapper(bad, 10)),
         ("RewardScalingWrapper", "env", lambda: envs.RewardScalingWrapper(bad, 2.0)),

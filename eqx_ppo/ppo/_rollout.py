@@ -234,6 +234,7 @@ def start_episodes(
     env: Any, network: AbstractStatefulModule, key: PRNGKeyArray, n_envs: int
 ) -> StepCarry:
     """Fresh envs (`env.reset` with `env_keys(key, n_envs)`) and initial carries."""
+    check_env("start_episodes", "env", env)
     env_state = jax.vmap(env.reset)(env_keys(key, n_envs))
     return StepCarry(env_state, network.initialize_state(n_envs))
 
@@ -287,6 +288,7 @@ def run_episodes(
     with `axis_name`, `carry` holds this device's envs and they draw their
     keys from the split for all envs.
     """
+    check_env("run_episodes", "env", env)
     _check_categorical_samplers(env, network)
     n_envs = jnp.shape(carry.env_state.done)[0]
 
