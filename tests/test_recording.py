@@ -310,3 +310,13 @@ def test_seed_workflow(getkey):
             "value": {0: (B, hidden), 1: (B, hidden), 2: (B, 1)},
         },
     }
+
+
+@pytest.mark.parametrize("layer", [3, jnp.tanh], ids=["int", "function"])
+def test_a_recorder_wraps_a_layer(unchecked, layer):
+    with pytest.raises(
+        TypeError,
+        match=r"`Recorder\(layer=\.\.\.\)` must be an AbstractStatefulModule, got "
+        r"\w+; wrap plain functions in a layer",
+    ):
+        eqx_ppo.Recorder(layer)

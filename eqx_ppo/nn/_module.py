@@ -242,6 +242,14 @@ class AbstractLayerWrapper(AbstractStatefulModule):
 
     layer: eqx.AbstractVar[AbstractStatefulModule]
 
+    def __check_init__(self):
+        if not isinstance(self.layer, AbstractStatefulModule):
+            raise TypeError(
+                f"`{type(self).__name__}(layer=...)` must be an "
+                f"AbstractStatefulModule, got {type(self.layer).__name__}; wrap "
+                "plain functions in a layer."
+            )
+
     @abc.abstractmethod
     def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
         """This step's output, given what `layer` returned."""
