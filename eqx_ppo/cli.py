@@ -230,7 +230,8 @@ def _parser() -> argparse.ArgumentParser:
                 "--out",
                 type=pathlib.Path,
                 default=None,
-                help="where to write activations.npz (default: run folder)",
+                help="the .npz file to write (default: "
+                "RUN/activations_<checkpoint>_seed<seed>.npz)",
             )
     return parser
 
@@ -577,7 +578,9 @@ def _eval(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from .ppo import record_activations_rollout
 
-    run_dir, run, env, network, _ = _load_for_analysis(args.checkpoint, args.seed)
+    run_dir, run, env, network, checkpoint = _load_for_analysis(
+        args.checkpoint, args.seed
+    )
     length = args.episode_length or run["episode_length"]
     activations, dones = record_activations_rollout(
         env,
@@ -592,7 +595,9 @@ def _record(args: argparse.Namespace) -> int:
         ): np.asarray(leaf)
         for path, leaf in jax.tree_util.tree_leaves_with_path(activations)
     }
-    out = args.out or run_dir / "activations.npz"
+    # Named by checkpoint and seed, so recording another seed, or the run
+    # after more training, does not overwrite an earlier recording.
+    out = args.out or run_dir / f"activations_{checkpoint.name}_seed{args.seed}.npz"
     dones = np.asarray(dones)
     np.savez_compressed(out, dones=dones, **flat)
     print(

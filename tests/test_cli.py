@@ -282,6 +282,15 @@ def test_eval_and_record(run_dir, capsys):
     with np.load(out) as data:
         assert data["dones"].shape == (20, 3)
         assert data["1/action/0"].shape == (20, 3, 8)
+    # Without --out, each seed and checkpoint gets its own file.
+    latest = latest_checkpoint(run_dir / "checkpoints").name
+    for seed in ("0", "1"):
+        argv = ["record", "--checkpoint", str(run_dir), "--seed", seed]
+        assert main(argv + ["--n-envs", "2", "--episode-length", "5"]) == 0
+    capsys.readouterr()
+    for seed in (0, 1):
+        with np.load(run_dir / f"activations_{latest}_seed{seed}.npz") as data:
+            assert data["dones"].shape == (5, 2)
 
 
 def test_bad_flags_are_rejected():
