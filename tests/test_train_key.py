@@ -102,6 +102,32 @@ def test_select_seed_refuses_a_seed_out_of_range_or_a_single_seed_tree():
         eqx_ppo.select_seed(networks(key), 0)
 
 
+def test_select_seed_of_a_train_result_is_that_seeds_result(unchecked):
+    result = eqx_ppo.train_ppo(
+        ENV, networks, config(n_seeds=2, evaluate=True), key=jax.random.key(4)
+    )
+    assert len(result.eval_history) == 2
+    for index in (0, 1, -1):
+        one = eqx_ppo.select_seed(result, index)
+        assert same(
+            one.training_state, eqx_ppo.select_seed(result.training_state, index)
+        )
+        for got, full in (
+            (one.final_metrics, result.final_metrics),
+            *zip(one.eval_history, result.eval_history, strict=True),
+        ):
+            assert set(got) == set(full)
+            for key, value in full.items():
+                expected = value[index] if isinstance(value, list) else value
+                assert got[key] == expected, key
+        assert one.total_steps == result.total_steps
+    with pytest.raises(IndexError, match=r"out of range for 2 seeds"):
+        eqx_ppo.select_seed(result, 2)
+    # It used to return anything without array leaves unchanged.
+    with pytest.raises(ValueError, match=r"a dict with no array leaves"):
+        eqx_ppo.select_seed(result.final_metrics, 0)
+
+
 def test_distillation_takes_a_key():
     teacher = networks(jax.random.key(0))
     dconfig = DistillationTrainConfig(

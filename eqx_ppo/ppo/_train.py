@@ -87,12 +87,36 @@ class TrainResult:
 def select_seed(tree: Any, seed_index: int) -> Any:
     """Seed `seed_index`'s slice of a multi-seed result (state, network, ...).
 
-    Every array leaf loses its leading seed axis; everything else is kept.
-    Raises a `ValueError` if the array leaves share no leading axis (a
-    single-seed result) and an `IndexError` if `seed_index` is out of range,
-    which JAX indexing would otherwise clamp to the last seed.
+    Every array leaf loses its leading seed axis; everything else is kept. A
+    [`eqx_ppo.TrainResult`][] gives that seed's own result: its state sliced,
+    and each per-seed list in `final_metrics` and `eval_history` replaced by
+    the seed's value. Raises a `ValueError` if the array leaves share no
+    leading axis (a single-seed result) and an `IndexError` if `seed_index`
+    is out of range, which JAX indexing would otherwise clamp to the last
+    seed.
     """
+    if isinstance(tree, TrainResult):
+        state = select_seed(tree.training_state, seed_index)
+
+        def pick(record: dict[str, Any]) -> dict[str, Any]:
+            return {
+                k: v[seed_index] if isinstance(v, list) else v
+                for k, v in record.items()
+            }
+
+        return dataclasses.replace(
+            tree,
+            training_state=state,
+            final_metrics=pick(tree.final_metrics),
+            eval_history=[pick(record) for record in tree.eval_history],
+        )
     arrays = [x for x in jax.tree.leaves(tree) if eqx.is_array(x)]
+    if not arrays:
+        raise ValueError(
+            f"select_seed(tree=...): a {type(tree).__name__} with no array leaves, "
+            "so nothing has a seed axis. Fix: pass a multi-seed TrainResult, "
+            "training state or network."
+        )
     sizes = sorted({x.shape[0] if x.ndim else 0 for x in arrays})
     if len(sizes) > 1 or sizes == [0]:
         raise ValueError(
