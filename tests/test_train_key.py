@@ -128,6 +128,31 @@ def test_select_seed_of_a_train_result_is_that_seeds_result(unchecked):
         eqx_ppo.select_seed(result.final_metrics, 0)
 
 
+def test_analysis_of_a_multi_seed_network_asks_for_one_seed():
+    stacked = eqx_ppo.train_ppo(
+        ENV, networks, config(n_seeds=2), key=jax.random.key(6)
+    ).training_state.network
+    sizes = {"n_envs": 2, "max_episode_length": 3}
+    for where, call in (
+        ("eval_rollout", lambda net, k: eqx_ppo.eval_rollout(ENV, net, k, **sizes)),
+        (
+            "record_activations_rollout",
+            lambda net, k: eqx_ppo.record_activations_rollout(ENV, net, key=k, **sizes),
+        ),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"{where}\(network=\.\.\.\): the network's weights have a "
+            r"leading axis \(a Dense kernel of shape \(2, 2, 8\)\): a network from a "
+            r"run with TrainConfig\(n_seeds=2\)\. Fix: pick one seed",
+        ):
+            call(stacked, jax.random.key(0))
+        # One seed, or a vmap over the seeds, is what it asks for.
+        call(eqx_ppo.select_seed(stacked, 1), jax.random.key(0))
+        keys = jax.random.split(jax.random.key(0), 2)
+        eqx.filter_vmap(call)(stacked, keys)
+
+
 def test_distillation_takes_a_key():
     teacher = networks(jax.random.key(0))
     dconfig = DistillationTrainConfig(

@@ -26,6 +26,7 @@ from ._validate import (
     check_flags,
     check_int,
     check_network_argument,
+    check_one_network,
     check_step_output,
 )
 
@@ -442,6 +443,7 @@ def eval_rollout(
     """
     check_env("eval_rollout", "env", env)
     check_network_argument("eval_rollout", "network", network)
+    check_one_network("eval_rollout", "network", network)
     check_flags(
         "eval_rollout",
         "logging_level",
@@ -532,6 +534,7 @@ def record_activations_rollout(
     )
     check_env("record_activations_rollout", "env", env)
     check_network_argument("record_activations_rollout", "network", network)
+    check_one_network("record_activations_rollout", "network", network)
     recorder = eqx.nn.inference_mode(with_recording(network))
     steps = _single_episodes(
         "record_activations_rollout",

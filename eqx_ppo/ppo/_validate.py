@@ -20,7 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree
 
+from ..nn._dense import Dense
+from ..nn._linear_recurrent import MinGRU
 from ..nn._module import AbstractStatefulModule, array_spec
+from ..nn._recurrent import GRU, LSTM
 
 _CALLBACK_CALLS = {
     "log_fn": "log_fn(metrics, step)",
@@ -183,6 +186,31 @@ def check_network_argument(where: str, name: str, network: Any) -> None:
         f"{where}({name}=<{kind}>): expected an eqx_ppo network (an "
         f"AbstractStatefulModule), got {seen}. Fix: {fix}."
     )
+
+
+_MATRIX_LAYERS = (Dense, LSTM, GRU, MinGRU)
+"""Layers whose `kernel` is a matrix, so a third axis on it is a seed axis."""
+
+
+def check_one_network(where: str, name: str, network: AbstractStatefulModule) -> None:
+    """Raise a `ValueError` if `network`'s weights carry a leading seed axis.
+
+    A multi-seed run's network (`TrainConfig(n_seeds > 1)`) passed whole
+    would otherwise fail deep inside a layer with a shape error, or broadcast
+    its seeds through the matmuls. Under a `vmap` over seeds each network is
+    one seed's, so this passes.
+    """
+    is_layer = lambda x: isinstance(x, _MATRIX_LAYERS)  # noqa: E731
+    for layer in jax.tree.leaves(network, is_leaf=is_layer):
+        kernel = getattr(layer, "kernel", None) if is_layer(layer) else None
+        if eqx.is_array(kernel) and kernel.ndim > 2:
+            raise ValueError(
+                f"{where}({name}=...): the network's weights have a leading axis "
+                f"(a {type(layer).__name__} kernel of shape {kernel.shape}): a "
+                f"network from a run with TrainConfig(n_seeds={kernel.shape[0]}). "
+                "Fix: pick one seed, eqx_ppo.select_seed(network, i), or "
+                "jax.vmap over the seeds."
+            )
 
 
 def check_network(network: Any, where: str) -> AbstractStatefulModule:
