@@ -143,5 +143,11 @@ def check_env(where: str, name: str, env: Any) -> None:
             "pass an env with `reset(key)` and `step(state, action)` (the Brax / "
             "MuJoCo Playground protocol), e.g. eqx_ppo.envs.make('cartpole')"
         )
-    got = f"the class {env.__name__}" if isinstance(env, type) else type(env).__name__
-    raise TypeError(f"{where}({name}=...): expected an env, got {got}. Fix: {fix}.")
+    raise TypeError(
+        f"{where}({name}=...): expected an env, got {describe(env)}. Fix: {fix}."
+    )
+
+
+def describe(x: Any) -> str:
+    """What an error says it got: `the class C` for a class, else the type."""
+    return f"the class {x.__name__}" if isinstance(x, type) else type(x).__name__

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ._env import AbstractEnv
+from ._env import AbstractEnv, describe
 from ._state import State
 
 
@@ -86,14 +86,9 @@ class GymnaxAdapter(AbstractEnv):
         max_len: int | None = None,
     ):
         if not (hasattr(env, "step_env") and hasattr(env, "reset_env")):
-            got = (
-                f"the class {env.__name__}"
-                if isinstance(env, type)
-                else type(env).__name__
-            )
             raise TypeError(
                 f"GymnaxAdapter(env=...): expected a gymnax environment, got "
-                f"{got}. Fix: pass one instance, e.g. "
+                f"{describe(env)}. Fix: pass one instance, e.g. "
                 "gymnax.make('CartPole-v1')[0]."
             )
         self.env = env
