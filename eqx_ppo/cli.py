@@ -7,7 +7,6 @@ folder: `metrics.jsonl`, `eval.jsonl`, `learning_curve.png`, `summary.json`,
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 import time
@@ -19,7 +18,7 @@ import jax
 import numpy as np
 
 from . import envs
-from .logging import JSONLLogger, LoggingLevel
+from .logging import JSONLLogger, LoggingLevel, replace_file
 from .nn import make_mlp_actor_critic, make_recurrent_actor_critic
 from .ppo import EvalConfig, PPOConfig, TrainConfig, select_seed, train_ppo
 
@@ -460,9 +459,7 @@ def _train(args: argparse.Namespace) -> int:
 def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
     """Write `data` to `path` through a temporary file, so a run killed while
     writing keeps the old file whole (`run.json` is what `--resume` reads)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=2))
-    os.replace(partial, path)
+    replace_file(path, json.dumps(data, indent=2))
 
 
 def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:

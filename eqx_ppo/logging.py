@@ -7,6 +7,7 @@ device. Sinks receive plain `dict[str, float]` on the host.
 
 import csv
 import enum
+import io
 import json
 import math
 import os
@@ -128,6 +129,14 @@ def _check_log_path(sink: str, path: pathlib.Path, append: bool, suffix: str) ->
         )
 
 
+def replace_file(path: pathlib.Path, text: str) -> None:
+    """Replace `path` by a file holding `text`, written to a temporary file
+    first, so a process killed while writing leaves the old file whole."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, newline="")
+    os.replace(partial, path)
+
+
 def _drop_partial_line(sink: str, path: pathlib.Path) -> None:
     """Cut an unfinished last line (a run killed mid-write) off a log being
     continued, with a warning: it cannot be parsed, and the next record
@@ -206,12 +215,11 @@ class CSVLogger:
         self._fields.extend(new)
         self._rows.append(row)
         if new or len(self._rows) == 1:
-            partial = self.path.with_name(self.path.name + ".partial")
-            with partial.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self._fields)
-                writer.writeheader()
-                writer.writerows(self._rows)
-            os.replace(partial, self.path)
+            table = io.StringIO(newline="")
+            writer = csv.DictWriter(table, fieldnames=self._fields)
+            writer.writeheader()
+            writer.writerows(self._rows)
+            replace_file(self.path, table.getvalue())
         else:
             with self.path.open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=self._fields).writerow(row)
