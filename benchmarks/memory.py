@@ -147,7 +147,7 @@ def _without_recurrence(network):
     from eqx_ppo import nn
     from eqx_ppo.nn import SequenceOutput
 
-    class NoRecurrence(nn.AbstractStatefulModule):
+    class NoRecurrence(nn.AbstractReplayEnvs):
         cell: nn.LRU | nn.MinGRU
 
         @property
@@ -160,9 +160,12 @@ def _without_recurrence(network):
         def __call__(self, state, x, extras=None, *, key=None):
             return self.cell(state, x, extras, key=key)
 
-        def replay_sequence(self, state0, xs, extras, keys, done):
-            _, drive = self.cell._coefficients(xs)
-            output = self.cell._output(drive, xs)
+        def replay_envs(self, state0, xs, extras, keys, done):
+            # All T x M steps in one batch, as the cells' own replay runs them.
+            n_time, n_envs = done.shape
+            steps = xs.reshape(n_time * n_envs, -1)
+            _, drive = self.cell._coefficients(steps)
+            output = self.cell._output(drive, steps).reshape(n_time, n_envs, -1)
             return SequenceOutput(state0, output, jnp.zeros(done.shape, jnp.float32))
 
     def swap(node):

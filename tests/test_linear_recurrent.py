@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 import eqx_ppo
-from eqx_ppo.nn import Dense, Sequential, linear_recurrence, scan_sequence, trainable
+from eqx_ppo.nn import (
+    Dense,
+    SequenceOutput,
+    Sequential,
+    linear_recurrence,
+    scan_sequence,
+    trainable,
+)
 from eqx_ppo.nn._linear_recurrent import LRU, MinGRU, _log_of_draw
 
 T = 64
@@ -252,6 +259,44 @@ def test_replay_equals_scan_sequence(getkey, name):
     # A reset after the last step leaves the (learned or zero) initial state.
     last = jax.tree.map(lambda leaf: leaf[list(patterns).index("last")], parallel)
     _assert_tree_close(last.last_state, layer.initial_state(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_replay_envs_equals_each_envs_scan(getkey, name):
+    # The loss's path: the coefficients of all T x M steps in one batch, the
+    # recurrence env by env. Each env has its own carry and done pattern, so
+    # a mixed-up env axis shows; the gradients go through the same path.
+    layer = _with_random_initial_state(LAYERS[name](getkey()), getkey())
+    done = jnp.stack(list(_done_patterns().values()), axis=1)
+    n_envs = done.shape[1]
+    xs = jax.random.normal(getkey(), (T, n_envs, 3))
+    state0 = jax.vmap(_random_state, (None, 0))(
+        layer, jax.random.split(getkey(), n_envs)
+    )
+    out_size = getattr(layer, "out_size", layer.hidden_size)
+    weights = jnp.cos(jnp.arange(T * n_envs * out_size))
+
+    def loss(layer, replay):
+        out = replay(layer)
+        return jnp.sum(weights * out.output.ravel()) + sum(
+            jnp.sum(leaf) for leaf in jax.tree.leaves(out.last_state)
+        )
+
+    def batch(layer):
+        return layer.replay_envs(state0, xs, None, None, done)
+
+    def each_env(layer):
+        return jax.vmap(
+            lambda s, x, d: scan_sequence(layer, s, x, None, None, d),
+            in_axes=(0, 1, 1),
+            out_axes=SequenceOutput(0, 1, 1),
+        )(state0, xs, done)
+
+    _assert_tree_close(
+        eqx.filter_jit(batch)(layer), eqx.filter_jit(each_env)(layer), **TOL
+    )
+    grad = eqx.filter_jit(eqx.filter_grad(loss))
+    _assert_tree_close(grad(layer, batch), grad(layer, each_env), **GRAD_TOL)
 
 
 @pytest.mark.parametrize(

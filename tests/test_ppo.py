@@ -435,7 +435,6 @@ def test_layerwise_replay_equals_a_stepwise_scan(getkey):
     # carries in both ports: the replay runs the stateless layers over all
     # steps at once and scans only the LSTMs; a plain scan of the whole network
     # over time, resetting on done, is the reference.
-    from eqx_ppo.ppo._loss import replay_envs
     from eqx_ppo.ppo._rollout import apply_network, reset_carry
 
     k = jax.random.split(getkey(), 8)
@@ -470,6 +469,6 @@ def test_layerwise_replay_equals_a_stepwise_scan(getkey):
 
     _, (_, _, extras) = scan(None)
     ref_last, (ref_out, ref_reg, _) = scan(extras)
-    last, out, reg = eqx.filter_jit(replay_envs)(net, state0, obs, extras, keys, done)
+    last, out, reg = eqx.filter_jit(net.replay_envs)(state0, obs, extras, keys, done)
     assert_ulp_close((out, reg, last), (ref_out, ref_reg, ref_last))
     assert float(jnp.std(reg)) > 0  # the KL term varies per step and env

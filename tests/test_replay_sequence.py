@@ -10,7 +10,6 @@ import pytest
 
 import eqx_ppo
 from eqx_ppo import nn
-from eqx_ppo.ppo._loss import replay_envs
 from tests._helpers import assert_ulp_close
 
 T = 7
@@ -114,6 +113,125 @@ def test_replay_sequence_equals_a_loop_of_calls(kind, pattern, getkey):
         assert_ulp_close(actual, expected)
 
 
+@pytest.mark.parametrize("kind", ["ppo", "map", "merge"])
+def test_replay_envs_equals_each_envs_loop_of_calls(kind, getkey):
+    # The loss's path: the envs of a minibatch replayed together, each with its
+    # own carry, keys and resets (one done pattern per env), so a child that
+    # mixed up the time and env axes, or the envs' keys, would show.
+    net, size = nets(getkey())[kind]
+    patterns = sorted(DONE_PATTERNS)
+    n_envs = len(patterns)
+    xs = jax.tree.map(
+        lambda *a: jnp.stack(a, axis=1),
+        *[inputs(kind, size, getkey()) for _ in patterns],
+    )
+    keys = jax.random.split(getkey(), (T, n_envs))
+    done = jnp.stack([DONE_PATTERNS[p] for p in patterns], axis=1)
+    state0 = jax.tree.map(
+        lambda s: s + jnp.arange(1.0, n_envs + 1).reshape(-1, *[1] * (s.ndim - 1)),
+        net.initialize_state(n_envs),
+    )
+
+    def env(tree, m):
+        return jax.tree.map(lambda a: a[:, m], tree)
+
+    extras = jax.tree.map(
+        lambda *a: jnp.stack(a, axis=1),
+        *[
+            rollout_extras(
+                net,
+                jax.tree.map(lambda s, m=m: s[m], state0),
+                env(xs, m),
+                keys[:, m],
+                done[:, m],
+            )
+            for m in range(n_envs)
+        ],
+    )
+    actual = eqx.filter_jit(net.replay_envs)(state0, xs, extras, keys, done)
+    for m in range(n_envs):
+        expected = loop_reference(
+            net,
+            jax.tree.map(lambda s, m=m: s[m], state0),
+            env(xs, m),
+            env(extras, m),
+            keys[:, m],
+            done[:, m],
+        )
+        at = nn.SequenceOutput(
+            jax.tree.map(lambda s, m=m: s[m], actual.last_state),
+            *env((actual.output, actual.regularization_loss), m),
+        )
+        assert_ulp_close(at, expected)
+
+
+def test_replay_envs_runs_a_layer_without_a_carry_once_over_all_steps(getkey):
+    # A layer without a carry replays the minibatch's T x M steps as one
+    # sequence (XLA's matmuls on [T x M, in] are faster than on [T, M, in]);
+    # a layer with a carry replays each env's [T] steps, its carry reset on
+    # done.
+    seen = []
+
+    class Probe(nn.AbstractStatelessLayer):
+        def forward(self, x):
+            return x
+
+        def replay_sequence(self, state0, xs, extras, keys, done):
+            seen.append(("probe", xs.shape, done.shape))
+            return super().replay_sequence(state0, xs, extras, keys, done)
+
+    class Sum(nn.AbstractStatefulModule):
+        def initial_state(self):
+            return jnp.zeros(3)
+
+        def __call__(self, state, x, extras=None, *, key=None):
+            total = state + x
+            return nn.StatefulModuleOutput(total, total, jnp.zeros(()), {}, None)
+
+        def replay_sequence(self, state0, xs, extras, keys, done):
+            seen.append(("sum", xs.shape, done.shape))
+            return super().replay_sequence(state0, xs, extras, keys, done)
+
+    net = nn.Sequential([Probe(), Sum(), Probe()])
+    n_envs = 5
+    xs = jax.random.normal(getkey(), (T, n_envs, 3))
+    done = jax.random.bernoulli(getkey(), 0.3, (T, n_envs))
+    state0 = net.initialize_state(n_envs)
+    out = net.replay_envs(state0, xs, None, None, done)
+    assert seen == [
+        ("probe", (T * n_envs, 3), (T * n_envs,)),
+        ("sum", (T, 3), (T,)),
+        ("probe", (T * n_envs, 3), (T * n_envs,)),
+    ]
+    assert out.output.shape == (T, n_envs, 3)
+    expected = jax.vmap(
+        lambda s, x, d: loop_reference(net, s, x, None, None, d),
+        in_axes=(0, 1, 1),
+        out_axes=nn.SequenceOutput(0, 1, 1),
+    )(state0, xs, done)
+    assert_ulp_close(out, expected)
+
+
+def test_route_sequence_keys_routes_every_key_of_a_batch(getkey):
+    children = [
+        nn.NormalTanhSampler(0.01),
+        nn.Dense(2, 2, key=getkey()),
+        nn.VariationalBottleneck(2, 2, key=getkey()),
+    ]
+    keys = jax.random.split(getkey(), (T, 3))
+    routed = nn.route_sequence_keys(keys, children)
+    assert routed[1] is None
+    for t in range(T):
+        for m in range(3):
+            expected = nn.route_keys(keys[t, m], children)
+            for got, want in zip(routed, expected, strict=True):
+                if want is not None:
+                    assert got.shape == (T, 3)
+                    assert jnp.array_equal(
+                        jax.random.key_data(got[t, m]), jax.random.key_data(want)
+                    )
+
+
 def test_default_replay_is_one_batched_call_without_a_carry(getkey):
     net = nn.Sequential([nn.Dense(3, 4, key=getkey()), nn.Dense(4, 2, key=getkey())])
     xs = jax.random.normal(getkey(), (T, 3))
@@ -139,7 +257,5 @@ def test_loss_replay_scans_only_the_recurrent_layers(getkey):
     keys = jax.random.split(getkey(), (T, m))
     done = jax.random.bernoulli(getkey(), 0.3, (T, m))
     state0 = net.initialize_state(m)
-    jaxpr = jax.make_jaxpr(lambda *a: replay_envs(net, *a))(
-        state0, xs, None, keys, done
-    )
+    jaxpr = jax.make_jaxpr(net.replay_envs)(state0, xs, None, keys, done)
     assert count_scans(jaxpr.jaxpr) == 4

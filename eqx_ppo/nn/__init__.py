@@ -36,6 +36,7 @@ from ._linear_recurrent import (
     linear_recurrence as linear_recurrence,
 )
 from ._module import (
+    AbstractReplayEnvs as AbstractReplayEnvs,
     AbstractStatefulModule as AbstractStatefulModule,
     AbstractStatelessLayer as AbstractStatelessLayer,
     AbstractStatistics as AbstractStatistics,

@@ -6,8 +6,9 @@ Every container routes the five per-call channels the same way:
   positions for [`eqx_ppo.nn.Sequential`][], the child names for the named
   containers. `extras=None` hands `None` to every child.
 - The regularisation losses of the children are summed.
-- `replay_sequence` replays child by child with the same routing, so in the
-  loss replay only recurrent children are scanned over time.
+- `replay_envs` replays child by child with the same routing, so in the
+  loss replay only recurrent children are scanned over time, and the others
+  run once over all the minibatch's steps.
 - `key` goes only to the children whose `uses_key` is set, by `route_keys`:
   a single such child gets `key` itself, several get one split of it, in the
   order the children are stored (positions for `Sequential`, sorted names for
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Key, PRNGKeyArray
 
 from ._module import (
+    AbstractReplayEnvs,
     AbstractStatefulModule,
     SequenceOutput,
     State,
@@ -100,9 +102,9 @@ def _gather(outs: dict[Any, StatefulModuleOutput], output: Any) -> StatefulModul
 
 
 def _gather_sequences(
-    outs: dict[Any, SequenceOutput], output: Any, done: Bool[Array, " time"]
+    outs: dict[Any, SequenceOutput], output: Any, done: Bool[Array, "time env"]
 ) -> SequenceOutput:
-    """`_gather` for the children's replays of a `[T]` sequence."""
+    """`_gather` for the children's replays of a `[T, M]` batch."""
     return SequenceOutput(
         last_state={k: out.last_state for k, out in outs.items()},
         output=output,
@@ -135,14 +137,14 @@ def _replay_children(
     state0: dict,
     inputs: dict,
     extras: dict | None,
-    keys: Key[Array, " time"] | None,
-    done: Bool[Array, " time"],
+    keys: Key[Array, "time env"] | None,
+    done: Bool[Array, "time env"],
 ) -> SequenceOutput:
-    """`_run_children` over a `[T]` sequence: every child replays its own."""
+    """`_run_children` over a `[T, M]` batch: every child replays its own."""
     extras = _child_extras(extras, children)
     child_keys = route_sequence_keys(keys, list(children.values()))
     outs = {
-        name: child.replay_sequence(
+        name: child.replay_envs(
             state0[name], inputs[name], extras[name], child_key, done
         )
         for (name, child), child_key in zip(children.items(), child_keys, strict=True)
@@ -180,7 +182,7 @@ def _check_has_keys(container: str, x: Any, names: Iterable[str]) -> None:
         )
 
 
-class Sequential(AbstractStatefulModule):
+class Sequential(AbstractReplayEnvs):
     """Chains layers: the output of layer `i` is the input of layer `i + 1`.
 
     State, extras and metrics are dicts keyed by the integer position of each
@@ -250,13 +252,13 @@ class Sequential(AbstractStatefulModule):
             x = outs[i].output
         return _gather(outs, x)
 
-    def replay_sequence(
+    def replay_envs(
         self,
         state0: dict[int, State],
         xs: Any,
         extras: dict[int, Any] | None,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
     ) -> SequenceOutput:
         extras = _child_extras(extras, range(len(self.layers)))
         layer_keys = route_sequence_keys(keys, self.layers)
@@ -264,7 +266,7 @@ class Sequential(AbstractStatefulModule):
         for i, (layer, layer_key) in enumerate(
             zip(self.layers, layer_keys, strict=True)
         ):
-            outs[i] = layer.replay_sequence(state0[i], xs, extras[i], layer_key, done)
+            outs[i] = layer.replay_envs(state0[i], xs, extras[i], layer_key, done)
             xs = outs[i].output
         return _gather_sequences(outs, xs, done)
 
@@ -283,7 +285,7 @@ class Sequential(AbstractStatefulModule):
         )
 
 
-class AbstractChildDict(AbstractStatefulModule):
+class AbstractChildDict(AbstractReplayEnvs):
     """A module over a dict of named children, run side by side.
 
     Subclasses name the children (`_children`, in key order), choose each
@@ -329,18 +331,18 @@ class AbstractChildDict(AbstractStatefulModule):
         out = _run_children(children, state, self._child_inputs(x), extras, key)
         return out._replace(output=self._combine(out.output))
 
-    def replay_sequence(
+    def replay_envs(
         self,
         state0: dict[str, State],
         xs: Any,
         extras: dict[str, Any] | None,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
     ) -> SequenceOutput:
         out = _replay_children(
             self._children, state0, self._child_inputs(xs), extras, keys, done
         )
-        return out._replace(output=jax.vmap(self._combine)(out.output))
+        return out._replace(output=jax.vmap(jax.vmap(self._combine))(out.output))
 
     def initial_state(self) -> dict[str, State]:
         return {name: child.initial_state() for name, child in self._children.items()}

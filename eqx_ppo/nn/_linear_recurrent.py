@@ -37,7 +37,13 @@ from jax import custom_batching
 from jaxtyping import Array, Bool, Float, Inexact, Key, PRNGKeyArray
 
 from ._dense import Initializer, check_size
-from ._module import SequenceOutput, check_key
+from ._module import (
+    AbstractReplayEnvs,
+    SequenceOutput,
+    check_key,
+    merge_envs,
+    split_envs,
+)
 from ._recurrent import (
     _AbstractRecurrentCell,
     _init_input_weights,
@@ -340,7 +346,7 @@ def _check_radius(name: str, value: Any) -> None:
         )
 
 
-class _AbstractLinearRecurrence(_AbstractRecurrentCell):
+class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
     """What LRU and MinGRU share: one step and one replay of their update.
 
     A layer gives the update's coefficients `(a, b)` of one or all steps, in
@@ -378,37 +384,55 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell):
         h = _product(a, self._pack(state), pairs=self.pairs, conjugate=False) + b
         return self._unpack(h), self._output(h, x)
 
-    def replay_sequence(
+    def replay_envs(
         self,
         state0: Any,
-        xs: Float[Array, "time in_size"],
+        xs: Float[Array, "time env in_size"],
         extras: Any,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
     ) -> SequenceOutput:
-        """All `T` steps' coefficients at once, composed as `linear_recurrence` does.
+        """The coefficients of all `T x M` steps at once, composed per env as
+        `linear_recurrence` does.
 
         Resets go to `initial_state()`, which is these layers' `reset_state`,
         so the replay resets as the rollout and `scan_sequence` do. It equals
         `scan_sequence` to float32 rounding, not bit for bit: the matmuls run
-        on `[T, in]` instead of one step's `[in]`.
+        on `[T x M, in]` instead of one step's `[in]`.
         """
-        self._check_step(state0, xs[0])
-        a, b = self._coefficients(xs)
-        states, last = linear_recurrence(
-            a,
-            b,
-            self._pack(state0),
-            done,
-            self._pack(self.initial_state()),
-            parallel=_parallel(self.parallel_replay),
-            pairs=self.pairs,
-        )
+        self._check_step(jax.tree.map(lambda s: s[0], state0), xs[0, 0])
+        n_envs = done.shape[1]
+        steps = merge_envs(xs)
+        a, b = (_by_env(c, n_envs) for c in self._coefficients(steps))
+        reset = self._pack(self.initial_state())
+        states, last = jax.vmap(
+            lambda a, b, h0, env_done: linear_recurrence(
+                a,
+                b,
+                h0,
+                env_done,
+                reset,
+                parallel=_parallel(self.parallel_replay),
+                pairs=self.pairs,
+            ),
+            in_axes=(1, 1, 0, 1),
+            out_axes=(1, 0),
+        )(a, b, jax.vmap(self._pack)(state0), done)
         return SequenceOutput(
-            self._unpack(last),
-            self._output(states, xs),
+            jax.vmap(self._unpack)(last),
+            split_envs(self._output(merge_envs(states), steps), n_envs),
             jnp.zeros(done.shape, jnp.float32),
         )
+
+
+def _by_env(
+    coefficient: Float[Array, "steps ..."], n_envs: int
+) -> Float[Array, "time env ..."]:
+    """A coefficient of `T x M` merged steps as `[T, M, ...]`; one of a single
+    step, which stands for all of them, as `[1, M, ...]`."""
+    if coefficient.shape[0] == 1:
+        return jnp.broadcast_to(coefficient, (1, n_envs, *coefficient.shape[1:]))
+    return split_envs(coefficient, n_envs)
 
 
 class LRU(_AbstractLinearRecurrence):

@@ -29,12 +29,13 @@ nnx-ppo recording workflow keeps its length.
 - `output.metrics`: a dict of arrays, logged under `net/<path>/...`.
 - `output.extras`: what the loss replay must get back; `None` if nothing.
 
-**Sequences.** The loss replays one env's whole length-`T` rollout with
-`replay_sequence` (leaves `[T, ...]`); the library vmaps it over the
-minibatch's envs. The default runs a layer without a carry once over all `T`
-steps and scans a layer with a carry over time; containers replay child by
-child, so only their recurrent children are scanned, and a recurrence with a
-parallel form (an associative scan) may override it.
+**Sequences.** `replay_sequence` replays one env's whole length-`T` rollout
+(leaves `[T, ...]`); the loss replays a minibatch of `M` envs with
+`replay_envs` (leaves `[T, M, ...]`). By default a layer without a carry runs
+once over all `T x M` steps, and a layer with a carry is scanned over time,
+env by env; containers replay child by child, so only their recurrent
+children are scanned, and a recurrence with a parallel form (an associative
+scan) may override both.
 """
 
 import abc
@@ -158,6 +159,36 @@ class AbstractStatefulModule(eqx.Module):
             return SequenceOutput(state0, out.output, out.regularization_loss)
         return scan_sequence(self, state0, xs, extras, keys, done)
 
+    def replay_envs(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
+    ) -> SequenceOutput:
+        """Replay `M` envs' length-`T` sequences at once: what the loss calls.
+
+        The arguments and results are `replay_sequence`'s with an env axis:
+        carries `[M, ...]`, every other leaf `[T, M, ...]`.
+
+        The default replays a module without a carry as one sequence of all
+        `T x M` steps, since each step stands alone: XLA runs the matmuls of
+        one `[T x M, ...]` batch, and their weight gradients above all,
+        faster than those of a `[T, M, ...]` one. A module with a carry has
+        `replay_sequence` vmapped over the envs. Containers override it to
+        replay child by child, so each child chooses for itself.
+        """
+        if jax.tree.leaves(state0):
+            return jax.vmap(
+                self.replay_sequence,
+                in_axes=(0, 1, 1, 1, 1),
+                out_axes=SequenceOutput(0, 1, 1),
+            )(state0, xs, extras, keys, done)
+        n_envs = jnp.shape(done)[1]
+        out = self.replay_sequence(state0, *merge_envs((xs, extras, keys, done)))
+        return SequenceOutput(state0, *split_envs(out[1:], n_envs))
+
     def initial_state(self) -> State:
         """The carry of one env at the start of an episode."""
         return ()
@@ -236,8 +267,9 @@ class AbstractLayerWrapper(AbstractStatefulModule):
 
     Everything else is `layer`'s: its key use, carry, resets and statistics
     (`update_statistics` returns the wrapper around the updated layer), and
-    its own (possibly parallel) `replay_sequence`. A replay returns neither
-    metrics nor extras, so `wrap_output` may change only those two.
+    its own (possibly parallel) `replay_sequence` and `replay_envs`. A replay
+    returns neither metrics nor extras, so `wrap_output` may change only
+    those two.
     """
 
     layer: eqx.AbstractVar[AbstractStatefulModule]
@@ -277,6 +309,16 @@ class AbstractLayerWrapper(AbstractStatefulModule):
         done: Bool[Array, " time"],
     ) -> SequenceOutput:
         return self.layer.replay_sequence(state0, xs, extras, keys, done)
+
+    def replay_envs(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
+    ) -> SequenceOutput:
+        return self.layer.replay_envs(state0, xs, extras, keys, done)
 
     def initial_state(self) -> State:
         return self.layer.initial_state()
@@ -456,16 +498,18 @@ def route_keys(
 
 
 def route_sequence_keys(
-    keys: Key[Array, " time"] | None, children: Sequence[AbstractStatefulModule]
-) -> list[Key[Array, " time"] | None]:
-    """[`eqx_ppo.nn.route_keys`][] applied at every step of a `[T]` key sequence.
+    keys: Key[Array, "*steps"] | None, children: Sequence[AbstractStatefulModule]
+) -> list[Key[Array, "*steps"] | None]:
+    """[`eqx_ppo.nn.route_keys`][] applied to every key of a `[T]` sequence
+    (or of a `[T, M]` batch of them).
 
-    A container's `replay_sequence` uses it to hand each child the keys its
-    `__call__` would have handed it, step by step.
+    A container's replay uses it to hand each child the keys its `__call__`
+    would have handed it, step by step.
     """
     if keys is None:
         return [None] * len(children)
-    return jax.vmap(lambda k: route_keys(k, children))(keys)
+    routed = jax.vmap(lambda k: route_keys(k, children))(keys.reshape(-1))
+    return [None if k is None else k.reshape(jnp.shape(keys)) for k in routed]
 
 
 def scan_sequence(
@@ -493,6 +537,48 @@ def scan_sequence(
         step, state0, (xs, extras, keys, done)
     )
     return SequenceOutput(last, outputs, regularization)
+
+
+def merge_envs(tree: Any) -> Any:
+    """Leaves `[T, M, ...]` as one sequence `[T x M, ...]`."""
+    return jax.tree.map(lambda a: a.reshape(-1, *jnp.shape(a)[2:]), tree)
+
+
+def split_envs(tree: Any, n_envs: int) -> Any:
+    """Leaves `[T x M, ...]` back as `[T, M, ...]`."""
+    return jax.tree.map(lambda a: a.reshape(-1, n_envs, *jnp.shape(a)[1:]), tree)
+
+
+class AbstractReplayEnvs(AbstractStatefulModule):
+    """A module that implements `replay_envs`; its `replay_sequence` replays
+    one env as a batch of one."""
+
+    @abc.abstractmethod
+    def replay_envs(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
+    ) -> SequenceOutput:
+        """See [`eqx_ppo.nn.AbstractStatefulModule.replay_envs`][]."""
+
+    def replay_sequence(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, " time"] | None,
+        done: Bool[Array, " time"],
+    ) -> SequenceOutput:
+        """`replay_envs` of this one env."""
+        one_env = jax.tree.map(lambda a: a[:, None], (xs, extras, keys, done))
+        out = self.replay_envs(jax.tree.map(lambda a: a[None], state0), *one_env)
+        return SequenceOutput(
+            jax.tree.map(lambda a: a[0], out.last_state),
+            *jax.tree.map(lambda a: a[:, 0], out[1:]),
+        )
 
 
 def reset_where(

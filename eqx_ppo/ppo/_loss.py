@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Key, PyTree
+from jaxtyping import Array, Float, Key, PyTree
 
 from ..logging import LoggingLevel
 from ..nn._adapter import PPONetworkOutput
@@ -41,27 +41,6 @@ def _value_keys(keys: Key[Array, "..."], tag: int) -> Key[Array, "..."]:
     # from, each env's step key, so replay of any env subset stays reproducible.
     flat = jnp.ravel(keys)
     return jax.vmap(lambda k: jax.random.fold_in(k, tag))(flat).reshape(keys.shape)
-
-
-def replay_envs(
-    module: AbstractStatefulModule,
-    state0: State,
-    xs: Any,
-    extras: Any,
-    keys: Key[Array, "time m"] | None,
-    done: Bool[Array, "time m"],
-) -> SequenceOutput:
-    """`module.replay_sequence` of each of `M` envs: leaves `[T, M, ...]`.
-
-    `state0` has a leading `[M]` axis, as does the returned `last_state`; the
-    outputs and regularisation are `[T, M, ...]`. How a module replays (one
-    batched call, a scan, child by child, a parallel scan) is its own choice.
-    """
-    return jax.vmap(
-        lambda s, x, e, k, d: module.replay_sequence(s, x, e, k, d),
-        in_axes=(0, 1, 1, 1, 1),
-        out_axes=SequenceOutput(0, 1, 1),
-    )(state0, xs, extras, keys, done)
 
 
 def _replay_with_terminal_values(
@@ -111,11 +90,11 @@ def replay(
             network, state0, data, terminal_keys
         )
     else:
-        seq = replay_envs(network, state0, data.obs, data.extras, data.key, data.done)
+        seq = network.replay_envs(state0, data.obs, data.extras, data.key, data.done)
         if bootstrap_truncation:
             # No carry: the terminal observations are just more inputs.
-            terminal_values = replay_envs(
-                network, state0, data.terminal_obs, None, terminal_keys, data.done
+            terminal_values = network.replay_envs(
+                state0, data.terminal_obs, None, terminal_keys, data.done
             ).output.value_estimates
     last_values = apply_network(
         network, seq.last_state, final_obs, None, _value_keys(data.key[-1], 1)
@@ -145,7 +124,7 @@ def replay_policy(
     `extras` than the rollout's scores other actions under the same noise and
     carries.
     """
-    return replay_envs(network, state0, data.obs, data.extras, data.key, data.done)
+    return network.replay_envs(state0, data.obs, data.extras, data.key, data.done)
 
 
 def _advantages_for_loglikelihoods(
