@@ -212,6 +212,33 @@ def test_replay_envs_runs_a_layer_without_a_carry_once_over_all_steps(getkey):
     assert_ulp_close(out, expected)
 
 
+def test_replay_envs_names_a_batch_that_is_not_time_then_envs(getkey, unchecked):
+    ppo, size = nets(getkey())["ppo"]
+    n_envs = 3
+    xs = jax.random.normal(getkey(), (T, n_envs, size))
+    keys = jax.random.split(getkey(), (T, n_envs))
+    done = jax.random.bernoulli(getkey(), 0.3, (T, n_envs))
+    layers = [
+        ppo,
+        nn.Dense(size, 2, key=getkey()),
+        nn.GRU(size, 2, key=getkey()),
+        nn.MinGRU(size, 2, key=getkey()),
+        nn.Parallel(a=nn.Dense(size, 2, key=getkey())),
+    ]
+    for net in layers:
+        name = type(net).__name__
+        state0 = net.initialize_state(n_envs)
+        with pytest.raises(ValueError, match=rf"{name}\.replay_envs\(done=bool\[7\]\)"):
+            net.replay_envs(state0, xs, None, keys, done[:, 0])
+        with pytest.raises(ValueError, match=r"done\[:, None\]"):
+            net.replay_envs(state0, xs, None, keys, done.astype(jnp.float32))
+        swapped = rf"{name}\.replay_envs\(xs=float32\[3, 7, {size}\]\)"
+        with pytest.raises(ValueError, match=swapped + r".*\[T, M\] = \[7, 3\]"):
+            net.replay_envs(state0, jnp.swapaxes(xs, 0, 1), None, keys, done)
+        with pytest.raises(ValueError, match=rf"{name}\.replay_envs\(keys="):
+            net.replay_envs(state0, xs, None, keys[:, :2], done)
+
+
 def test_route_sequence_keys_routes_every_key_of_a_batch(getkey):
     children = [
         nn.NormalTanhSampler(0.01),

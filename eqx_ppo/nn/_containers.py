@@ -37,6 +37,7 @@ from ._module import (
     SequenceOutput,
     State,
     StatefulModuleOutput,
+    check_env_batch,
     route_keys,
     route_sequence_keys,
     zero_loss,
@@ -260,6 +261,7 @@ class Sequential(AbstractReplayEnvs):
         keys: Key[Array, "time env"] | None,
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
+        check_env_batch(type(self).__name__, xs, extras, keys, done)
         extras = _child_extras(extras, range(len(self.layers)))
         layer_keys = route_sequence_keys(keys, self.layers)
         outs = {}
@@ -339,6 +341,7 @@ class AbstractChildDict(AbstractReplayEnvs):
         keys: Key[Array, "time env"] | None,
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
+        check_env_batch(type(self).__name__, xs, extras, keys, done)
         out = _replay_children(
             self._children, state0, self._child_inputs(xs), extras, keys, done
         )

@@ -40,6 +40,7 @@ from ._dense import Initializer, check_size
 from ._module import (
     AbstractReplayEnvs,
     SequenceOutput,
+    check_env_batch,
     check_key,
     merge_envs,
     split_envs,
@@ -400,6 +401,7 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
         `scan_sequence` to float32 rounding, not bit for bit: the matmuls run
         on `[T x M, in]` instead of one step's `[in]`.
         """
+        check_env_batch(type(self).__name__, xs, extras, keys, done)
         self._check_step(jax.tree.map(lambda s: s[0], state0), xs[0, 0])
         n_envs = done.shape[1]
         steps = merge_envs(xs)

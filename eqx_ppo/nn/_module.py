@@ -179,6 +179,7 @@ class AbstractStatefulModule(eqx.Module):
         `replay_sequence` vmapped over the envs. Containers override it to
         replay child by child, so each child chooses for itself.
         """
+        check_env_batch(type(self).__name__, xs, extras, keys, done)
         if jax.tree.leaves(state0):
             return jax.vmap(
                 self.replay_sequence,
@@ -537,6 +538,27 @@ def scan_sequence(
         step, state0, (xs, extras, keys, done)
     )
     return SequenceOutput(last, outputs, regularization)
+
+
+def check_env_batch(where: str, xs: Any, extras: Any, keys: Any, done: Any) -> None:
+    """Raise at trace time unless `done` is a bool `[T, M]` array and every
+    leaf of `xs`, `extras` and `keys` starts with the same `[T, M]`."""
+    if jnp.ndim(done) != 2 or jnp.result_type(done) != jnp.bool_:
+        raise ValueError(
+            f"{where}.replay_envs(done={array_spec(done)}): expected a bool "
+            "[T, M] array, time first, then the envs. Fix: add the env axis "
+            "(`done[:, None]` for one env), or call `replay_sequence` for one "
+            "env's [T] sequence."
+        )
+    for name, tree in (("xs", xs), ("extras", extras), ("keys", keys)):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            if jnp.shape(leaf)[:2] != jnp.shape(done):
+                raise ValueError(
+                    f"{where}.replay_envs({name}{jax.tree_util.keystr(path)}="
+                    f"{array_spec(leaf)}): every leaf must start with done's "
+                    f"[T, M] = {list(jnp.shape(done))}. Fix: lay the minibatch "
+                    "out time first, then envs, as the rollout stores it."
+                )
 
 
 def merge_envs(tree: Any) -> Any:
