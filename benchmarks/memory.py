@@ -146,6 +146,7 @@ def _without_recurrence(network):
 
     from eqx_ppo import nn
     from eqx_ppo.nn import SequenceOutput
+    from eqx_ppo.nn._module import merge_envs, split_envs
 
     class NoRecurrence(nn.AbstractReplayEnvs):
         cell: nn.LRU | nn.MinGRU
@@ -161,11 +162,10 @@ def _without_recurrence(network):
             return self.cell(state, x, extras, key=key)
 
         def replay_envs(self, state0, xs, extras, keys, done):
-            # All T x M steps in one batch, as the cells' own replay runs them.
-            n_time, n_envs = done.shape
-            steps = xs.reshape(n_time * n_envs, -1)
+            # All T x M steps in one batch, merged as the cells' own replay does.
+            steps = merge_envs(xs)
             _, drive = self.cell._coefficients(steps)
-            output = self.cell._output(drive, steps).reshape(n_time, n_envs, -1)
+            output = split_envs(self.cell._output(drive, steps), done.shape[1])
             return SequenceOutput(state0, output, jnp.zeros(done.shape, jnp.float32))
 
     def swap(node):
