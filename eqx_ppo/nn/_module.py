@@ -94,8 +94,8 @@ class AbstractStatefulModule(eqx.Module):
     Subclasses implement `__call__`; layers with a carry override
     `initial_state`; layers that keep running statistics override
     `update_statistics`; containers (and recurrences with a parallel form)
-    override `replay_sequence`. See the module docstring for the batching
-    convention.
+    override `replay_sequence`, or subclass `AbstractReplayEnvs` and override
+    `replay_envs`. See the module docstring for the batching convention.
     """
 
     @abc.abstractmethod
