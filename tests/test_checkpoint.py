@@ -424,8 +424,15 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
             lambda h: h["config"]["ppo"].pop("_type"),
             r"config\.ppo: a sub-config saved without its \"_type\"",
         ),
+        (
+            lambda h: next(s for s in h["leaves"] if "key_impl" in s).update(
+                key_impl="threefry"
+            ),
+            r"leaf \S+: key_impl='threefry' is not a PRNG implementation this "
+            r"JAX knows",
+        ),
     ],
-    ids=["no-config", "unknown-flag", "invalid-value", "no-type"],
+    ids=["no-config", "unknown-flag", "invalid-value", "no-type", "key-impl"],
 )
 def test_malformed_header_names_the_file_and_field(saved, tmp_path, edit, message):
     path, _ = copy(saved, tmp_path)

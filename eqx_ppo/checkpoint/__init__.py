@@ -97,6 +97,7 @@ from ._files import (
     write_state,
 )
 from ._leaves import (
+    check_key_impls,
     check_saveable,
     check_structure,
     deserialise,
@@ -276,6 +277,7 @@ def read_header(path: str | os.PathLike) -> CheckpointHeader:
             "state_bytes": int(raw["state_bytes"]),
             "state_sha256": str(raw["state_sha256"]),
         }
+        check_key_impls(fields["leaves"])
         saved_config = raw["config"]
     except FileNotFoundError:
         raise removed_while_reading(path) from None

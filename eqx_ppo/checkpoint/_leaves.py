@@ -50,6 +50,21 @@ def saved_structure(state: Any) -> tuple[list[dict[str, Any]], str]:
     return leaves, treedef
 
 
+def check_key_impls(saved_leaves: tuple) -> None:
+    """Raise a `ValueError` naming the first saved PRNG key whose `key_impl`
+    this JAX does not know (loading would fail inside JAX)."""
+    for spec in saved_leaves:
+        if not isinstance(spec, dict) or "key_impl" not in spec:
+            continue
+        try:
+            jax.eval_shape(lambda impl=spec["key_impl"]: jax.random.key(0, impl=impl))
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"leaf {spec.get('path')}: key_impl={spec['key_impl']!r} is not a "
+                f"PRNG implementation this JAX knows ({e})"
+            ) from None
+
+
 def _holds_arrays(x: Any) -> bool:
     """Whether `x`, a pytree leaf, is an object whose attributes hold arrays."""
     try:
