@@ -491,7 +491,8 @@ def train_distillation(
       [`eqx_ppo.make_checkpoint_fn`][]); as in `train_ppo`, save the state
       or keep a host copy inside the call (its buffers are reused).
     - `eval_env`: the env for evaluation (default: `env`).
-    - `initial_state`: resume from this `DistillationState`.
+    - `initial_state`: resume from this `DistillationState`; as in
+      `train_ppo`, the run trains a copy of it.
     - `mesh`: train data-parallel over a 1-D `"env"` device mesh, as in
       [`eqx_ppo.train_ppo`][] (the teacher is replicated).
     - `key`: the run's randomness, as in [`eqx_ppo.train_ppo`][]: one key, a

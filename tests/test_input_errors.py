@@ -271,6 +271,55 @@ def test_matching_initial_state_passes_the_check(state):
     check_initial_state("train_ppo", legacy, fresh)
 
 
+def test_training_from_a_state_leaves_the_callers_state_usable():
+    """The compiled chunks donate their input; `train_ppo` hands them a copy
+    of `initial_state`, so one loaded state can start several runs."""
+    state = init_state(ENV, mlp, TRAIN)
+    first = train_ppo(ENV, mlp, TRAIN, initial_state=state)
+    arrays = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+    assert arrays and not any(x.is_deleted() for x in arrays)
+    second = train_ppo(ENV, mlp, TRAIN, initial_state=state)
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(first.training_state, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(second.training_state, eqx.is_array)),
+        strict=True,
+    ):
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_state_trained_past_total_steps_is_refused():
+    trained = train_ppo(ENV, mlp, TRAIN).training_state  # 32 env steps
+    shorter = dataclasses.replace(
+        TRAIN, ppo=dataclasses.replace(CONFIG, total_steps=16)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"train_ppo\(initial_state=...\): the state has trained 32 env "
+        r"steps, more than total_steps=16\. Fix: .*total_steps >= 32",
+    ):
+        train_ppo(ENV, mlp, shorter, initial_state=trained)
+    finished = train_ppo(ENV, mlp, TRAIN, initial_state=trained)
+    assert finished.total_steps == 32 and finished.final_metrics == {}
+
+
+def test_a_state_kept_from_checkpoint_fn_is_refused_by_name():
+    kept = []
+    train_ppo(
+        ENV,
+        mlp,
+        dataclasses.replace(TRAIN, checkpoint_every_steps=16),
+        checkpoint_fn=lambda state, step: kept.append(state),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"train_ppo\(initial_state=...\): initial_state\.\S+ has been "
+        r"deleted.*jax\.device_get",
+    ):
+        train_ppo(ENV, mlp, TRAIN, initial_state=kept[0])
+
+
 class StepState(eqx.Module):
     """A minimal Brax-protocol state (the library's `State` would fail the
     suite's type checker on a bad reward before the library could)."""

@@ -5,6 +5,8 @@ import dataclasses
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import eqx_ppo
@@ -81,6 +83,21 @@ def test_one_key_is_split_over_seeds():
         jax.random.key_data(eqx_ppo.select_seed(seeds.key, 0)),
         jax.random.key_data(first.training_state.key),
     )
+
+
+@pytest.mark.parametrize("index", [True, 1.0, np.float32(1), jnp.array(1.0)])
+def test_select_seed_refuses_an_index_that_is_not_an_integer(unchecked, index):
+    # `True` would pass `operator.index` and then add an axis instead of
+    # picking seed 1; a float would fail inside NumPy or JAX indexing.
+    tree = {"w": jnp.arange(6.0).reshape(2, 3)}
+    with pytest.raises(
+        TypeError,
+        match=r"select_seed\(seed_index=.*\): a seed's index is an integer, "
+        r"not a \w+\. Fix: pass an int",
+    ):
+        eqx_ppo.select_seed(tree, index)
+    picked = eqx_ppo.select_seed(tree, np.int64(1))
+    np.testing.assert_array_equal(picked["w"], [3.0, 4.0, 5.0])
 
 
 def test_select_seed_refuses_a_seed_out_of_range_or_a_single_seed_tree():

@@ -50,6 +50,7 @@ from ._validate import (
     check_initial_state,
     check_network,
     check_network_factory,
+    check_resume_length,
 )
 
 NetworkOrFactory = (
@@ -90,11 +91,23 @@ def select_seed(tree: Any, seed_index: int) -> Any:
     Every array leaf loses its leading seed axis; everything else is kept. A
     [`eqx_ppo.TrainResult`][] gives that seed's own result: its state sliced,
     and each per-seed list in `final_metrics` and `eval_history` replaced by
-    the seed's value. Raises a `ValueError` if the array leaves share no
-    leading axis (a single-seed result) and an `IndexError` if `seed_index`
-    is out of range, which JAX indexing would otherwise clamp to the last
-    seed.
+    the seed's value. Raises a `TypeError` if `seed_index` is not an integer
+    (a `bool` would add an axis instead), a `ValueError` if the array leaves
+    share no leading axis (a single-seed result) and an `IndexError` if
+    `seed_index` is out of range, which JAX indexing would otherwise clamp to
+    the last seed.
     """
+    dtype = getattr(seed_index, "dtype", None)
+    integer = (
+        jnp.issubdtype(dtype, jnp.integer)
+        if dtype is not None
+        else isinstance(seed_index, int)
+    )
+    if isinstance(seed_index, bool) or not integer:
+        raise TypeError(
+            f"select_seed(seed_index={seed_index!r}): a seed's index is an "
+            f"integer, not a {type(seed_index).__name__}. Fix: pass an int."
+        )
     if isinstance(tree, TrainResult):
         state = select_seed(tree.training_state, seed_index)
 
@@ -349,10 +362,11 @@ def train_ppo(
       "Array has been deleted" when read later.
     - `eval_env`: the env for evaluation (default: `env`).
     - `initial_state`: resume from this state instead of a fresh one (e.g.
-      from [`eqx_ppo.load_checkpoint`][]). Training continues from its
-      `iteration` up to `config.ppo.total_steps`; host events keep their
-      absolute cadence, so a resumed run logs, evaluates and checkpoints at
-      the same steps as an uninterrupted one.
+      from [`eqx_ppo.load_checkpoint`][]); the run trains a copy, so the state
+      stays usable. Training continues from its `iteration` up to
+      `config.ppo.total_steps` (a state that has trained more is refused);
+      host events keep their absolute cadence, so a resumed run logs,
+      evaluates and checkpoints at the same steps as an uninterrupted one.
     - `mesh`: train data-parallel over the devices of this 1-D
       `jax.sharding.Mesh` with axis `"env"` (see `eqx_ppo.make_mesh`):
       env states, carries and rollouts are split over the devices, the network
@@ -438,7 +452,16 @@ def _train(
         return _init_states(env, networks, learner, config, key, where, networks_arg)
 
     check_initial_state(where, hosts.initial_state, fresh)
-    state = fresh() if hosts.initial_state is None else hosts.initial_state
+    if hosts.initial_state is None:
+        state = fresh()
+    else:
+        check_resume_length(where, hosts.initial_state, iteration)
+        # The chunks donate their input: they get a copy, so the caller's state
+        # (a loaded checkpoint, say) can start another run.
+        state = jax.tree.map(
+            lambda x: x.copy() if isinstance(x, jax.Array) else x,
+            hosts.initial_state,
+        )
     return _drive(
         jax.tree_util.Partial(step, env, learner),
         state,

@@ -282,6 +282,20 @@ def _seed_axis(shape: tuple[int, ...]) -> str:
     return f"a seed axis of {shape[0]}" if shape else "no seed axis"
 
 
+def check_resume_length(where: str, state: Any, config: Any) -> None:
+    """Raise if `state` has trained more iterations than `config` (a
+    `LearnerConfig`) runs: the run would return it untrained, silently."""
+    done = int(np.max(jax.device_get(state.iteration)))
+    if done > config.n_iterations:
+        trained = done * config.steps_per_iteration
+        raise ValueError(
+            f"{where}(initial_state=...): the state has trained {trained} env "
+            f"steps, more than total_steps={config.total_steps}. Fix: pass "
+            f"total_steps >= {trained} to train it further, or use the state as "
+            "it is."
+        )
+
+
 def check_initial_state(where: str, state: Any, fresh: Callable[[], Any]) -> None:
     """Raise unless `state` (if not `None`) has the seed count, env count and
     leaves (paths, shapes, dtypes) of the state `fresh()` builds from the
@@ -289,8 +303,17 @@ def check_initial_state(where: str, state: Any, fresh: Callable[[], Any]) -> Non
     nothing is compiled or run."""
     if state is None:
         return
-    expected = eqx.filter_eval_shape(fresh)
     prefix = f"{where}(initial_state=...)"
+    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if isinstance(x, jax.Array) and x.is_deleted():
+            raise ValueError(
+                f"{prefix}: initial_state{jax.tree_util.keystr(path)} has been "
+                "deleted: a state that `checkpoint_fn` received and kept as it is "
+                "lends its buffers to the next compiled chunk. Fix: keep a host "
+                "copy inside checkpoint_fn (jax.device_get), or load the "
+                "checkpoint it saved."
+            )
+    expected = eqx.filter_eval_shape(fresh)
     fix = "Fix: pass the network and config the state was built with."
     if type(state) is not type(expected):
         raise TypeError(
