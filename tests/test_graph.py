@@ -346,6 +346,33 @@ def test_transform_channels_are_routed():
     assert float(reset["transforms"]["noisy"]) == 0.0
 
 
+def test_transforms_get_their_keys_by_name_whatever_the_build_order():
+    """Two noisy connections added in reverse name order: each gets the same
+    noise eagerly, under `jit` and after a pytree round trip (which sorts the
+    transforms' dict), so the loss replays the rollout's noise."""
+    b = PopulationGraphBuilder()
+    b.add_input("s", 2)
+    b.add_output("m", 2)
+    b.add_output("n", 2)
+    b.connect("s", "m", name="zz", transform=_Noisy())
+    b.connect("s", "n", name="aa", transform=_Noisy())
+    graph = b.finalize(key=jax.random.key(0))
+    x, key = jnp.array([1.0, -2.0]), jax.random.key(7)
+    eager = graph(graph.initial_state(), x, key=key)
+    jitted = eqx.filter_jit(lambda g, s, x, k: g(s, x, key=k))(
+        graph, graph.initial_state(), x, key
+    )
+    mapped = jax.tree.map(lambda leaf: leaf, graph)
+    round_trip = mapped(mapped.initial_state(), x, key=key)
+    for other in (jitted, round_trip):
+        for name in ("aa", "zz"):
+            np.testing.assert_allclose(other.extras[name], eager.extras[name], 1e-6)
+    # As in the named containers: one split of the key per user, by name.
+    first, second = jax.random.split(key)
+    np.testing.assert_allclose(eager.extras["aa"], jax.random.normal(first, (2,)))
+    np.testing.assert_allclose(eager.extras["zz"], jax.random.normal(second, (2,)))
+
+
 def test_update_statistics_reaches_transforms():
     graph = _noisy_graph()
     extras = {"noisy": jnp.ones((3, 4, 2)), "h->h@1": None, "h->o": None}

@@ -220,6 +220,9 @@ class PopulationGraphBuilder:
             conn.spec.name: self._build_transform(conn, k)
             for conn, k in zip(self._connections, keys, strict=True)
         }
+        # Sorted by name, the order JAX flattens dicts in: the graph iterates
+        # its transforms the same way before and after `jit` or `tree_map`.
+        transforms = {name: transforms[name] for name in sorted(transforms)}
         populations = tuple(
             dataclasses.replace(p, buffer_length=buffer_length[p.name])
             for p in pops.values()

@@ -92,6 +92,9 @@ class PopulationGraph(AbstractStatefulModule):
     transform's metrics under its connection's name, plus, when `record` is
     set, `{ACTIVATION_KEY: {population: activity}}` for every population.
     **Extras** are `{connection: extras}`, or `None` when no transform has any.
+    **Keys** go to the transforms that use one as in the named containers
+    ([`eqx_ppo.nn.route_keys`][], by sorted connection name), so each gets the
+    same noise eagerly, under `jit` and in the loss replay.
 
     Do not construct it directly: call `PopulationGraphBuilder.finalize`.
 
@@ -170,10 +173,13 @@ class PopulationGraph(AbstractStatefulModule):
         whole observation, else a dict holding each input's `input_from` key.
         """
         populations = {pop.name: pop for pop in self.populations}
+        # By sorted name, as the named containers route keys: a dict's own
+        # order does not survive a pytree round trip (`jit`, `tree_map`).
+        names = sorted(self.transforms)
         keys = dict(
             zip(
-                self.transforms,
-                route_keys(key, list(self.transforms.values())),
+                names,
+                route_keys(key, [self.transforms[n] for n in names]),
                 strict=True,
             )
         )
