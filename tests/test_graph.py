@@ -272,6 +272,29 @@ def test_builder_errors():
         b.finalize(key=jax.random.key(0))
 
 
+def test_a_failed_reciprocal_connect_adds_neither_direction():
+    b = PopulationGraphBuilder()
+    b.add_input("a", 2, input_from="a")
+    b.add_population("h", 3)
+    b.add_output("m", 2)
+    b.connect("a", "h").connect("h", "m").connect("m", "h", delay=1)
+    with pytest.raises(
+        ValueError,
+        match=r"connect\('h', 'm', reciprocal=True\): the reverse connection's "
+        r"name 'm->h@1' is taken\. Fix: .*connect\('m', 'h', \.\.\., name=",
+    ):
+        b.connect("h", "m", delay=1, reciprocal=True)
+    b.connect("h", "m", delay=1)  # the forward half was not left behind
+    with pytest.raises(
+        ValueError,
+        match=r"connect\('m', 'm', reciprocal=True\): a self-connection is its "
+        r"own reverse; drop reciprocal=True",
+    ):
+        b.connect("m", "m", delay=1, reciprocal=True)
+    graph = b.finalize(key=jax.random.key(0))
+    assert sorted(graph.transforms) == ["a->h", "h->m", "h->m@1", "m->h@1"]
+
+
 def test_finalize_errors():
     with pytest.raises(ValueError, match="no populations"):
         PopulationGraphBuilder().finalize(key=jax.random.key(0))

@@ -152,9 +152,26 @@ class PopulationGraphBuilder:
                 "a module maps one direction only. Call connect twice, once per "
                 "direction, to use custom transforms."
             )
-        self._connect(src, dst, transform, delay, name)
+        pending = [self._pending(src, dst, transform, delay, name)]
         if reciprocal:
-            self._connect(dst, src, None, delay, None)
+            call = f"connect({src!r}, {dst!r}, reciprocal=True)"
+            if src == dst:
+                raise ValueError(
+                    f"{call}: a self-connection is its own reverse; drop "
+                    "reciprocal=True."
+                )
+            reverse = _default_name(dst, src, delay)
+            taken = [c.spec.name for c in [*self._connections, *pending]]
+            if reverse in taken:
+                raise ValueError(
+                    f"{call}: the reverse connection's name {reverse!r} is taken. "
+                    "Fix: connect the reverse direction with a call of its own, "
+                    f"connect({dst!r}, {src!r}, ..., name=...), instead of "
+                    "reciprocal=True."
+                )
+            pending.append(self._pending(dst, src, None, delay, None))
+        # Checked in full before either is added: a failed call adds nothing.
+        self._connections.extend(pending)
         return self
 
     def finalize(self, *, key: PRNGKeyArray) -> PopulationGraph:
@@ -267,14 +284,15 @@ class PopulationGraphBuilder:
         )
         return self
 
-    def _connect(
+    def _pending(
         self,
         src: str,
         dst: str,
         transform: AbstractStatefulModule | None,
         delay: int,
         name: str | None,
-    ) -> None:
+    ) -> _PendingConnection:
+        """The connection `src -> dst`, checked against the builder's, not added."""
         self._check_open("connect")
         call = f"connect({src!r}, {dst!r})"
         for role, endpoint in (("source", src), ("destination", dst)):
@@ -290,16 +308,14 @@ class PopulationGraphBuilder:
                 f"eqx_ppo.nn.Dense) or None; got {type(transform).__name__}."
             )
         if name is None:
-            name = f"{src}->{dst}" + (f"@{delay}" if delay else "")
+            name = _default_name(src, dst, delay)
         _check_name(f"{call} name", name)
         if any(c.spec.name == name for c in self._connections):
             raise ValueError(
                 f"{call}: a connection named {name!r} already exists; pass "
                 "name=... to tell parallel connections apart."
             )
-        self._connections.append(
-            _PendingConnection(ConnectionSpec(name, src, dst, delay), transform)
-        )
+        return _PendingConnection(ConnectionSpec(name, src, dst, delay), transform)
 
     def _build_transform(
         self, conn: _PendingConnection, key: PRNGKeyArray
@@ -343,6 +359,10 @@ def _probe(transform: AbstractStatefulModule, size: int) -> Any:
         key=jax.random.key(0),
     )
     return out.output
+
+
+def _default_name(src: str, dst: str, delay: int) -> str:
+    return f"{src}->{dst}" + (f"@{delay}" if delay else "")
 
 
 def _check_name(what: str, name: Any) -> None:
