@@ -1,3 +1,5 @@
+import ast
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -192,12 +194,31 @@ def test_replay_sequence_equals_loop(getkey, small_encoder):
     assert replay.last_state == state0
 
 
-def test_obs_shape_too_small(getkey):
-    with pytest.raises(ValueError, match=r"obs_shape=\(32, 32, 3\).*impala_small"):
-        make_cnn_encoder((32, 32, 3), kind="nature", key=getkey())
-    with pytest.raises(ValueError, match=r"obs_shape=\(16, 16, 3\).*too small"):
-        make_cnn_encoder((16, 16, 3), kind="impala_small", key=getkey())
-    _abstract_encoder((36, 36, 1), kind="nature")  # the smallest image that fits
+@pytest.mark.parametrize(
+    "obs_shape, kind, suggested",
+    [
+        ((32, 32, 3), "nature", "kind='impala_small'"),
+        ((16, 16, 3), "impala_small", "kind=((16, 3, 1), (32, 3, 2))"),
+        ((4, 4, 3), ((16, 3, 1), (32, 3, 2)), "kind=((16, 3, 1),)"),
+        ((2, 5, 1), "nature", "kind=((16, 2, 1),)"),
+    ],
+)
+def test_obs_shape_too_small_suggests_a_kind_that_fits(
+    getkey, obs_shape, kind, suggested
+):
+    with pytest.raises(ValueError, match=r"too small") as error:
+        make_cnn_encoder(obs_shape, kind=kind, key=getkey())
+    message = str(error.value)
+    assert f"obs_shape={obs_shape!r}" in message
+    assert f"Use {suggested}, which fits a {obs_shape[0]}x{obs_shape[1]} image" in (
+        message
+    )
+    fitting = ast.literal_eval(suggested.removeprefix("kind="))
+    _abstract_encoder(obs_shape, kind=fitting)
+
+
+def test_the_smallest_image_that_fits():
+    _abstract_encoder((36, 36, 1), kind="nature")
 
 
 @pytest.mark.parametrize("obs_shape", [(84, 84), (4, 84, 84, 4), (84, 0, 3)])

@@ -277,6 +277,33 @@ def _spec(kind: str | ConvSpec) -> tuple[tuple[tuple[int, int, int], ...], int]:
     return layers, 256
 
 
+def _fits(stack: tuple[tuple[int, int, int], ...], height: int, width: int) -> bool:
+    for _, kernel, stride in stack:
+        height, width = (
+            _output_size(n, kernel, stride, "VALID") for n in (height, width)
+        )
+        if height < 1 or width < 1:
+            return False
+    return True
+
+
+def _fitting_kind(
+    stack: tuple[tuple[int, int, int], ...], height: int, width: int
+) -> str:
+    """A `kind=` to suggest for an image too small for `stack`: a built-in
+    one, else a small custom spec, that fits it (one conv whose kernel is the
+    image's shorter side always does)."""
+    candidates: list[tuple[str, tuple[tuple[int, int, int], ...]]] = [
+        (f"kind={name!r}", layers) for name, (layers, _) in _KINDS.items()
+    ]
+    for custom in (((16, 3, 1), (32, 3, 2)), ((16, 3, 1),)):
+        candidates.append((f"kind={custom!r}", custom))
+    for text, layers in candidates:
+        if layers != stack and _fits(layers, height, width):
+            return text
+    return f"kind={((16, min(height, width), 1),)!r}"
+
+
 def _check_obs_shape(obs_shape: Any) -> tuple[int, int, int]:
     shape = tuple(obs_shape)
     if len(shape) != 3 or not all(
@@ -358,9 +385,9 @@ def make_cnn_encoder(
                 f"the image is too small for this stack: conv layer {i} "
                 f"({out_channels} {kernel}x{kernel} stride {stride}) gets a "
                 f"{height}x{width} input and would output "
-                f"{new_height}x{new_width}. Use kind='impala_small' or a custom "
-                "spec with smaller kernels and strides, e.g. ((16, 3, 1), "
-                "(32, 3, 2)), or larger observations."
+                f"{new_height}x{new_width}. Use "
+                f"{_fitting_kind(stack, *obs_shape[:2])}, which fits a "
+                f"{obs_shape[0]}x{obs_shape[1]} image, or larger observations."
             )
         in_channels.append(channels)
         height, width, channels = new_height, new_width, out_channels
