@@ -595,6 +595,8 @@ def _record(args: argparse.Namespace) -> int:
     # Named by checkpoint and seed, so recording another seed, or the run
     # after more training, does not overwrite an earlier recording.
     out = args.out or run_dir / f"activations_{checkpoint.name}_seed{args.seed}.npz"
+    if out.suffix != ".npz":  # NumPy would add it: name the file it writes
+        out = out.with_name(out.name + ".npz")
     dones = np.asarray(dones)
     np.savez_compressed(out, dones=dones, **flat)
     print(

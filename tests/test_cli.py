@@ -282,6 +282,13 @@ def test_eval_and_record(run_dir, capsys):
     with np.load(out) as data:
         assert data["dones"].shape == (20, 3)
         assert data["1/action/0"].shape == (20, 3, 8)
+    # NumPy adds the suffix to an --out without it; the CLI names that file.
+    argv = ["record", "--checkpoint", str(run_dir), "--n-envs", "1"]
+    assert main(argv + ["--out", str(run_dir / "acts_bare")]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        f"-> {run_dir / 'acts_bare.npz'}"
+    )
+    assert (run_dir / "acts_bare.npz").is_file()
     # Without --out, each seed and checkpoint gets its own file.
     latest = latest_checkpoint(run_dir / "checkpoints").name
     for seed in ("0", "1"):
