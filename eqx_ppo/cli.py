@@ -264,9 +264,15 @@ def build_network(run: dict[str, Any], env: Any, key: jax.Array):
     )
 
 
+def _eval_every(run: dict[str, Any]) -> int:
+    """The run's evaluation (and checkpoint) spacing: `--eval-every`, else a
+    tenth of the steps it was started with."""
+    return run["eval_every"] or max(1, run["steps"] // 10)
+
+
 def train_config(run: dict[str, Any], progress: bool) -> TrainConfig:
     """The `TrainConfig` a run's `run.json` describes."""
-    eval_every = run["eval_every"] or max(1, run["steps"] // 10)
+    eval_every = _eval_every(run)
     return TrainConfig(
         ppo=PPOConfig(
             n_envs=run["n_envs"],
@@ -324,6 +330,7 @@ def _train(args: argparse.Namespace) -> int:
         latest_checkpoint,
         load_checkpoint,
         make_checkpoint_fn,
+        read_header,
     )
 
     if args.resume is not None:
@@ -339,6 +346,9 @@ def _train(args: argparse.Namespace) -> int:
         if latest_checkpoint(out / "checkpoints") is None:
             raise CLIError(f"--resume {out}: the run has no checkpoint to resume from.")
         run = json.loads((out / "run.json").read_text())
+        # Fixed before --steps moves the total (run.json files written before
+        # the spacing was saved hold None): a resumed run keeps its cadence.
+        run["eval_every"] = _eval_every(run)
         if "--steps" in args.given:
             run["steps"] = max(run["steps"], args.steps)
     else:
@@ -370,6 +380,7 @@ def _train(args: argparse.Namespace) -> int:
             "eval_every": args.eval_every,
             "episode_length": _episode_length(env_probe),
         }
+        run["eval_every"] = _eval_every(run)
         _check_network(args, run, env_probe)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = args.out or pathlib.Path("runs") / f"{args.env.replace(':', '_')}-{stamp}"
@@ -415,6 +426,18 @@ def _train(args: argparse.Namespace) -> int:
     _write_json(out / "run.json", run)
     resuming = args.resume is not None
     metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
+    # Written as the evaluations run, so a killed run keeps its curve.
+    eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
+    if resuming:
+        for path in (metrics_log.path, eval_log.path):
+            _drop_rows_after(path, read_header(latest).step)
+
+    def log(metrics: dict[str, Any], step: int) -> None:
+        metrics_log(metrics, step)
+        evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+        if evals:
+            eval_log(evals, step)
+
     print(
         f"training {run['env']} for {run['steps']:,} steps "
         f"({run['seeds']} seed(s), {run['n_envs']} envs) -> {out}"
@@ -423,7 +446,7 @@ def _train(args: argparse.Namespace) -> int:
         env,
         networks,
         config,
-        log_fn=metrics_log,
+        log_fn=log,
         checkpoint_fn=make_checkpoint_fn(out / "checkpoints", config, metadata=run),
         initial_state=initial_state,
     )
@@ -433,9 +456,6 @@ def _train(args: argparse.Namespace) -> int:
             "pass a larger --steps to continue."
         )
         return 0
-    eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
-    for record in result.eval_history:
-        eval_log({k: v for k, v in record.items() if k != "step"}, record["step"])
     history = [
         json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()
     ]
@@ -454,6 +474,17 @@ def _train(args: argparse.Namespace) -> int:
     )
     print(f"wrote {out}/metrics.jsonl, learning_curve.png, summary.json, checkpoints/")
     return 0
+
+
+def _drop_rows_after(path: pathlib.Path, step: int) -> None:
+    """Cut a JSONL log back to its rows up to `step`: a run resumed from the
+    checkpoint at `step` logs the later steps again."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        replace_file(path, "".join(kept))
 
 
 def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:

@@ -229,6 +229,29 @@ def test_multi_seed_state_round_trips_and_resumes(tmp_path):
     assert resumed_logs == [[s, m] for s, m in logs if s > 128]
 
 
+def test_each_step_is_logged_before_it_is_checkpointed():
+    # A run killed between the two calls, resumed from that checkpoint, has
+    # then logged every step up to it.
+    env, networks, config = small_setup()
+    config = dataclasses.replace(
+        config,
+        ppo=dataclasses.replace(config.ppo, total_steps=24),
+        checkpoint_every_steps=8,
+    )
+    events = []
+    train_ppo(
+        env,
+        networks,
+        config,
+        log_fn=lambda m, s: events.append(("log", s)),
+        checkpoint_fn=lambda state, s: events.append(("checkpoint", s)),
+    )
+    saved = [i for i, (kind, _) in enumerate(events) if kind == "checkpoint"]
+    assert [events[i][1] for i in saved] == [0, 8, 16, 24]
+    for i in saved:
+        assert events[i - 1] == ("log", events[i][1])
+
+
 def test_distillation_state_resumes_exactly(tmp_path):
     env = eqx_ppo.envs.make("move_to_center")
     teacher = eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=jax.random.key(0))

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from eqx_ppo import latest_checkpoint
+from eqx_ppo import cli, latest_checkpoint
 from eqx_ppo.cli import main
 
 
@@ -120,6 +120,70 @@ def test_a_resume_killed_while_writing_run_json_keeps_the_run(
     with pytest.raises(KeyboardInterrupt):
         main(["train", "--resume", str(run), "--steps", "99999", "--no-progress"])
     assert (run / "run.json").read_text() == before
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _killed_after(step, where):
+    """`train_ppo` as the CLI calls it, killed once `where` ("log" or
+    "checkpoint") has handled `step`."""
+    train_ppo = cli.train_ppo
+
+    def train(*args, log_fn, checkpoint_fn, **kwargs):
+        def log(metrics, s):
+            log_fn(metrics, s)
+            if where == "log" and s == step:
+                raise KeyboardInterrupt
+
+        def save(state, s):
+            checkpoint_fn(state, s)
+            if where == "checkpoint" and s == step:
+                raise KeyboardInterrupt
+
+        return train_ppo(*args, log_fn=log, checkpoint_fn=save, **kwargs)
+
+    return train
+
+
+@pytest.mark.parametrize("where, step", [("checkpoint", 1280), ("log", 1600)])
+def test_a_killed_run_resumes_with_the_logs_of_an_uninterrupted_one(
+    tmp_path, monkeypatch, where, step
+):
+    # 16 envs x 20 steps = 320 per iteration; evaluations and checkpoints
+    # every 640 steps, so the kill comes right after a checkpoint, or one
+    # iteration after it.
+    flags = ["--steps", "2560", "--n-envs", "16", "--hidden", "8"]
+    flags += ["--eval-every", "640", "--no-progress"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(["train", "--out", str(straight), *flags]) == 0
+    monkeypatch.setattr(cli, "train_ppo", _killed_after(step, where))
+    with pytest.raises(KeyboardInterrupt):
+        main(["train", "--out", str(killed), *flags])
+    monkeypatch.undo()
+    evals = [0, 640, 1280]
+    assert [row["step"] for row in _rows(killed / "eval.jsonl")] == evals
+    assert main(["train", "--resume", str(killed), "--no-progress"]) == 0
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        got, want = _rows(killed / name), _rows(straight / name)
+        assert [row["step"] for row in got] == [row["step"] for row in want]
+    returns = [r["eval/episode_reward/mean"] for r in _rows(killed / "eval.jsonl")]
+    want = [r["eval/episode_reward/mean"] for r in _rows(straight / "eval.jsonl")]
+    np.testing.assert_allclose(returns, want, rtol=1e-5)
+
+
+def test_resume_with_more_steps_keeps_the_runs_eval_spacing(tmp_path):
+    # Without --eval-every the spacing is a tenth of the steps the run
+    # started with (640 here), not of the resumed total.
+    run = tmp_path / "run"
+    flags = ["--n-envs", "16", "--hidden", "8", "--no-progress"]
+    assert main(["train", "--out", str(run), "--steps", "6400", *flags]) == 0
+    assert (
+        main(["train", "--resume", str(run), "--steps", "9600", "--no-progress"]) == 0
+    )
+    steps = [row["step"] for row in _rows(run / "eval.jsonl")]
+    assert steps == list(range(0, 9601, 640))
 
 
 def test_resume_refuses_flags_it_cannot_honour(run_dir, capsys):
@@ -285,8 +349,10 @@ def test_eval_and_record(run_dir, capsys):
     # NumPy adds the suffix to an --out without it; the CLI names that file.
     argv = ["record", "--checkpoint", str(run_dir), "--n-envs", "1"]
     assert main(argv + ["--out", str(run_dir / "acts_bare")]) == 0
-    assert capsys.readouterr().out.splitlines()[0].endswith(
-        f"-> {run_dir / 'acts_bare.npz'}"
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[0]
+        .endswith(f"-> {run_dir / 'acts_bare.npz'}")
     )
     assert (run_dir / "acts_bare.npz").is_file()
     # Without --out, each seed and checkpoint gets its own file.

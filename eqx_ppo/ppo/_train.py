@@ -356,7 +356,9 @@ def train_ppo(
     - `video_fn`: called with [`eqx_ppo.VideoData`][] when `config.video` is
       enabled and the eval env has `render`.
     - `checkpoint_fn`: called `(training_state, step)` every
-      `checkpoint_every_steps` steps and at the end. The next compiled chunk
+      `checkpoint_every_steps` steps and at the end, after `log_fn` has
+      logged that step (so a killed run has logged up to its last
+      checkpoint). The next compiled chunk
       reuses (donates) the state's buffers, so save it or keep a host copy
       (`jax.device_get`) inside the call; a reference kept as it is raises
       "Array has been deleted" when read later.
@@ -560,6 +562,7 @@ def _drive(
         return every is not None and (it % every == 0 or it == total_iterations)
 
     def host_events(it: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Evaluate, render, log and checkpoint iteration `it`, as due."""
         step = it * spi
         if main and due(eval_every, it):
             metrics = {**metrics, **run_eval(step)}
@@ -567,6 +570,10 @@ def _drive(
             network = local(state.network)
             video_key = jax.random.fold_in(evaluation_keys[0], step)
             _record_video(eval_env, network, config, video_fn, video_key, step)
+        # Logged before it is checkpointed: a run killed in between, resumed
+        # from that checkpoint, has logged every step up to it.
+        if main and log_fn is not None and (metrics or it > 0):
+            log_fn(metrics, step)
         if due(ckpt_every, it):
             # Gathering a sharded state is a collective: every process joins.
             saved = local(state)
@@ -575,9 +582,7 @@ def _drive(
         return metrics
 
     if iteration == 0:
-        metrics0 = host_events(0, {})
-        if main and log_fn is not None and metrics0:
-            log_fn(metrics0, 0)
+        host_events(0, {})
 
     static = (step_fn, chunk, n_seeds, mesh)
     while iteration < total_iterations:
@@ -602,7 +607,7 @@ def _drive(
                 metrics["throughput/train_sps"] = n_active * spi * n_seeds / elapsed
             if i == n_active - 1:
                 metrics = host_events(it, metrics)
-            if main and log_fn is not None:
+            elif main and log_fn is not None:
                 log_fn(metrics, it * spi)
             final_metrics = metrics
         iteration = next_stop
