@@ -485,8 +485,9 @@ def test_wrong_version_or_missing_header_is_refused(saved, tmp_path):
     (path / "header.json").unlink()
     with pytest.raises(ckpt.CheckpointError, match="not a complete checkpoint"):
         ckpt.load_checkpoint(path, env=env, networks=networks)
-    with pytest.raises(ckpt.CheckpointError, match="No checkpoint"):
-        ckpt.load_checkpoint(path.parent, env=env, networks=networks)
+    with pytest.warns(UserWarning, match=r"has no header\.json.*finds no checkpoint"):
+        with pytest.raises(ckpt.CheckpointError, match="No checkpoint"):
+            ckpt.load_checkpoint(path.parent, env=env, networks=networks)
 
 
 def test_no_checkpoint_or_a_non_path_is_refused_by_name(unchecked, tmp_path):
@@ -683,13 +684,38 @@ def test_process_killed_while_replacing_a_step_loses_neither_copy(
     assert [name.split("-")[0] for name in leftovers] == (
         [".replaced", ".tmp"] if kill_at == "between renames" else [".replaced"]
     )
+    # Before any save puts it back, loading finds the step where it was set
+    # aside, by its folder's name or as the latest.
+    expected = {"hidden": [4]} if kill_at == "between renames" else {"new": True}
+    for where in (directory, path):
+        assert ckpt.read_header(where).metadata == expected
+    assert ckpt.read_header(ckpt.latest_checkpoint(directory)).step == 7
+    assert_identical(ckpt.load_checkpoint(directory, env=env, networks=networks), state)
     # The next save puts the set-aside copy back if its successor never
     # arrived, and removes the leftovers.
     ckpt.save_checkpoint(directory, state, config=config, step=9)
     assert sorted(os.listdir(directory)) == [path.name, "step_000000009"]
-    expected = {"hidden": [4]} if kill_at == "between renames" else {"new": True}
     assert ckpt.read_header(path).metadata == expected
     assert_identical(ckpt.load_checkpoint(path, env=env, networks=networks), state)
+
+
+def test_a_later_step_folder_without_a_header_is_passed_over_with_a_warning(
+    saved, tmp_path
+):
+    path, state = copy(saved, tmp_path)
+    damaged = path.parent / "step_000000009"
+    shutil.copytree(path, damaged)
+    (damaged / "header.json").unlink()
+    message = (
+        r"step_000000009 has no header\.json, so loading passes over it and "
+        r"finds step_000000007\. No save leaves such a folder"
+    )
+    with pytest.warns(UserWarning, match=message):
+        assert ckpt.latest_checkpoint(path.parent) == path
+    env, networks, _ = small_setup()
+    with pytest.warns(UserWarning, match=message):
+        loaded = ckpt.load_checkpoint(path.parent, env=env, networks=networks)
+    assert_identical(loaded, state)
 
 
 def test_retention_never_deletes_the_new_checkpoint_or_later_ones(saved, tmp_path):

@@ -5,8 +5,8 @@ sibling and renamed into place when complete; `header.json` is written last,
 so a folder with a header is complete. Deletions rename before removing, so
 a crash never leaves a half-deleted folder that looks like a checkpoint. A
 checkpoint being replaced is set aside, not deleted, until its successor is
-in place; if a crash comes between the two renames, the next save puts it
-back.
+in place; if a crash comes between the two renames, loading finds it where
+it was set aside, and the next save puts it back.
 """
 
 import hashlib
@@ -83,26 +83,71 @@ def step_of(path: pathlib.Path) -> int | None:
     return int(name[len(PREFIX) :])
 
 
+def _replaced_name(aside: pathlib.Path) -> str:
+    """The name of the checkpoint that `aside`, a set-aside copy, replaced."""
+    return aside.name[len(_REPLACED) :].rsplit("-", 1)[0]
+
+
+def _complete(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
+    """`(step, folder)` of every complete checkpoint in `directory`, by step.
+
+    A step whose replacement was killed between its two renames has no
+    `step_*` folder; its set-aside copy stands for it until a save puts it
+    back.
+    """
+    if not directory.is_dir():
+        return []
+    found: dict[int, pathlib.Path] = {}
+    set_aside = []
+    for p in directory.iterdir():
+        if not (p / HEADER).is_file():
+            continue
+        if (step := step_of(p)) is not None:
+            found[step] = p
+        elif p.name.startswith(_REPLACED):
+            set_aside.append(p)
+    for p in set_aside:
+        step = step_of(p.with_name(_replaced_name(p)))
+        if step is not None:
+            found.setdefault(step, p)
+    return sorted(found.items())
+
+
 def list_checkpoints(directory: str | os.PathLike) -> list[pathlib.Path]:
     """The complete checkpoints in `directory`, oldest step first.
 
-    Complete means a `step_*` folder with a `header.json` (written last).
+    Complete means a `step_*` folder with a `header.json` (written last), or
+    the copy of one that a save killed while replacing it set aside.
     """
-    directory = pathlib.Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [
-        (step, p)
-        for p in directory.iterdir()
-        if (step := step_of(p)) is not None and (p / HEADER).is_file()
-    ]
-    return [p for _, p in sorted(found)]
+    return [p for _, p in _complete(pathlib.Path(directory))]
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
-    """The complete checkpoint with the highest step in `directory`, or `None`."""
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
+    """The complete checkpoint with the highest step in `directory`, or `None`.
+
+    Warns if a later `step_*` folder has no header: no save leaves one, so it
+    was damaged or copied incompletely, and loading passes over it.
+    """
+    directory = pathlib.Path(directory)
+    found = _complete(directory)
+    latest = found[-1] if found else (-1, None)
+    if directory.is_dir():
+        skipped = sorted(
+            p.name
+            for p in directory.iterdir()
+            if (step := step_of(p)) is not None
+            and step > latest[0]
+            and not (p / HEADER).is_file()
+        )
+        if skipped:
+            picked = "no checkpoint" if latest[1] is None else latest[1].name
+            warnings.warn(
+                f"{directory}: {', '.join(skipped)} has no {HEADER}, so loading "
+                f"passes over it and finds {picked}. No save leaves such a "
+                "folder: it was damaged or copied incompletely.",
+                stacklevel=2,
+            )
+    return latest[1]
 
 
 def _aside(path: pathlib.Path, prefix: str) -> pathlib.Path:
@@ -132,7 +177,7 @@ def _remove_leftovers(directory: pathlib.Path) -> None:
         if not (p.name.startswith((_TMP, _TRASH, _REPLACED)) and p.is_dir()):
             continue
         if p.name.startswith(_REPLACED):
-            original = directory / p.name[len(_REPLACED) :].rsplit("-", 1)[0]
+            original = directory / _replaced_name(p)
             if not original.exists() and _is_intact(p):
                 os.replace(p, original)
                 continue
@@ -141,8 +186,8 @@ def _remove_leftovers(directory: pathlib.Path) -> None:
 
 def _check_retention(directory: pathlib.Path, step: int) -> list[pathlib.Path]:
     """The checkpoints up to `step`, oldest first; warns of any after it."""
-    found = list_checkpoints(directory)
-    later = [p.name for p in found if step_of(p) > step]
+    found = _complete(directory)
+    later = [p.name for s, p in found if s > step]
     if later:
         warnings.warn(
             f"{directory} holds checkpoints after step {step}: {later}. Loading "
@@ -150,7 +195,7 @@ def _check_retention(directory: pathlib.Path, step: int) -> list[pathlib.Path]:
             "not this one; save each run to its own folder, or delete them.",
             stacklevel=4,
         )
-    return [p for p in found if step_of(p) <= step]
+    return [p for s, p in found if s <= step]
 
 
 def write_atomically(
@@ -226,6 +271,10 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
     path = pathlib.Path(path)
     if (path / HEADER).is_file():
         return path
+    if step_of(path) is not None and not path.exists():
+        for step, found in _complete(path.parent):
+            if step == step_of(path):
+                return found  # its set-aside copy (see `_complete`)
     if step_of(path) is not None and path.is_dir():
         raise CheckpointError(
             f"{path} has no {HEADER}: it is not a complete checkpoint (was a save "
