@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from eqx_ppo import cli, latest_checkpoint
+from eqx_ppo import cli, envs, latest_checkpoint
 from eqx_ppo.cli import main
 
 
@@ -437,3 +437,13 @@ def test_cell_picks_the_recurrent_layer(tmp_path, capsys):
     assert main(["train", "--cell", "gru", "--out", str(out), "--no-progress"]) == 2
     assert "add --recurrent SIZE" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "env, length",
+    [("move_to_center", 20), ("recall", 5), ("counter", 9), ("repeat_first_hard", 64)],
+)
+def test_runs_evaluate_and_record_episodes_of_the_envs_own_length(env, length):
+    # Envs that end their episodes themselves have no time limit to read;
+    # their `max_len` spares evaluating and recording 1000 mostly-masked steps.
+    assert cli._episode_length(envs.make(env)) == length

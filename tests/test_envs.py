@@ -95,6 +95,30 @@ def test_vmap_equals_loop_and_same_key_same_state(name, getkey):
     assert_ulp_close(batched, singles)
 
 
+SELF_ENDING = (
+    "recall",
+    "count_recall",
+    "count_recall_hard",
+    "repeat_first",
+    "repeat_first_hard",
+    "repeat_previous",
+    "repeat_previous_hard",
+)
+
+
+@pytest.mark.parametrize("name", registered_names())
+def test_no_episode_outlasts_max_len(name, getkey):
+    # `max_len` is how long evaluation and recording run (the CLI's default):
+    # every episode has ended by then, whether a time limit or the env ends it.
+    env = make(name)
+    keys = jax.random.split(getkey(), 8)
+    states = run_many(env, lambda obs, t: zero_action(env), keys, env.max_len)
+    done = np.asarray(states.done > 0)
+    assert done.any(axis=1).all()
+    if name in SELF_ENDING:  # every episode lasts exactly `length` steps
+        np.testing.assert_array_equal(done.argmax(axis=1), env.max_len - 1)
+
+
 @pytest.mark.parametrize("name", registered_names())
 def test_step_compiles_once(name, getkey):
     env = make(name)

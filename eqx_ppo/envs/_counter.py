@@ -47,6 +47,11 @@ class Counter(AbstractEnv):
                 f"{self.max_length})`: need 1 <= min_length <= max_length."
             )
 
+    @property
+    def max_len(self) -> int:
+        """The longest episode, `max_length`: the env ends episodes itself."""
+        return self.max_length
+
     def reset(self, key: PRNGKeyArray) -> State:
         length = jax.random.randint(key, (), self.min_length, self.max_length + 1)
         return State(

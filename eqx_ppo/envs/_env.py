@@ -35,6 +35,10 @@ class AbstractEnv(eqx.Module):
       exactly the `n_actions` argument of `CategoricalSampler`. Envs without
       the attribute (Brax, Playground) are continuous.
     - `dt`: seconds per step, used for video frame rates.
+    - `max_len`: optional; the most steps an episode lasts, whether a time
+      limit ([`eqx_ppo.envs.EpisodeWrapper`][]) or the env itself ends it.
+      The CLI evaluates and records episodes of that length (1000 steps for
+      envs without it).
     - `render(trajectory, height=..., width=...)`: optional; envs that can draw
       themselves define it, so `hasattr(env, "render")` tells.
     """

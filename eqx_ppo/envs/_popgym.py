@@ -68,11 +68,19 @@ def _score(correct: Array, n_scored: int) -> Float[Array, ""]:
 
 class _AbstractChoiceEnv(AbstractEnv):
     """What every task here shares: the action is one choice among `n_actions`,
-    so a policy outputs one logit per choice and `action_size` is `n_actions`."""
+    so a policy outputs one logit per choice and `action_size` is `n_actions`;
+    every episode lasts `length` steps."""
+
+    length: eqx.AbstractVar[int]
 
     @property
     def action_size(self) -> int:
         return self.n_actions
+
+    @property
+    def max_len(self) -> int:
+        """The episode length, `length`: the env ends episodes itself."""
+        return self.length
 
     def _check_action(self, action: object) -> Int[Array, ""]:
         """`action` as an `int32` scalar, or a `ValueError` naming the env."""
@@ -93,7 +101,6 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
     checks that there are at least two cards and two steps."""
 
     n_cards: eqx.AbstractVar[int]
-    length: eqx.AbstractVar[int]
 
     def __check_init__(self):
         _check_int(self, "n_cards", 2, "one card leaves nothing to recall")

@@ -48,6 +48,11 @@ class Recall(AbstractEnv):
                 "step there is nothing to remember)."
             )
 
+    @property
+    def max_len(self) -> int:
+        """The episode length, `length`: the env ends episodes itself."""
+        return self.length
+
     def _state(
         self,
         cue: Float[Array, ""],
