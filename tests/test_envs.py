@@ -23,6 +23,7 @@ from eqx_ppo.envs import (
     registered_names,
 )
 from tests._helpers import assert_ulp_close
+from tests.test_popgym_envs import POPGYM_NAMES
 
 
 def run(env, policy, key, n_steps):
@@ -95,15 +96,7 @@ def test_vmap_equals_loop_and_same_key_same_state(name, getkey):
     assert_ulp_close(batched, singles)
 
 
-SELF_ENDING = (
-    "recall",
-    "count_recall",
-    "count_recall_hard",
-    "repeat_first",
-    "repeat_first_hard",
-    "repeat_previous",
-    "repeat_previous_hard",
-)
+SELF_ENDING = ("recall", *POPGYM_NAMES)
 
 
 @pytest.mark.parametrize("name", registered_names())

@@ -77,11 +77,6 @@ class _AbstractChoiceEnv(AbstractEnv):
     def action_size(self) -> int:
         return self.n_actions
 
-    @property
-    def max_len(self) -> int:
-        """The episode length, `length`: the env ends episodes itself."""
-        return self.length
-
     def _check_action(self, action: object) -> Int[Array, ""]:
         """`action` as an `int32` scalar, or a `ValueError` naming the env."""
         name, n = type(self).__name__, self.n_actions
@@ -93,6 +88,11 @@ class _AbstractChoiceEnv(AbstractEnv):
                 f"with discrete=True and action_size={n} (the env's `n_actions`)."
             )
         return action.astype(jnp.int32)
+
+    @property
+    def max_len(self) -> int:
+        """The episode length, `length`: the env ends episodes itself."""
+        return self.length
 
 
 class _AbstractCardEnv(_AbstractChoiceEnv):
