@@ -429,8 +429,9 @@ def _train(args: argparse.Namespace) -> int:
     # Written as the evaluations run, so a killed run keeps its curve.
     eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
     if resuming:
+        resumed_step = read_header(latest).step
         for path in (metrics_log.path, eval_log.path):
-            _drop_rows_after(path, read_header(latest).step)
+            _drop_rows_after(path, resumed_step)
 
     def log(metrics: dict[str, Any], step: int) -> None:
         metrics_log(metrics, step)

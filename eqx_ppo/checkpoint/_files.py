@@ -271,11 +271,12 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
     path = pathlib.Path(path)
     if (path / HEADER).is_file():
         return path
-    if step_of(path) is not None and not path.exists():
-        for step, found in _complete(path.parent):
-            if step == step_of(path):
-                return found  # its set-aside copy (see `_complete`)
-    if step_of(path) is not None and path.is_dir():
+    step = step_of(path)
+    if step is not None and not path.exists():
+        set_aside = dict(_complete(path.parent)).get(step)  # see `_complete`
+        if set_aside is not None:
+            return set_aside
+    if step is not None and path.is_dir():
         raise CheckpointError(
             f"{path} has no {HEADER}: it is not a complete checkpoint (was a save "
             "interrupted?). Use an earlier checkpoint in the same folder."
