@@ -358,10 +358,10 @@ def train_ppo(
     - `checkpoint_fn`: called `(training_state, step)` every
       `checkpoint_every_steps` steps and at the end, after `log_fn` has
       logged that step (so a killed run has logged up to its last
-      checkpoint). The next compiled chunk
-      reuses (donates) the state's buffers, so save it or keep a host copy
-      (`jax.device_get`) inside the call; a reference kept as it is raises
-      "Array has been deleted" when read later.
+      checkpoint). The next compiled chunk reuses (donates) the state's
+      buffers, so save it or keep a host copy (`jax.device_get`) inside the
+      call; a reference kept as it is is refused as `initial_state`, and
+      raises "Array has been deleted" when read.
     - `eval_env`: the env for evaluation (default: `env`).
     - `initial_state`: resume from this state instead of a fresh one (e.g.
       from [`eqx_ppo.load_checkpoint`][]); the run trains a copy, so the state
