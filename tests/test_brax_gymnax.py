@@ -190,6 +190,15 @@ def test_gymnax_unknown_name(gymnax):
         make("gymnax:Nope-v0")
 
 
+@pytest.mark.parametrize(
+    "flag", ["rescale_actions", "flatten_obs", "truncation_from_info"]
+)
+def test_gymnax_adapter_switches_must_be_bools(gymnax, unchecked, flag):
+    env, _ = gymnax.make("CartPole-v1")
+    with pytest.raises(TypeError, match=rf"{flag}='no'\)`: must be True or False"):
+        GymnaxAdapter(env, **{flag: "no"})
+
+
 def test_gymnax_env_params_set_parameters_and_max_len(gymnax, getkey):
     chain = make("gymnax:MemoryChain-bsuite", env_params={"memory_length": 10})
     assert chain.env_params.memory_length == 10

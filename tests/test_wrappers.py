@@ -75,6 +75,32 @@ def test_inner_truncation_is_kept(getkey):
     assert column(states, lambda s: s.info["truncation"]) == [0.0, 1.0]
 
 
+class _ReportsTruncated(AbstractWrapper):
+    """Ends every episode itself after two steps and reports that as a time
+    limit in `info["truncated"]` (gymnax's name for it)."""
+
+    env: Any
+
+    def reset(self, key):
+        state = self.env.reset(key)
+        info = {**state.info, "truncated": jnp.zeros_like(state.done), "t": 0}
+        return state.replace(info=info)
+
+    def step(self, state, action):
+        next_state = self.env.step(state, action)
+        t = state.info["t"] + 1
+        end = jnp.asarray(t >= 2, next_state.done.dtype)
+        info = {**next_state.info, "truncated": end, "t": t}
+        return next_state.replace(done=jnp.maximum(next_state.done, end), info=info)
+
+
+def test_an_inner_truncation_reported_as_truncated_is_kept(getkey):
+    env = EpisodeWrapper(_ReportsTruncated(Parrot()), max_len=10)
+    states = steps(env.step, env.reset(getkey()), [jnp.zeros(3)] * 2)
+    assert column(states, lambda s: s.done) == [0.0, 1.0]
+    assert column(states, lambda s: s.info["truncation"]) == [0.0, 1.0]
+
+
 def test_reset_passes_the_key_through(getkey):
     key = getkey()
     wrapped = EpisodeWrapper(MoveToCenter(), max_len=5).reset(key)
@@ -110,10 +136,19 @@ def test_under_jit_vmap_scan(getkey):
     np.testing.assert_array_equal(truncation, expected)
 
 
-@pytest.mark.parametrize("max_len", [0, -3, True])
-def test_bad_max_len(max_len):
+@pytest.mark.parametrize("max_len", [0, -3, True, 2.5])
+def test_bad_max_len(unchecked, max_len):
     with pytest.raises(ValueError, match="max_len must be a positive int"):
         EpisodeWrapper(Parrot(), max_len)
+
+
+def test_max_len_may_be_a_numpy_integer():
+    assert EpisodeWrapper(Parrot(), np.int64(7)).max_len == 7
+
+
+def test_random_initial_steps_must_be_a_bool(unchecked):
+    with pytest.raises(TypeError, match=r"random_initial_steps='no'\)`: must be True"):
+        EpisodeWrapper(Parrot(), 5, random_initial_steps="no")
 
 
 # RewardScalingWrapper.

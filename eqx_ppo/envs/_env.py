@@ -6,7 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, PRNGKeyArray, PyTree
 
 from ._state import State
 
@@ -75,6 +75,16 @@ class AbstractEnv(eqx.Module):
     def unwrapped(self) -> "AbstractEnv":
         """The innermost env, with every wrapper removed."""
         return self
+
+
+def reported_truncation(state: Any) -> Bool[Array, "*env"]:
+    """Whether a step ended its episode by a time limit, as the env reports it
+    in `info["truncation"]` (Brax) or `info["truncated"]` (gymnax); `False`
+    where it reports neither."""
+    for name in ("truncation", "truncated"):
+        if name in state.info:
+            return jnp.asarray(state.info[name]).astype(bool)
+    return jnp.zeros(jnp.shape(state.done), bool)
 
 
 def check_positive(env_name: str, **values: float) -> None:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ._env import AbstractEnv, describe
+from ._env import AbstractEnv, check_switches, describe
 from ._state import State
 
 
@@ -91,6 +91,11 @@ class GymnaxAdapter(AbstractEnv):
                 f"{describe(env)}. Fix: pass one instance, e.g. "
                 "gymnax.make('CartPole-v1')[0]."
             )
+        check_switches(
+            "GymnaxAdapter", rescale_actions=rescale_actions, flatten_obs=flatten_obs
+        )
+        if truncation_from_info is not None:
+            check_switches("GymnaxAdapter", truncation_from_info=truncation_from_info)
         self.env = env
         self.env_params = env.default_params if env_params is None else env_params
         self.rescale_actions = rescale_actions

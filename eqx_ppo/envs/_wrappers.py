@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from ._env import AbstractEnv, Size, check_env
+from ._env import AbstractEnv, Size, check_env, check_switches, reported_truncation
 
 
 class AbstractWrapper(AbstractEnv):
@@ -80,14 +80,24 @@ class EpisodeWrapper(AbstractWrapper):
     max_len: int = eqx.field(static=True)
     random_initial_steps: bool = eqx.field(static=True)
 
-    def __init__(self, env: Any, max_len: int, *, random_initial_steps: bool = False):
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+    def __init__(
+        self,
+        env: Any,
+        max_len: int | np.integer,
+        *,
+        random_initial_steps: bool = False,
+    ):
+        integer = isinstance(max_len, int | np.integer) and not isinstance(
+            max_len, bool
+        )
+        if not integer or max_len < 1:
             raise ValueError(
                 f"`EpisodeWrapper(max_len={max_len!r})`: max_len must be a positive "
                 "int (the number of steps after which an episode is truncated)."
             )
+        check_switches("EpisodeWrapper", random_initial_steps=random_initial_steps)
         self.env = env
-        self.max_len = max_len
+        self.max_len = int(max_len)
         self.random_initial_steps = random_initial_steps
 
     def reset(self, key: PRNGKeyArray) -> Any:
@@ -109,10 +119,9 @@ class EpisodeWrapper(AbstractWrapper):
         steps = state.info["steps"] + 1
         done = next_state.done
         at_limit = steps >= self.max_len
-        env_truncation = next_state.info.get("truncation", jnp.zeros_like(done))
         truncation = jnp.where(
             done.astype(bool),
-            jnp.asarray(env_truncation).astype(done.dtype),
+            reported_truncation(next_state).astype(done.dtype),
             at_limit.astype(done.dtype),
         )
         info = {**next_state.info, "steps": steps, "truncation": truncation}

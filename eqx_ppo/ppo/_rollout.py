@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
-from ..envs._env import check_env
+from ..envs._env import check_env, reported_truncation
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, check_key, reset_where
@@ -56,15 +56,6 @@ class Transition(NamedTuple):
 def env_keys(key: PRNGKeyArray, n_envs: int) -> Key[Array, " env"]:
     """The per-env keys of one step: the single place this split happens."""
     return jax.random.split(key, n_envs)
-
-
-def truncation_flag(env_state: Any) -> Bool[Array, " env"]:
-    """`info["truncation"]` (Brax) or `info["truncated"]`, else all false."""
-    info = env_state.info
-    for name in ("truncation", "truncated"):
-        if name in info:
-            return jnp.asarray(info[name]).astype(bool)
-    return jnp.zeros(jnp.shape(env_state.done), bool)
 
 
 def tree_select(mask: Bool[Array, " env"], on_true: Any, on_false: Any) -> Any:
@@ -318,7 +309,7 @@ def run_episodes(
             output=out.output,
             reward=next_env.reward,
             done=done,
-            truncated=truncation_flag(next_env) & done,
+            truncated=reported_truncation(next_env) & done,
             terminal_obs=next_env.obs,
             env_metrics=next_env.metrics,
             net_metrics=out.metrics,
