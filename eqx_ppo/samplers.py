@@ -47,6 +47,13 @@ def _require_key(sampler: str, key: PRNGKeyArray | None, inference: bool) -> Non
         )
 
 
+def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
+    """`-sum(p log p)`, with `0 log 0 = 0` for a masked (`-inf`) choice, in the
+    value and in the gradient."""
+    finite = jnp.where(log_probs > -jnp.inf, log_probs, 0.0)
+    return -jnp.sum(jnp.exp(log_probs) * finite)
+
+
 def _check_std_params(sampler: str, min_std: float, std_scale: float) -> None:
     if not 0 <= min_std < math.inf:
         raise ValueError(
@@ -310,7 +317,7 @@ class CategoricalSampler(_AbstractSampler):
         log_likelihood = sum(
             lp[a] for lp, a in zip(log_probs, sub_actions, strict=True)
         )
-        entropy = sum(-jnp.sum(jnp.exp(lp) * lp) for lp in log_probs)
+        entropy = sum(_entropy(lp) for lp in log_probs)
         return _SamplerStep(
             action, action, log_likelihood, entropy, {"entropy": entropy}
         )

@@ -216,13 +216,14 @@ COEFFICIENT_LAYERS = [
 
 
 @pytest.mark.parametrize("make, field", COEFFICIENT_LAYERS)
-@pytest.mark.parametrize("value", [-1.0, math.nan, np.float64(-1.0)])
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, np.float64(-1.0)])
 def test_concrete_coefficients_are_checked_inside_a_trace(make, field, value):
     """A factory run under `filter_jit` (as `train_ppo` runs it) still checks them."""
     where = rf"{type(make(0.0)).__name__}\({field}\)"
-    with pytest.raises(ValueError, match=rf"`{where}={value}` must be >= 0"):
+    message = rf"`{where}={value}` must be finite and >= 0"
+    with pytest.raises(ValueError, match=message):
         make(value)
-    with pytest.raises(ValueError, match=rf"`{where}={value}` must be >= 0"):
+    with pytest.raises(ValueError, match=message):
         eqx.filter_jit(lambda: make(value))()
 
 
@@ -285,6 +286,22 @@ def test_categorical_hand_worked_values():
     np.testing.assert_allclose(
         other.output["log_likelihood"], math.log(1 / 8), rtol=1e-6
     )
+
+
+def test_categorical_entropy_of_a_masked_action_is_that_of_the_rest():
+    # A -inf logit (a masked action) has probability 0 and adds nothing:
+    # 0 log 0 = 0, in the value and in the gradient.
+    sampler = CategoricalSampler(entropy_weight=0.1, n_actions=4)
+    x = jnp.array([0.0, -jnp.inf, 0.0, 0.0])
+
+    def entropy(x):
+        out = sampler((), x, jnp.array(0, jnp.int32), key=jax.random.key(0))
+        return out.metrics["entropy"]
+
+    np.testing.assert_allclose(entropy(x), math.log(3), rtol=1e-6)
+    grad = jax.grad(entropy)(x)
+    np.testing.assert_allclose(grad[jnp.array([0, 2, 3])], 0.0, atol=1e-7)
+    assert grad[1] == 0.0
 
 
 def test_categorical_multi_discrete_sums_over_sub_actions():

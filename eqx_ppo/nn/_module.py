@@ -40,6 +40,7 @@ scan) may override both.
 
 import abc
 import dataclasses
+import math
 import reprlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -368,9 +369,10 @@ def _concrete_float32(x: Any) -> Array:
 
 
 def check_coefficient(where: str, value: Any) -> None:
-    """Raise if a concrete coefficient is negative or NaN (traced values pass)."""
-    if not isinstance(value, jax.core.Tracer) and not float(value) >= 0:
-        raise ValueError(f"`{where}={value}` must be >= 0.")
+    """Raise if a concrete coefficient is negative, infinite or NaN (traced
+    values pass)."""
+    if not isinstance(value, jax.core.Tracer) and not 0 <= float(value) < math.inf:
+        raise ValueError(f"`{where}={value}` must be finite and >= 0.")
 
 
 def coefficient_names(node: Any) -> tuple[str, ...]:
