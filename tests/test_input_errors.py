@@ -587,6 +587,44 @@ def test_the_seed_must_be_an_int(unchecked, seed):
         TrainConfig(seed=seed)
 
 
+class _TwoChoices(envs.AbstractEnv):
+    """Dict actions of two discrete choices; reward 1 for `a == 1`, 1 for
+    `b == 0`."""
+
+    observation_size = 3
+    action_size = property(lambda self: {"a": 3, "b": 2})
+    n_actions = property(lambda self: {"a": 3, "b": 2})
+
+    def reset(self, key):
+        zero = jnp.zeros((), jnp.float32)
+        return envs.State(zero, jnp.zeros(3), zero, zero)
+
+    def step(self, state, action):
+        reward = (action["a"] == 1).astype(jnp.float32)
+        return state.replace(reward=reward + (action["b"] == 0).astype(jnp.float32))
+
+
+def test_dict_discrete_actions_are_checked_key_by_key():
+    env = envs.EpisodeWrapper(_TwoChoices(), 4)
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=2, rollout_length=4, total_steps=16, n_minibatches=1),
+        eval=EvalConfig(every_steps=16, n_envs=2, max_episode_length=4),
+        progress=False,
+    )
+
+    def networks(key, sizes=env.n_actions):
+        return make_mlp_actor_critic(3, sizes, [8], [8], discrete=True, key=key)
+
+    assert train_ppo(env, networks, config).total_steps == 16
+    wrong = functools.partial(networks, sizes={"a": 3, "b": 4})
+    with pytest.raises(
+        ValueError,
+        match=r"CategoricalSampler\['b'\] has 4 actions but env\.n_actions\['b'\] "
+        r"= 2\. Fix",
+    ):
+        train_ppo(env, wrong, config)
+
+
 def discrete_mlp(key, n_logits=4):
     return make_mlp_actor_critic(5, n_logits, [8], [8], discrete=True, key=key)
 

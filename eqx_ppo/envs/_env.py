@@ -32,8 +32,10 @@ class AbstractEnv(eqx.Module):
       number of choices (an int, or a tuple for multi-discrete); the action
       passed to `step` is then an `int32` scalar (or vector) and `action_size`
       is the number of logits a policy outputs, the sum of `n_actions`. It is
-      exactly the `n_actions` argument of `CategoricalSampler`. Envs without
-      the attribute (Brax, Playground) are continuous.
+      exactly the `n_actions` argument of `CategoricalSampler`. With dict
+      actions, a dict of those, keyed like `action_size` (each key's sampler
+      is checked against its entry). Envs without the attribute (Brax,
+      Playground) are continuous.
     - `dt`: seconds per step, used for video frame rates.
     - `max_len`: optional; the most steps an episode lasts, whether a time
       limit ([`eqx_ppo.envs.EpisodeWrapper`][]) or the env itself ends it.
@@ -62,7 +64,7 @@ class AbstractEnv(eqx.Module):
         """The action's size (an int, or a dict mirroring the action)."""
 
     @property
-    def n_actions(self) -> int | tuple[int, ...] | None:
+    def n_actions(self) -> int | tuple[int, ...] | dict[str, Any] | None:
         """`None` for continuous actions, else the number of discrete choices."""
         return None
 

@@ -35,7 +35,7 @@ class AbstractWrapper(AbstractEnv):
         return self.env.action_size
 
     @property
-    def n_actions(self) -> int | tuple[int, ...] | None:
+    def n_actions(self) -> int | tuple[int, ...] | dict[str, Any] | None:
         return getattr(self.env, "n_actions", None)
 
     @property

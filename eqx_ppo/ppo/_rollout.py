@@ -108,17 +108,26 @@ def _check_output(output: Any, reward: Any) -> None:
 
 def _check_categorical_samplers(env: Any, network: AbstractStatefulModule) -> None:
     """Raise unless every `CategoricalSampler` of `network` draws from the
-    `env.n_actions` choices of a discrete env (its actions are then in range)."""
+    `env.n_actions` choices of a discrete env (its actions are then in range);
+    with dict actions, from those of the action key it sits under."""
     n_actions = getattr(env, "n_actions", None)
     if n_actions is None:
         return
     is_sampler = lambda x: isinstance(x, CategoricalSampler)  # noqa: E731
-    for sampler in jax.tree.leaves(network, is_leaf=is_sampler):
-        if is_sampler(sampler) and sampler.n_actions != n_actions:
+    flat = jax.tree_util.tree_flatten_with_path(network, is_leaf=is_sampler)[0]
+    for path, sampler in flat:
+        if not is_sampler(sampler):
+            continue
+        where, expected = "", n_actions
+        if isinstance(n_actions, Mapping):
+            keys = [p.key for p in path if getattr(p, "key", None) in n_actions]
+            if keys:
+                where, expected = f"[{keys[-1]!r}]", n_actions[keys[-1]]
+        if sampler.n_actions != expected:
             raise ValueError(
-                f"The network's CategoricalSampler has {sampler.n_actions!r} actions "
-                f"but env.n_actions = {n_actions!r}. Fix: build it with "
-                f"action_size=env.n_actions ({n_actions!r}), discrete=True."
+                f"The network's CategoricalSampler{where} has {sampler.n_actions!r} "
+                f"actions but env.n_actions{where} = {expected!r}. Fix: build it "
+                f"with action_size=env.n_actions ({n_actions!r}), discrete=True."
             )
 
 
