@@ -337,6 +337,7 @@ class ShapeEnv(eqx.Module):
     step_obs: tuple[int, ...] = eqx.field(static=True, default=(2,))
     reward: tuple[int, ...] = eqx.field(static=True, default=())
     done: tuple[int, ...] = eqx.field(static=True, default=())
+    step_info: tuple[str, ...] = eqx.field(static=True, default=())
     observation_size: int = eqx.field(static=True, default=2)
     action_size: int = eqx.field(static=True, default=2)
 
@@ -345,7 +346,10 @@ class ShapeEnv(eqx.Module):
 
     def step(self, state, action):
         return StepState(
-            jnp.zeros(self.step_obs), jnp.zeros(self.reward), jnp.zeros(self.done)
+            jnp.zeros(self.step_obs),
+            jnp.zeros(self.reward),
+            jnp.zeros(self.done),
+            info={name: jnp.zeros(()) for name in self.step_info},
         )
 
 
@@ -365,17 +369,27 @@ ENV_ERRORS = [
         ShapeEnv(done=(1,)),
         r"env\.step returned done of per-env shape \(1,\); expected \(\)",
     ),
+    (
+        ShapeEnv(step_info=("truncated",)),
+        r"env\.step returned a state whose info differs from the one env\.reset "
+        r"returned: info\['truncated'\] is new\. Fix: make env\.reset return every "
+        r"info entry",
+    ),
 ]
 
 
-@pytest.mark.parametrize("env, match", ENV_ERRORS, ids=["obs", "reward", "done"])
+@pytest.mark.parametrize(
+    "env, match", ENV_ERRORS, ids=["obs", "reward", "done", "info"]
+)
 def test_env_step_shapes_are_checked_in_the_rollout(getkey, env, match):
     state = ppo_init(env, mlp(getkey()), CONFIG, key=getkey())
     with pytest.raises(ValueError, match=match):
         eqx.filter_eval_shape(ppo_step, env, CONFIG, state)
 
 
-@pytest.mark.parametrize("env, match", ENV_ERRORS, ids=["obs", "reward", "done"])
+@pytest.mark.parametrize(
+    "env, match", ENV_ERRORS, ids=["obs", "reward", "done", "info"]
+)
 def test_env_step_shapes_are_checked_in_evaluation(getkey, env, match):
     with pytest.raises(ValueError, match=match):
         eqx.filter_eval_shape(

@@ -6,6 +6,7 @@ Messages follow the library's style, `where(argument=value): what was
 expected, what was seen. Fix: ...`.
 """
 
+import dataclasses
 import inspect
 import math
 import numbers
@@ -232,10 +233,40 @@ def _per_env(tree: PyTree[Array]) -> list[tuple[str, tuple[int, ...], Any]]:
     ]
 
 
+def _check_carried_fields(before: Any, after: Any) -> None:
+    """Raise a `ValueError` naming the first field besides obs, reward and done
+    (`info`, `metrics`, `pipeline_state`, ...) whose leaves `env.step` changes:
+    added, dropped, reshaped or retyped (the rollout's scan would refuse it)."""
+    for field in (f.name for f in dataclasses.fields(before)):
+        if field in ("obs", "reward", "done"):
+            continue
+        want = {p: (s, d) for p, s, d in _per_env(getattr(before, field))}
+        got = {p: (s, d) for p, s, d in _per_env(getattr(after, field, None))}
+        problems = [
+            f"{field}{p} is new"
+            if p not in want
+            else f"{field}{p} is missing"
+            if p not in got
+            else f"{field}{p} has per-env shape {got[p][0]} and dtype {got[p][1]}, "
+            f"not {want[p][0]} and {want[p][1]}"
+            for p in sorted(want.keys() | got.keys())
+            if want.get(p) != got.get(p)
+        ]
+        if problems:
+            raise ValueError(
+                f"env.step returned a state whose {field} differs from the one "
+                f"env.reset returned: {'; '.join(problems[:3])}"
+                f"{'; ...' if len(problems) > 3 else ''}. Fix: make env.reset "
+                f"return every {field} entry env.step returns, with the same "
+                "shapes and dtypes; the rollout carries the env state between steps."
+            )
+
+
 def check_step_output(before: Any, after: Any) -> None:
     """Raise a `ValueError` if the batched `env.step` output `after` changes the
     obs, reward or done structure, per-env shapes or dtypes of the state
-    `before` it stepped, or has a reward or done that is not one scalar per env.
+    `before` it stepped, or has a reward or done that is not one scalar per env;
+    or changes any other field's leaves (`info`, `metrics`, ...).
     """
     for field in ("obs", "reward", "done"):
         want, got = getattr(before, field), getattr(after, field)
@@ -264,6 +295,8 @@ def check_step_output(before: Any, after: Any) -> None:
                     f"dtype {dtype}, but the state it was given (from env.reset) "
                     f"has shape {want_shape} and dtype {want_dtype}. {fix}"
                 )
+    if dataclasses.is_dataclass(before):
+        _check_carried_fields(before, after)
 
 
 def _same_leaf(x: Any, spec: jax.ShapeDtypeStruct) -> bool:
