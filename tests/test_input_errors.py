@@ -639,6 +639,31 @@ def test_dict_discrete_actions_are_checked_key_by_key():
         train_ppo(env, wrong, config)
 
 
+@pytest.mark.parametrize(
+    "discrete, size, fix",
+    [
+        (False, 3, r"build the network with the env's action_size"),
+        (
+            True,
+            2,
+            r"the network samples discrete actions, but the env is "
+            r"continuous \(it has no n_actions\): build it with discrete=False",
+        ),
+    ],
+    ids=["wrong-size", "discrete-on-continuous"],
+)
+def test_actions_that_do_not_fit_a_continuous_env_name_the_fix(discrete, size, fix):
+    def networks(key):
+        return make_mlp_actor_critic(2, size, [8], [8], discrete=discrete, key=key)
+
+    with pytest.raises(
+        ValueError,
+        match=r"The network's actions do not match the env's action_size\.\n"
+        rf"  network actions \(per env\): .*\n  env\.action_size: 2\nFix: {fix}",
+    ):
+        train_ppo(ENV, networks, TRAIN)
+
+
 def discrete_mlp(key, n_logits=4):
     return make_mlp_actor_critic(5, n_logits, [8], [8], discrete=True, key=key)
 

@@ -157,12 +157,22 @@ def _step_envs(env: Any, env_state: Any, actions: Any) -> Any:
         ) or jax.tree.leaves(shapes, is_leaf=is_shape) != jax.tree.leaves(
             expected, is_leaf=is_shape
         ):
+            discrete = any(
+                jnp.issubdtype(a.dtype, jnp.integer) for a in jax.tree.leaves(actions)
+            )
+            fix = (
+                "the network samples discrete actions, but the env is continuous "
+                "(it has no n_actions): build it with discrete=False (a Gaussian "
+                "sampler)"
+                if discrete
+                else "build the network with the env's action_size (for dict "
+                "actions, a `Map` of samplers with the same keys)"
+            )
             raise ValueError(
                 "The network's actions do not match the env's action_size.\n"
                 f"  network actions (per env): {shapes}\n"
                 f"  env.action_size: {env.action_size}\n"
-                "Fix: build the network with the env's action_size (for dict "
-                "actions, a `Map` of samplers with the same keys)."
+                f"Fix: {fix}."
             )
     next_env = jax.vmap(env.step)(env_state, actions)
     check_step_output(env_state, next_env)
