@@ -3,12 +3,14 @@
 import csv
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import eqx_ppo
 from eqx_ppo.logging import CSVLogger, JSONLLogger, combine_loggers, reduce_metric
+from eqx_ppo.ppo._train import _CompileTimer
 
 
 def test_reduce_metric_names_and_values():
@@ -103,6 +105,42 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
         "throughput/train_sps",
     ):
         assert expected in keys, expected
+
+
+def test_throughput_leaves_out_the_time_spent_compiling():
+    # A network size no other test compiles: the first chunk compiles (~3 s)
+    # and runs (~50 ms, as each later chunk); its rate must be one of running.
+    config = eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=64,
+            rollout_length=32,
+            total_steps=64 * 32 * 40,
+            n_minibatches=2,
+            logging_level=eqx_ppo.LoggingLevel.THROUGHPUT,
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        log_every_steps=64 * 32 * 10,
+        progress=False,
+    )
+    rates = []
+    eqx_ppo.train_ppo(
+        eqx_ppo.envs.make("move_to_center"),
+        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
+        config,
+        log_fn=lambda m, s: rates.append(m["throughput/train_sps"]),
+    )
+    chunks = rates[::10]  # one rate per chunk of ten iterations
+    assert len(chunks) == 4
+    assert chunks[0] > np.median(chunks[1:]) / 10
+
+
+def test_compile_timer_counts_compiling_only():
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + x**2)
+    with _CompileTimer() as first:
+        f(jnp.ones(17)).block_until_ready()
+    with _CompileTimer() as again:
+        f(jnp.ones(17)).block_until_ready()
+    assert first.seconds > 0 and again.seconds == 0
 
 
 def test_jsonl_logger_never_mixes_two_runs(tmp_path):

@@ -591,9 +591,10 @@ def _drive(
         )
         n_active = next_stop - iteration
         t0 = time.perf_counter()
-        state, chunk_metrics = _run_chunk(static, state, jnp.asarray(n_active))
-        chunk_metrics = jax.device_get(chunk_metrics)
-        elapsed = time.perf_counter() - t0
+        with _CompileTimer() as compiling:
+            state, chunk_metrics = _run_chunk(static, state, jnp.asarray(n_active))
+            chunk_metrics = jax.device_get(chunk_metrics)
+        elapsed = time.perf_counter() - t0 - compiling.seconds
         if iteration_config.check_finite:
             _raise_if_nonfinite(chunk_metrics, iteration, n_active, n_seeds)
             # The flags are for the driver; log_fn gets the metrics only.
@@ -623,6 +624,30 @@ def _drive(
         total_steps=iteration * spi,
         total_iterations=iteration - start_iteration,
     )
+
+
+class _CompileTimer:
+    """The seconds JAX spends tracing, lowering and compiling while the
+    context is open (from `jax.monitoring`), so that the throughput of a
+    chunk that compiled counts its running time only."""
+
+    _EVENTS = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
+
+    def __enter__(self) -> "_CompileTimer":
+        self.seconds = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._add)
+        return self
+
+    def _add(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event in self._EVENTS:
+            self.seconds += duration
+
+    def __exit__(self, *exc_info: Any) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._add)
 
 
 def _mean(value: float | Sequence[float]) -> str:
