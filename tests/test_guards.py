@@ -5,6 +5,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import eqx_ppo
@@ -13,16 +14,18 @@ from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo._loss import value_loss
 
 
-def _adam_count(state) -> np.ndarray:
-    """How many updates were applied: the optimiser's step counters (Adam's and
-    the schedule's), which agree."""
-    counts = [
-        np.asarray(x)
-        for x in jax.tree.leaves(state.opt_state)
-        if jnp.issubdtype(x.dtype, jnp.integer)
+def _count(state, kind) -> np.ndarray:
+    """The step count of the optimiser's `kind` state: Adam's counts the updates
+    applied, the learning-rate schedule's the updates the run has taken."""
+    is_kind = lambda x: isinstance(x, kind)  # noqa: E731
+    (found,) = [
+        x for x in jax.tree.leaves(state.opt_state, is_leaf=is_kind) if is_kind(x)
     ]
-    assert counts and all(np.array_equal(c, counts[0]) for c in counts), counts
-    return counts[0]
+    return np.asarray(found.count)
+
+
+def _adam_count(state) -> np.ndarray:
+    return _count(state, optax.ScaleByAdamState)
 
 
 def _config(**kw):
@@ -57,10 +60,11 @@ def test_target_kl_stops_the_epoch_loop_and_vmaps_without_recompiling():
     # an updated policy.
     state, metrics = _step(_config(target_kl=1e-7))
     assert _adam_count(state) == 1
-    np.testing.assert_allclose(metrics["losses/kl_stopped/mean"], 15 / 16)
+    assert _count(state, optax.ScaleByScheduleState) == 16
+    np.testing.assert_allclose(metrics["losses/kl_stopped"], 15 / 16)
     state, metrics = _step(_config(target_kl=1e3))
     assert _adam_count(state) == 16
-    assert float(metrics["losses/kl_stopped/mean"]) == 0.0
+    assert float(metrics["losses/kl_stopped"]) == 0.0
     state, _ = _step(_config())
     assert _adam_count(state) == 16
 
@@ -70,6 +74,26 @@ def test_target_kl_stops_the_epoch_loop_and_vmaps_without_recompiling():
 
     states = eqx.filter_vmap(one)(jnp.array([1e-7, 1e3]))
     np.testing.assert_array_equal(_adam_count(states), [1, 16])
+
+
+def test_skipped_updates_still_advance_the_learning_rate_schedule():
+    # One iteration of 4 updates (2 epochs x 2 minibatches); the tiny target
+    # stops it early, yet the schedule reaches its end, as it would without
+    # the early stop.
+    config = eqx_ppo.PPOConfig(
+        n_envs=4,
+        rollout_length=4,
+        total_steps=16,
+        n_minibatches=2,
+        n_epochs=2,
+        learning_rate=1e-2,
+        lr_schedule="linear",
+        target_kl=1e-7,
+    )
+    state, metrics = _step(config)
+    assert 0 < float(metrics["losses/kl_stopped"]) < 1
+    assert _adam_count(state) < 4
+    assert _count(state, optax.ScaleByScheduleState) == config.n_updates == 4
 
 
 def test_value_loss_by_hand():

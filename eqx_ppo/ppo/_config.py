@@ -205,7 +205,7 @@ class PPOConfig(LearnerConfig):
       probability ratio) exceeds `1.5 * target_kl`: that minibatch and every
       later one of the iteration skip their update (Stable-Baselines3's rule).
       `None` (default) never stops. The fraction of skipped updates is logged
-      as `losses/kl_stopped`.
+      as `losses/kl_stopped` (with `LoggingLevel.LOSSES`).
     - `value_clip_range`: clip the value loss as CleanRL's `clip_vloss`:
       `max((V - t)^2, (V_old + clip(V - V_old, -c, c) - t)^2)`, with `V_old`
       the rollout's value. `None` (default) for the plain squared error.

@@ -277,7 +277,9 @@ def gradient_phase(
     from the rollout policy, before its update) stops the loop: from the first
     minibatch whose KL exceeds `1.5 * target_kl`, no update is applied for the
     rest of the iteration (the updates are still computed and discarded, so
-    the program keeps one shape under `vmap`).
+    the program keeps one shape under `vmap`). Only the learning-rate
+    schedule's step count advances through them, so the schedule still
+    follows the run's progress.
     """
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
 
@@ -295,12 +297,25 @@ def gradient_phase(
         if target_kl is None:
             return (new_p, new_opt_state, stopped), metrics
         stopped = stopped | (metrics["loss/approx_kl"] > 1.5 * target_kl)
-        new_p, new_opt_state = jax.tree.map(
+        kept_p, kept_opt_state = jax.tree.map(
             lambda old, new: jnp.where(stopped, old, new),
             (p, opt_state),
             (new_p, new_opt_state),
         )
-        metrics["losses/kl_stopped"] = stopped.astype(jnp.float32)
+        # A skipped update still counts for the learning-rate schedule, which
+        # follows the run's progress and reaches its end at `total_steps`.
+        is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+        new_p, new_opt_state = (
+            kept_p,
+            jax.tree.map(
+                lambda kept, new: new if is_schedule(kept) else kept,
+                kept_opt_state,
+                new_opt_state,
+                is_leaf=is_schedule,
+            ),
+        )
+        if LoggingLevel.LOSSES in config.logging_level:
+            metrics["losses/kl_stopped"] = stopped  # logged as the fraction
         return (new_p, new_opt_state, stopped), metrics
 
     indices = minibatch_indices(
