@@ -93,7 +93,7 @@ class DistillationConfig(LearnerConfig):
     `learning_rate` is a float32 array, so changing it does not recompile and
     `jax.vmap` can sweep it.
 
-    **Arguments:**
+    **Arguments** (keyword-only):
 
     - `n_envs`: parallel environments; divisible by `n_minibatches`.
     - `rollout_length`: steps per env per iteration (`T`).
@@ -115,7 +115,7 @@ class DistillationConfig(LearnerConfig):
       `NETWORK_METRICS` logs the student's metrics under `student/...`.
     """
 
-    gradient_clipping: float | None = eqx.field(static=True, default=None)
+    gradient_clipping: float | None = eqx.field(static=True, kw_only=True, default=None)
 
 
 @register_config

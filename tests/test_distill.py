@@ -270,6 +270,14 @@ def test_config_errors():
         DistillationTrainConfig(n_seeds=0)
 
 
+def test_config_fields_are_keyword_only(unchecked):
+    # Positionally, 64 used to land on the first field of the optimiser's
+    # part (the learning rate), without a word.
+    with pytest.raises(TypeError, match="positional argument"):
+        DistillationConfig(64)
+    assert DistillationConfig(n_envs=64).n_envs == 64
+
+
 @pytest.mark.parametrize("config", [eqx_ppo.PPOConfig, DistillationConfig])
 def test_iteration_settings_are_checked_alike(config):
     name = config.__name__

@@ -46,21 +46,27 @@ class IterationConfig(eqx.Module):
     [`eqx_ppo.PPOConfig`][]) inherits them, with those of
     [`eqx_ppo.OptimizerConfig`][].
 
-    **Fields:** `n_envs`, `rollout_length`, `total_steps`, `n_epochs`,
-    `n_minibatches`, `reset_mode`, `check_finite`, `logging_level`,
-    `logging_percentiles`; see [`eqx_ppo.PPOConfig`][] for each.
+    **Fields** (keyword-only, so a subclass's own fields may come first):
+    `n_envs`, `rollout_length`, `total_steps`, `n_epochs`, `n_minibatches`,
+    `reset_mode`, `check_finite`, `logging_level`, `logging_percentiles`; see
+    [`eqx_ppo.PPOConfig`][] for each.
     """
 
-    n_envs: int = eqx.field(static=True, default=256)
-    rollout_length: int = eqx.field(static=True, default=20)
-    total_steps: int = eqx.field(static=True, default=512_000)
-    n_epochs: int = eqx.field(static=True, default=4)
-    n_minibatches: int = eqx.field(static=True, default=4)
-    reset_mode: Literal["cached", "fresh"] = eqx.field(static=True, default="cached")
-    check_finite: bool = eqx.field(static=True, default=True)
-    logging_level: LoggingLevel = eqx.field(static=True, default=LoggingLevel.LOSSES)
+    n_envs: int = eqx.field(static=True, kw_only=True, default=256)
+    rollout_length: int = eqx.field(static=True, kw_only=True, default=20)
+    total_steps: int = eqx.field(static=True, kw_only=True, default=512_000)
+    n_epochs: int = eqx.field(static=True, kw_only=True, default=4)
+    n_minibatches: int = eqx.field(static=True, kw_only=True, default=4)
+    reset_mode: Literal["cached", "fresh"] = eqx.field(
+        static=True, kw_only=True, default="cached"
+    )
+    check_finite: bool = eqx.field(static=True, kw_only=True, default=True)
+    logging_level: LoggingLevel = eqx.field(
+        static=True, kw_only=True, default=LoggingLevel.LOSSES
+    )
     logging_percentiles: tuple[int | float, ...] | None = eqx.field(
         static=True,
+        kw_only=True,
         default=None,
         converter=lambda p: None if p is None else tuple(p),
     )
@@ -114,18 +120,18 @@ class OptimizerConfig(eqx.Module):
     the optax transformation from a [`eqx_ppo.LearnerConfig`][] (the
     schedule needs the run's length).
 
-    **Fields:** `learning_rate`, `lr_schedule`, `gradient_clipping`,
-    `weight_decay`; see [`eqx_ppo.PPOConfig`][] for each.
+    **Fields** (keyword-only): `learning_rate`, `lr_schedule`,
+    `gradient_clipping`, `weight_decay`; see [`eqx_ppo.PPOConfig`][] for each.
     """
 
     learning_rate: Float[Array, ""] = eqx.field(
-        converter=lambda v: jnp.asarray(v, jnp.float32), default=1e-4
+        converter=lambda v: jnp.asarray(v, jnp.float32), kw_only=True, default=1e-4
     )
     lr_schedule: Literal["constant", "linear", "cosine"] = eqx.field(
-        static=True, default="constant"
+        static=True, kw_only=True, default="constant"
     )
-    gradient_clipping: float | None = eqx.field(static=True, default=0.5)
-    weight_decay: float | None = eqx.field(static=True, default=None)
+    gradient_clipping: float | None = eqx.field(static=True, kw_only=True, default=0.5)
+    weight_decay: float | None = eqx.field(static=True, kw_only=True, default=None)
 
     def __check_init__(self):
         kind = type(self).__name__
