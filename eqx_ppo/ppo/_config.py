@@ -13,6 +13,7 @@ from jaxtyping import Array, Float
 from ..checkpoint import register_config
 from ..logging import LoggingLevel
 from ._validate import (
+    as_percentiles,
     check_bools,
     check_config_types,
     check_finite_value,
@@ -68,7 +69,7 @@ class IterationConfig(eqx.Module):
         static=True,
         kw_only=True,
         default=None,
-        converter=lambda p: None if p is None else tuple(p),
+        converter=as_percentiles,
     )
 
     def __check_init__(self):
@@ -143,6 +144,11 @@ class OptimizerConfig(eqx.Module):
             value = getattr(self, name)
             if value is None:
                 continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(
+                    f"{kind}({name}={value!r}): expected a number or None, got "
+                    f"{type(value).__name__}. Fix: pass a float or None."
+                )
             check_finite_value(kind, name, value)
             if value < 0 or (positive and value == 0):
                 bound = "> 0" if positive else ">= 0"
@@ -379,6 +385,8 @@ class EvalConfig:
     logging_percentiles: tuple[int | float, ...] | None = (0, 25, 50, 75, 100)
 
     def __post_init__(self):
+        percentiles = as_percentiles(self.logging_percentiles)
+        object.__setattr__(self, "logging_percentiles", percentiles)
         check_bools(self, "enabled")
         check_positive_ints(self, "every_steps", "n_envs", "max_episode_length")
         check_flags(

@@ -84,6 +84,12 @@ def check_flags(where: str, name: str, value: Any, cls: type, example: str) -> N
         )
 
 
+def as_percentiles(percentiles: Any) -> Any:
+    """A list or tuple of percentile levels as a tuple (a static, hashable
+    field); anything else as it is, for `check_percentiles` to name."""
+    return tuple(percentiles) if isinstance(percentiles, list | tuple) else percentiles
+
+
 def check_percentiles(kind: str, percentiles: Any) -> None:
     """Raise unless `percentiles` is `None` or a tuple of numbers in [0, 100]."""
     if percentiles is None:
