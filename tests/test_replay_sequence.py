@@ -259,6 +259,27 @@ def test_route_sequence_keys_routes_every_key_of_a_batch(getkey):
                     )
 
 
+def test_legacy_raw_keys_replay_as_the_loop_of_calls(getkey, unchecked):
+    # `jax.random.PRNGKey`'s uint32 key data, `[T, 2]`, which a call accepts
+    # (the annotations name typed keys, hence `unchecked`); the container
+    # splits each step's key for its two stochastic children.
+    net = nn.Sequential(
+        [
+            nn.VariationalBottleneck(3, 2, key=getkey()),
+            nn.Dense(2, 4, key=getkey()),
+            nn.NormalTanhSampler(0.1),
+        ]
+    )
+    xs = jax.random.normal(getkey(), (T, 3))
+    done = jnp.zeros(T, bool).at[2].set(True)
+    raw = jax.random.split(jax.random.PRNGKey(0), T)
+    replay = net.replay_sequence(net.initial_state(), xs, None, raw, done)
+    expected = nn.scan_sequence(net, net.initial_state(), xs, None, raw, done)
+    assert_ulp_close(replay, expected)
+    routed = nn.route_sequence_keys(raw, list(net.layers))
+    assert routed[0].shape == routed[2].shape == (T, 2) and routed[1] is None
+
+
 def test_default_replay_is_one_batched_call_without_a_carry(getkey):
     net = nn.Sequential([nn.Dense(3, 4, key=getkey()), nn.Dense(4, 2, key=getkey())])
     xs = jax.random.normal(getkey(), (T, 3))

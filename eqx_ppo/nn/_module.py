@@ -511,8 +511,12 @@ def route_sequence_keys(
     """
     if keys is None:
         return [None] * len(children)
-    routed = jax.vmap(lambda k: route_keys(k, children))(keys.reshape(-1))
-    return [None if k is None else k.reshape(jnp.shape(keys)) for k in routed]
+    steps = jnp.shape(keys)
+    if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        steps = steps[:-1]  # legacy uint32 key data: [*steps, 2]
+    flat = keys.reshape(-1, *keys.shape[len(steps) :])
+    routed = jax.vmap(lambda k: route_keys(k, children))(flat)
+    return [None if k is None else k.reshape(*steps, *k.shape[1:]) for k in routed]
 
 
 def scan_sequence(
