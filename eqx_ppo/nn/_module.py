@@ -350,8 +350,11 @@ def coefficient(**kwargs: Any) -> Any:
     """A field for a layer's coefficient, e.g. an entropy or KL weight.
 
     The value is stored as a float32 array: a pytree leaf, so changing it
-    (`eqx.tree_at`) does not recompile and a sweep can `vmap` over it, but
+    does not recompile and a sweep can `vmap` over it, but
     [`eqx_ppo.nn.trainable`][] leaves it out, so the optimiser never moves it.
+    `eqx.tree_at` skips the conversion: replace it with an array,
+    `jnp.float32(0.02)`, not a Python float (which `eqx.filter_jit` would
+    treat as a static value, compiling once per value).
     A concrete value stays concrete even when the layer is built inside a
     trace (a factory under `eqx.filter_jit`), so it is still checked there.
     """
