@@ -116,8 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--env",
         default=DEFAULT_ENV,
-        help=f"built-in env ({', '.join(envs.registered_names())}) "
-        "or brax:<name> / gymnax:<name>",
+        help=f"built-in env ({', '.join(envs.registered_names())}) or "
+        "brax:<name> / playground:<name> / gymnax:<name> / popgym_arcade:<name> "
+        "(each needs its extra)",
     )
     train.add_argument(
         "--env-kwargs",
@@ -131,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
         "--steps",
         type=_count,
         default=300_000,
-        help="env steps in all (with --resume: train on up to this many)",
+        help="env steps in all (with --resume: the new total, more or fewer "
+        "than the run's)",
     )
     train.add_argument("--n-envs", type=_count, default=128, help="parallel envs")
     train.add_argument(
@@ -350,7 +352,7 @@ def _train(args: argparse.Namespace) -> int:
         # the spacing was saved hold None): a resumed run keeps its cadence.
         run["eval_every"] = _eval_every(run)
         if "--steps" in args.given:
-            run["steps"] = max(run["steps"], args.steps)
+            run["steps"] = args.steps
     else:
         if "--cell" in args.given and not args.recurrent:
             raise CLIError(
@@ -360,7 +362,7 @@ def _train(args: argparse.Namespace) -> int:
         env_kwargs = args.env_kwargs or {}
         try:
             env_probe = envs.make(args.env, **env_kwargs)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, ImportError) as e:
             raise CLIError(f"{_given(args, ENV_FLAGS, '--env')}: {e}") from e
         run = {
             "env": args.env,
@@ -420,6 +422,14 @@ def _train(args: argparse.Namespace) -> int:
                     else ""
                 )
             ) from e
+        resumed_step = read_header(latest).step
+        ppo = config.ppo
+        if resumed_step >= ppo.n_iterations * ppo.steps_per_iteration:
+            print(
+                f"{out} is already trained to {resumed_step:,} steps; pass a "
+                "larger --steps to continue."
+            )
+            return 0
         print(f"resuming from {latest}")
     # Written once the checkpoint loaded: a failed resume changes nothing.
     out.mkdir(parents=True, exist_ok=True)
@@ -429,7 +439,6 @@ def _train(args: argparse.Namespace) -> int:
     # Written as the evaluations run, so a killed run keeps its curve.
     eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
     if resuming:
-        resumed_step = read_header(latest).step
         for path in (metrics_log.path, eval_log.path):
             _drop_rows_after(path, resumed_step)
 
@@ -443,20 +452,22 @@ def _train(args: argparse.Namespace) -> int:
         f"training {run['env']} for {run['steps']:,} steps "
         f"({run['seeds']} seed(s), {run['n_envs']} envs) -> {out}"
     )
-    result = train_ppo(
-        env,
-        networks,
-        config,
-        log_fn=log,
-        checkpoint_fn=make_checkpoint_fn(out / "checkpoints", config, metadata=run),
-        initial_state=initial_state,
-    )
-    if not result.eval_history:
-        print(
-            f"{out} is already trained to {result.total_steps:,} steps; "
-            "pass a larger --steps to continue."
+    try:
+        result = train_ppo(
+            env,
+            networks,
+            config,
+            log_fn=log,
+            checkpoint_fn=make_checkpoint_fn(out / "checkpoints", config, metadata=run),
+            initial_state=initial_state,
         )
-        return 0
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted; continue from the last checkpoint with: eqx-ppo "
+            f"train --resume {out}",
+            file=sys.stderr,
+        )
+        return 130
     history = [
         json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()
     ]
@@ -611,6 +622,12 @@ def _record(args: argparse.Namespace) -> int:
         args.checkpoint, args.seed
     )
     length = args.episode_length or run["episode_length"]
+    # Named by checkpoint and seed, so recording another seed, or the run
+    # after more training, does not overwrite an earlier recording.
+    out = args.out or run_dir / f"activations_{checkpoint.name}_seed{args.seed}.npz"
+    if out.suffix != ".npz":  # NumPy would add it: name the file it writes
+        out = out.with_name(out.name + ".npz")
+    out.parent.mkdir(parents=True, exist_ok=True)  # before the rollout's work
     activations, dones = record_activations_rollout(
         env,
         network,
@@ -624,11 +641,6 @@ def _record(args: argparse.Namespace) -> int:
         ): np.asarray(leaf)
         for path, leaf in jax.tree_util.tree_leaves_with_path(activations)
     }
-    # Named by checkpoint and seed, so recording another seed, or the run
-    # after more training, does not overwrite an earlier recording.
-    out = args.out or run_dir / f"activations_{checkpoint.name}_seed{args.seed}.npz"
-    if out.suffix != ".npz":  # NumPy would add it: name the file it writes
-        out = out.with_name(out.name + ".npz")
     dones = np.asarray(dones)
     np.savez_compressed(out, dones=dones, **flat)
     print(

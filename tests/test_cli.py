@@ -159,8 +159,7 @@ def test_a_killed_run_resumes_with_the_logs_of_an_uninterrupted_one(
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(["train", "--out", str(straight), *flags]) == 0
     monkeypatch.setattr(cli, "train_ppo", _killed_after(step, where))
-    with pytest.raises(KeyboardInterrupt):
-        main(["train", "--out", str(killed), *flags])
+    assert main(["train", "--out", str(killed), *flags]) == 130
     monkeypatch.undo()
     evals = [0, 640, 1280]
     assert [row["step"] for row in _rows(killed / "eval.jsonl")] == evals
@@ -171,6 +170,43 @@ def test_a_killed_run_resumes_with_the_logs_of_an_uninterrupted_one(
     returns = [r["eval/episode_reward/mean"] for r in _rows(killed / "eval.jsonl")]
     want = [r["eval/episode_reward/mean"] for r in _rows(straight / "eval.jsonl")]
     np.testing.assert_allclose(returns, want, rtol=1e-5)
+
+
+def test_ctrl_c_names_the_command_that_continues_the_run(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    flags = ["--steps", "1280", "--n-envs", "16", "--hidden", "8", "--no-progress"]
+    monkeypatch.setattr(cli, "train_ppo", _killed_after(640, "checkpoint"))
+    assert main(["train", "--out", str(run), "--eval-every", "640", *flags]) == 130
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert err.endswith(
+        f"interrupted; continue from the last checkpoint with: eqx-ppo train "
+        f"--resume {run}\n"
+    )
+    # --steps on resume is the new total, here below the run's first one.
+    assert main(["train", "--resume", str(run), "--steps", "960", "--no-progress"]) == 0
+    assert [row["step"] for row in _rows(run / "eval.jsonl")] == [0, 640, 960]
+    before = (run / "run.json").read_text()
+    assert main(["train", "--resume", str(run), "--steps", "320", "--no-progress"]) == 0
+    assert "is already trained to 960 steps; pass a larger --steps" in (
+        capsys.readouterr().out
+    )
+    assert (run / "run.json").read_text() == before
+
+
+def test_a_missing_optional_backend_gets_one_line(tmp_path, monkeypatch, capsys):
+    def make(name, **kwargs):
+        raise ImportError("This env needs `gymnax`, which is not installed.")
+
+    monkeypatch.setattr(cli.envs, "make", make)
+    out = tmp_path / "run"
+    assert main(["train", "--env", "gymnax:CartPole-v1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "eqx-ppo train: --env gymnax:CartPole-v1: This env needs `gymnax`, which "
+        "is not installed.\n"
+    )
+    assert not out.exists()
 
 
 def test_resume_with_more_steps_keeps_the_runs_eval_spacing(tmp_path):
@@ -346,15 +382,14 @@ def test_eval_and_record(run_dir, capsys):
     with np.load(out) as data:
         assert data["dones"].shape == (20, 3)
         assert data["1/action/0"].shape == (20, 3, 8)
-    # NumPy adds the suffix to an --out without it; the CLI names that file.
+    # NumPy adds the suffix to an --out without it; the CLI names that file,
+    # and makes its folder.
     argv = ["record", "--checkpoint", str(run_dir), "--n-envs", "1"]
-    assert main(argv + ["--out", str(run_dir / "acts_bare")]) == 0
-    assert (
-        capsys.readouterr()
-        .out.splitlines()[0]
-        .endswith(f"-> {run_dir / 'acts_bare.npz'}")
-    )
-    assert (run_dir / "acts_bare.npz").is_file()
+    bare = run_dir / "new" / "acts_bare"
+    assert main([*argv, "--out", str(bare)]) == 0
+    first_line = capsys.readouterr().out.splitlines()[0]
+    assert first_line.endswith(f"-> {bare}.npz")
+    assert bare.with_name("acts_bare.npz").is_file()
     # Without --out, each seed and checkpoint gets its own file.
     latest = latest_checkpoint(run_dir / "checkpoints").name
     for seed in ("0", "1"):
