@@ -867,6 +867,23 @@ def test_make_mesh_takes_devices(unchecked):
     with pytest.raises(TypeError, match=r"expected jax devices, got \['str'\]"):
         make_mesh(["cpu:0"])
     assert make_mesh(jax.devices()[:1]).axis_names == ("env",)
+    device = jax.devices()[0]
+    with pytest.raises(
+        ValueError, match=r"make_mesh\(devices=\.\.\.\): device .* is listed twice"
+    ):
+        make_mesh([device, device])
+
+
+def test_a_mesh_with_an_explicit_axis_is_refused_by_name():
+    # `jax.make_mesh` makes its axes Explicit by default; the evaluation, run on
+    # one device, would fail deep inside JAX.
+    mesh = jax.make_mesh((1,), ("env",))
+    with pytest.raises(
+        ValueError,
+        match=r"train_ppo\(mesh=\.\.\.\): the axis 'env' has type Explicit; eqx_ppo "
+        r"places arrays itself and needs Auto\. Fix: eqx_ppo\.make_mesh\(devices\)",
+    ):
+        train_ppo(ENV, mlp, TRAIN, mesh=mesh)
 
 
 def lstm(key):

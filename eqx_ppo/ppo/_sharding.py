@@ -31,7 +31,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, Key, PRNGKeyArray, PyTree
 
 ENV_AXIS = "env"
@@ -61,7 +61,13 @@ def make_mesh(devices: Any = None) -> Mesh:
             f"{sorted({type(d).__name__ for d in devices})}. Fix: pass devices "
             "from jax.devices()."
         )
-    return Mesh(np.asarray(devices), (ENV_AXIS,))
+    for i, device in enumerate(devices):
+        if device in devices[:i]:
+            raise ValueError(
+                f"make_mesh(devices=...): device {device} is listed twice; each "
+                "device holds its own share of the envs. Fix: pass distinct devices."
+            )
+    return Mesh(np.asarray(devices), (ENV_AXIS,), axis_types=(AxisType.Auto,))
 
 
 def check_mesh(mesh: Any, n_envs: int, n_minibatches: int, *, where: str) -> None:
@@ -76,6 +82,14 @@ def check_mesh(mesh: Any, n_envs: int, n_minibatches: int, *, where: str) -> Non
             f"{where}(mesh=...): expected a 1-D mesh with the axis name "
             f"{ENV_AXIS!r}; got axis names {tuple(mesh.axis_names)}. Fix: build it "
             "with `eqx_ppo.make_mesh(devices)`."
+        )
+    explicit = [t for t in mesh.axis_types if t != AxisType.Auto]
+    if explicit:
+        raise ValueError(
+            f"{where}(mesh=...): the axis {ENV_AXIS!r} has type {explicit[0].name}; "
+            "eqx_ppo places arrays itself and needs Auto. Fix: "
+            "eqx_ppo.make_mesh(devices), or jax.make_mesh(..., "
+            "axis_types=(jax.sharding.AxisType.Auto,))."
         )
     n_devices = mesh.size
     if n_envs % (n_devices * n_minibatches):
