@@ -299,7 +299,10 @@ def train_config(run: dict[str, Any], progress: bool) -> TrainConfig:
 
 def _make_env(run: dict[str, Any]) -> Any:
     """The env a run's `run.json` names, with its `--env-kwargs`."""
-    return envs.make(run["env"], **run.get("env_kwargs", {}))
+    try:
+        return envs.make(run["env"], **run.get("env_kwargs", {}))
+    except ImportError as e:  # its simulator is not installed here
+        raise CLIError(f"the run's env {run['env']}: {e}") from e
 
 
 def _episode_length(env: Any) -> int:

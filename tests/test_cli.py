@@ -209,6 +209,18 @@ def test_a_missing_optional_backend_gets_one_line(tmp_path, monkeypatch, capsys)
     assert not out.exists()
 
 
+def test_a_run_whose_simulator_is_missing_gets_one_line(run_dir, monkeypatch, capsys):
+    def make(name, **kwargs):
+        raise ImportError("This env needs `brax`, which is not installed.")
+
+    monkeypatch.setattr(cli.envs, "make", make)
+    assert main(["eval", "--checkpoint", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (
+        "eqx-ppo eval: the run's env move_to_center: This env needs `brax`, which "
+        "is not installed.\n"
+    )
+
+
 def test_resume_with_more_steps_keeps_the_runs_eval_spacing(tmp_path):
     # Without --eval-every the spacing is a tenth of the steps the run
     # started with (640 here), not of the resumed total.
