@@ -297,22 +297,15 @@ def gradient_phase(
         if target_kl is None:
             return (new_p, new_opt_state, stopped), metrics
         stopped = stopped | (metrics["loss/approx_kl"] > 1.5 * target_kl)
-        kept_p, kept_opt_state = jax.tree.map(
-            lambda old, new: jnp.where(stopped, old, new),
-            (p, opt_state),
-            (new_p, new_opt_state),
-        )
+        new_p = jax.tree.map(lambda old, new: jnp.where(stopped, old, new), p, new_p)
         # A skipped update still counts for the learning-rate schedule, which
         # follows the run's progress and reaches its end at `total_steps`.
         is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
-        new_p, new_opt_state = (
-            kept_p,
-            jax.tree.map(
-                lambda kept, new: new if is_schedule(kept) else kept,
-                kept_opt_state,
-                new_opt_state,
-                is_leaf=is_schedule,
-            ),
+        new_opt_state = jax.tree.map(
+            lambda old, new: new if is_schedule(old) else jnp.where(stopped, old, new),
+            opt_state,
+            new_opt_state,
+            is_leaf=is_schedule,
         )
         if LoggingLevel.LOSSES in config.logging_level:
             metrics["losses/kl_stopped"] = stopped  # logged as the fraction
