@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import eqx_ppo.nn as nn
-from eqx_ppo import envs, make_mlp_actor_critic
+from eqx_ppo import LoggingLevel, envs, gae, make_mlp_actor_critic
 from eqx_ppo.envs import State
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo import (
@@ -21,6 +21,7 @@ from eqx_ppo.ppo import (
     rollout,
     train_ppo,
 )
+from eqx_ppo.ppo._loss import ppo_loss
 from eqx_ppo.ppo._rollout import StepCarry
 from tests._helpers import assert_ulp_close
 
@@ -213,6 +214,46 @@ def test_bootstrap_uses_terminal_value(getkey):
     assert_ulp_close(drop.next_values[same], boot.next_values[same])
     with pytest.raises(AssertionError):
         assert_ulp_close(drop.next_values[truncated], boot.next_values[truncated])
+
+
+def test_critic_r2_is_the_explained_variance_whatever_the_value_clip(getkey):
+    level = LoggingLevel.LOSSES | LoggingLevel.CRITIC_EXTRA
+    config = small_config(logging_level=level)
+    net = make_net(getkey())
+    state, carry, data = _rollout(net, config, getkey())
+    # Rollout values 1 off, so a value clip changes the critic loss.
+    data = data._replace(
+        output=data.output._replace(value_estimates=data.output.value_estimates + 1.0)
+    )
+    rep = replay(
+        net, state.carry, data, carry.env_state.obs, bootstrap_truncation=False
+    )
+    values = np.asarray(rep.output.value_estimates, np.float64)
+    advantages = gae(
+        data.reward,
+        rep.output.value_estimates,
+        rep.next_values,
+        data.done,
+        data.truncated,
+        gamma=config.discounting_factor,
+        lambda_=config.gae_lambda,
+    )
+    targets = values + np.asarray(advantages, np.float64)
+    expected = 1.0 - np.mean((values - targets) ** 2) / np.var(targets)
+
+    unclipped, clipped = (
+        ppo_loss(
+            net,
+            state.carry,
+            data,
+            carry.env_state.obs,
+            small_config(logging_level=level, value_clip_range=clip),
+        )[1]
+        for clip in (None, 0.1)
+    )
+    assert float(unclipped["losses/critic"]) < float(clipped["losses/critic"])
+    for metrics in (unclipped, clipped):
+        np.testing.assert_allclose(metrics["losses/critic_R^2"], expected, rtol=1e-5)
 
 
 def test_step_compiles_once_and_coefficients_do_not_retrace(getkey):

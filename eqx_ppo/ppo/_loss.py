@@ -277,11 +277,15 @@ def ppo_loss(
         metrics["losses/advantages"] = jax.tree.map(
             lambda a: mean(a, axis_name), advantages
         )
+        # From the plain squared error, not the loss: with `value_clip_range`
+        # the loss is the clipped error, which is not the explained variance.
         metrics["losses/critic_R^2"] = jax.tree.map(
-            lambda loss, t: (
-                1.0 - 2.0 * pmean(loss, axis_name) / (variance(t, axis_name) + 1e-8)
+            lambda v, t: (
+                1.0
+                - mean(jnp.square(jax.lax.stop_gradient(v) - t), axis_name)
+                / (variance(t, axis_name) + 1e-8)
             ),
-            critic_losses,
+            values,
             targets,
         )
     return total, metrics
