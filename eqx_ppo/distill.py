@@ -103,7 +103,8 @@ class DistillationConfig(LearnerConfig):
     - `n_epochs`, `n_minibatches`: passes over the rollout and minibatches per
       pass; minibatches split the *env* axis, each replaying whole sequences.
     - `gradient_clipping`: global-norm clip, or `None`.
-    - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam.
+    - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam;
+      `True` is optax's default decay (`1e-4`), as in nnx-ppo.
     - `lr_schedule`: `"constant"`, `"linear"` or `"cosine"` (to 0 at
       `total_steps`).
     - `reset_mode`: `"cached"` or `"fresh"` env resets, as in `PPOConfig`.

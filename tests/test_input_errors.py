@@ -93,8 +93,14 @@ def test_a_zero_clip_norm_is_rejected(config):
     config(gradient_clipping=None, weight_decay=0.0)
 
 
-@pytest.mark.parametrize("name", ["gradient_clipping", "weight_decay"])
-@pytest.mark.parametrize("value", ["0.5", True])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("gradient_clipping", "0.5"),
+        ("gradient_clipping", True),
+        ("weight_decay", "0.5"),
+    ],
+)
 def test_optimizer_settings_that_are_not_numbers_are_named(unchecked, name, value):
     with pytest.raises(
         TypeError,

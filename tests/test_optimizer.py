@@ -51,6 +51,12 @@ def test_learning_rate_schedules(schedule, last_fraction):
     assert last == pytest.approx(0.1 * last_fraction, rel=1e-3)
 
 
+def test_weight_decay_true_is_optaxs_default_and_false_is_none():
+    # nnx-ppo's reading: `True` is `optax.adamw`'s default decay.
+    assert PPOConfig(**base, weight_decay=True).weight_decay == 1e-4
+    assert PPOConfig(**base, weight_decay=False).weight_decay is None
+
+
 def test_gradient_clipping_and_weight_decay():
     opt = make_optimizer(PPOConfig(**base, gradient_clipping=0.5, weight_decay=0.1))
     params = {"w": jnp.full((4,), 2.0)}

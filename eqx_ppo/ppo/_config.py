@@ -111,6 +111,16 @@ class IterationConfig(eqx.Module):
         return self.n_iterations * self.n_epochs * self.n_minibatches
 
 
+def _weight_decay(value: Any) -> Any:
+    """`True` as optax's default AdamW decay and `False` as none, as nnx-ppo
+    reads them; anything else is checked by `OptimizerConfig`."""
+    if value is True:
+        return 1e-4
+    if value is False:
+        return None
+    return value
+
+
 class OptimizerConfig(eqx.Module):
     """The optimiser, shared by every learner: Adam (AdamW with
     `weight_decay`), optional global-norm clipping and a learning-rate
@@ -132,7 +142,9 @@ class OptimizerConfig(eqx.Module):
         static=True, kw_only=True, default="constant"
     )
     gradient_clipping: float | None = eqx.field(static=True, kw_only=True, default=0.5)
-    weight_decay: float | None = eqx.field(static=True, kw_only=True, default=None)
+    weight_decay: float | None = eqx.field(
+        static=True, kw_only=True, default=None, converter=_weight_decay
+    )
 
     def __check_init__(self):
         kind = type(self).__name__
@@ -227,7 +239,8 @@ class PPOConfig(LearnerConfig):
       For one factor per key of a dict reward, wrap the env in
       [`eqx_ppo.envs.RewardScalingWrapper`][] instead (then evaluation sees
       scaled rewards unless `train_ppo(eval_env=...)` gets the unwrapped env).
-    - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam.
+    - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam;
+      `True` is optax's default decay (`1e-4`), as in nnx-ppo.
     - `lr_schedule`: `"constant"`, `"linear"` (to 0 at `total_steps`) or
       `"cosine"` (to 0 at `total_steps`).
     - `truncation`: `"drop"` zeroes the advantage of a time-limit step
@@ -272,7 +285,7 @@ class PPOConfig(LearnerConfig):
         n_minibatches: int = 4,
         critic_loss_weight: float | Array = 1.0,
         gradient_clipping: float | None = 0.5,
-        weight_decay: float | None = None,
+        weight_decay: float | bool | None = None,
         lr_schedule: Literal["constant", "linear", "cosine"] = "constant",
         truncation: Literal["drop", "bootstrap"] = "drop",
         reset_mode: Literal["cached", "fresh"] = "cached",
