@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, PyTree
 
 from .checkpoint import register_config
@@ -92,10 +93,14 @@ def reduce_metric(
             out[f"{name}/p{level:g}"] = p
 
 
-def _clean(value: float | list[float]) -> float | None | list[float | None]:
+def _clean(value: Any) -> Any:
+    """`value` as JSON: Python numbers (a NumPy or JAX scalar or array, as a
+    hand-written loop over `ppo_step` logs them, becomes one), non-finite
+    floats as `None`."""
+    value = value if isinstance(value, list) else np.asarray(value).tolist()
     if isinstance(value, list):
         return [_clean(v) for v in value]
-    return value if math.isfinite(value) else None
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def per_seed_columns(metrics: Metrics) -> dict[str, float]:
@@ -173,8 +178,8 @@ class JSONLLogger:
         _drop_partial_line("JSONLLogger", self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def __call__(self, metrics: Metrics, step: int) -> None:
-        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+    def __call__(self, metrics: Mapping[str, Any], step: int | np.integer) -> None:
+        record = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 

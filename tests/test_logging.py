@@ -51,6 +51,27 @@ def test_jsonl_and_csv_sinks(tmp_path):
     assert rows[2]["a/seed1"] == "4.0" and rows[0]["a"] == "1.0"
 
 
+def test_jsonl_takes_the_numpy_and_jax_values_of_a_hand_written_loop(tmp_path):
+    log = JSONLLogger(tmp_path / "m.jsonl")
+    log(
+        {
+            "a": np.float32(1.5),
+            "b": jnp.asarray(jnp.inf),
+            "c": np.asarray([1.0, np.nan], np.float32),
+            "n": np.int64(7),
+        },
+        np.int64(3),
+    )
+    (line,) = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert json.loads(line) == {
+        "step": 3,
+        "a": 1.5,
+        "b": None,
+        "c": [1.0, None],
+        "n": 7,
+    }
+
+
 def test_tensorboard_sink(tmp_path):
     pytest.importorskip("tensorboardX")
     log = eqx_ppo.TensorBoardLogger(tmp_path)
