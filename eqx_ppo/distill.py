@@ -81,6 +81,7 @@ from .ppo._validate import (
     check_config_type,
     check_config_types,
     check_network_argument,
+    check_one_network,
 )
 from .recording import is_leaf_layer
 
@@ -177,12 +178,19 @@ def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
         network,
         is_leaf=is_leaf_layer,
     )
-    out = eqx.filter_eval_shape(
-        lambda net, o, k: net(net.initial_state(), o, key=k),
-        probed,
-        obs,
-        jax.random.key(0),
-    )
+    try:
+        out = eqx.filter_eval_shape(
+            lambda net, o, k: net(net.initial_state(), o, key=k),
+            probed,
+            obs,
+            jax.random.key(0),
+        )
+    except (ValueError, TypeError) as error:
+        # Both networks read the same observation: say which one failed.
+        raise type(error)(
+            f"train_distillation({who}=...): the {who} cannot take the env's "
+            f"observation: {error}"
+        ) from error
     if not isinstance(out.output, PPONetworkOutput):
         raise TypeError(
             f"train_distillation({who}=...): the {who}'s output must be a "
@@ -325,6 +333,24 @@ def _single_env(obs: PyTree) -> PyTree:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), obs)
 
 
+def _check_teacher(where: str, teacher: Any) -> None:
+    """Raise unless `teacher` is one seed's network with finite weights (when
+    they are concrete): a non-finite teacher would stop training later with
+    a non-finite loss that names neither it nor the fix."""
+    check_network_argument(where, "teacher", teacher)
+    check_one_network(where, "teacher", teacher)
+    leaves = jax.tree_util.tree_flatten_with_path(
+        eqx.filter(teacher, eqx.is_inexact_array)
+    )[0]
+    for path, x in leaves:
+        if not isinstance(x, jax.core.Tracer) and not jnp.all(jnp.isfinite(x)):
+            raise ValueError(
+                f"{where}(teacher=...): the teacher's weights hold NaN or inf "
+                f"(teacher{jax.tree_util.keystr(path)}). Fix: pass a teacher "
+                "whose training did not diverge, e.g. an earlier checkpoint."
+            )
+
+
 class Distillation(AbstractLearner):
     """Distillation: the student learns to score the teacher's actions.
 
@@ -343,7 +369,7 @@ class Distillation(AbstractLearner):
     teacher: AbstractStatefulModule
 
     def __init__(self, config: DistillationConfig, teacher: AbstractStatefulModule):
-        check_network_argument("Distillation", "teacher", teacher)
+        _check_teacher("Distillation", teacher)
         self.config = config
         self.teacher = eqx.nn.inference_mode(teacher)
 
@@ -387,8 +413,9 @@ def distill_init(
     differs otherwise.
     """
     check_env("distill_init", "env", env)
-    check_network_argument("distill_init", "teacher", teacher)
+    _check_teacher("distill_init", teacher)
     check_network_argument("distill_init", "student", student)
+    check_one_network("distill_init", "student", student)
     check_key("distill_init", key)
     return init(env, student, Distillation(config, teacher), key=key)
 
@@ -405,7 +432,40 @@ def distill_step(
     [`eqx_ppo.Distillation`][] learner (a rollout driven by the student, teacher
     alongside; gradient steps on the distillation loss; the student's
     statistics from its own extras). `axis_name` as in `ppo_step`."""
+    _check_teacher("distill_step", teacher)
+    _check_state("distill_step", teacher, state)
     return step(env, Distillation(config, teacher), state, axis_name=axis_name)
+
+
+def _check_state(where: str, teacher: AbstractStatefulModule, state: Any) -> None:
+    """Raise unless `state` is a distillation state whose teacher carries fit
+    `teacher` (a state built with another teacher would fail inside the
+    rollout's scan)."""
+    carry = getattr(state, "carry", None)
+    if not (isinstance(carry, dict) and set(carry) == {"student", "teacher"}):
+        raise TypeError(
+            f"{where}(state=...): not a distillation state (its carry has no "
+            "'student' and 'teacher' parts). Fix: build it with distill_init."
+        )
+    got = jax.tree_util.tree_flatten_with_path(carry["teacher"])[0]
+    want = jax.tree_util.tree_flatten_with_path(
+        eqx.filter_eval_shape(teacher.initial_state)
+    )[0]
+    same = [jax.tree_util.keystr(p) for p, _ in got] == [
+        jax.tree_util.keystr(p) for p, _ in want
+    ] and all(
+        jnp.shape(x)[jnp.ndim(x) - len(w.shape) :] == w.shape
+        and jnp.ndim(x) > len(w.shape)
+        for (_, x), (_, w) in zip(got, want, strict=True)
+    )
+    if not same:
+        raise ValueError(
+            f"{where}(state=...): the state's teacher carries "
+            f"{_describe(carry['teacher'])} do not fit the teacher's (one env's) "
+            f"{_describe(eqx.filter_eval_shape(teacher.initial_state))}: a state "
+            "built with another teacher. Fix: pass the teacher the state was "
+            "built with."
+        )
 
 
 def distillation_loss(
@@ -454,7 +514,14 @@ def init_distillation_state(
     [`eqx_ppo.load_checkpoint`][]:
     `like=lambda c: init_distillation_state(env, teacher, student, c)`.
     """
-
+    check_config_type(
+        "init_distillation_state",
+        config,
+        DistillationTrainConfig,
+        "distillation",
+        DistillationConfig,
+    )
+    _check_teacher("init_distillation_state", teacher)
     learner = Distillation(config.distillation, teacher)
     return _init_states(env, student, learner, config, key, *_STUDENT)
 
@@ -510,7 +577,7 @@ def train_distillation(
         "distillation",
         DistillationConfig,
     )
-    check_network_argument("train_distillation", "teacher", teacher)
+    _check_teacher("train_distillation", teacher)
     hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
     learner = Distillation(config.distillation, teacher)
     return _train(env, student, learner, config, key, hosts, *_STUDENT)

@@ -290,3 +290,71 @@ def test_iteration_settings_are_checked_alike(config):
     # Under the runtime type checker the Literal hint may fire first.
     with pytest.raises((ValueError, TypeError), match="reset_mode"):
         config(reset_mode="never")
+
+
+def test_a_multi_seed_or_non_finite_teacher_is_named(getkey):
+    env = eqx_ppo.envs.make("move_to_center")
+    two_seeds = eqx.filter_vmap(mlp)(jax.random.split(getkey(), 2))
+    with pytest.raises(ValueError, match=r"train_distillation\(teacher=.*select_seed"):
+        train_distillation(env, two_seeds, mlp, config())
+    with pytest.raises(ValueError, match=r"distill_init\(student=.*select_seed"):
+        distill_init(env, mlp(getkey()), two_seeds, config().distillation, key=getkey())
+
+    teacher = mlp(getkey())
+    kernel = lambda t: t.layers[0].action.layers[-2].kernel  # noqa: E731
+    diverged = eqx.tree_at(kernel, teacher, kernel(teacher).at[0, 0].set(jnp.nan))
+    with pytest.raises(
+        ValueError, match=r"train_distillation\(teacher=...\): .*NaN or inf \(teacher"
+    ):
+        train_distillation(env, diverged, mlp, config())
+
+
+@pytest.mark.parametrize("who", ["teacher", "student"])
+def test_an_observation_mismatch_names_the_network(getkey, who):
+    env = eqx_ppo.envs.make("move_to_center")  # observations of size 2
+    networks = {"teacher": mlp(getkey()), "student": mlp(getkey())}
+    networks[who] = eqx_ppo.make_mlp_actor_critic(3, 2, [8], [8], key=getkey())
+    with pytest.raises(
+        ValueError, match=rf"train_distillation\({who}=...\): the {who} cannot take"
+    ):
+        distill_init(
+            env,
+            networks["teacher"],
+            networks["student"],
+            config().distillation,
+            key=getkey(),
+        )
+
+
+def test_distill_step_names_a_state_it_cannot_step(getkey):
+    env = eqx_ppo.envs.make("move_to_center")
+    dconfig = config(n_envs=4, n_minibatches=1).distillation
+    lstm = eqx_ppo.make_lstm_actor_critic(2, 2, 8, key=getkey())
+    state = distill_init(env, lstm, mlp(getkey()), dconfig, key=getkey())
+    with pytest.raises(
+        ValueError, match=r"distill_step\(state=...\): .*another teacher"
+    ):
+        distill_step(env, mlp(getkey()), dconfig, state)
+    wider = eqx_ppo.make_lstm_actor_critic(2, 2, 16, key=getkey())
+    with pytest.raises(ValueError, match="another teacher"):
+        distill_step(env, wider, dconfig, state)
+    ppo_state = eqx_ppo.ppo_init(
+        env, mlp(getkey()), eqx_ppo.PPOConfig(n_envs=4, n_minibatches=1), key=getkey()
+    )
+    with pytest.raises(TypeError, match="not a distillation state"):
+        distill_step(env, lstm, dconfig, ppo_state)
+    # The state's own teacher passes, also inside a vmap over seeds.
+    states = eqx.filter_vmap(lambda k: distill_init(env, lstm, mlp(k), dconfig, key=k))(
+        jax.random.split(getkey(), 2)
+    )
+    eqx.filter_vmap(lambda s: distill_step(env, lstm, dconfig, s))(states)
+
+
+def test_init_distillation_state_names_a_bare_config(getkey, unchecked):
+    env = eqx_ppo.envs.make("move_to_center")
+    with pytest.raises(
+        TypeError, match=r"init_distillation_state\(config=.*DistillationTrainConfig"
+    ):
+        eqx_ppo.init_distillation_state(
+            env, mlp(getkey()), mlp(getkey()), config().distillation
+        )

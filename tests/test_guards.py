@@ -12,6 +12,7 @@ import eqx_ppo
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo._loss import value_loss
+from eqx_ppo.ppo._train import _nonfinite_fix
 
 
 def _count(state, kind) -> np.ndarray:
@@ -212,6 +213,16 @@ def test_nonfinite_loss_is_named():
         FloatingPointError, match=r"Non-finite loss at iteration 1;.*diverged"
     ):
         _train(ENV, _kinked)
+
+
+def test_the_nonfinite_fix_speaks_of_the_learners_own_settings():
+    ppo = _nonfinite_fix("loss", eqx_ppo.PPOConfig())
+    assert ppo.endswith("keep `gradient_clipping` on, or set `target_kl`.")
+    # Distillation has no target_kl, and no gradient clipping by default.
+    distill = _nonfinite_fix("loss", eqx_ppo.DistillationConfig())
+    assert distill.endswith("lower `learning_rate`, set `gradient_clipping`.")
+    unclipped = eqx_ppo.PPOConfig(gradient_clipping=None)
+    assert "set `gradient_clipping`." in _nonfinite_fix("parameters", unclipped)
 
 
 def test_finite_run_logs_no_check_flags():

@@ -596,7 +596,9 @@ def _drive(
             chunk_metrics = jax.device_get(chunk_metrics)
         elapsed = time.perf_counter() - t0 - compiling.seconds
         if iteration_config.check_finite:
-            _raise_if_nonfinite(chunk_metrics, iteration, n_active, n_seeds)
+            _raise_if_nonfinite(
+                chunk_metrics, iteration, n_active, n_seeds, iteration_config
+            )
             # The flags are for the driver; log_fn gets the metrics only.
             chunk_metrics = {
                 k: v for k, v in chunk_metrics.items() if not k.startswith("debug/")
@@ -674,22 +676,39 @@ _ENV_FIX = (
     "The env's `step` returned NaN or inf: check it (run it with "
     "`jax.config.update('jax_debug_nans', True)`)."
 )
-_NONFINITE_FIX = {
-    "observation": _ENV_FIX,
-    "reward": _ENV_FIX,
-    "loss": "The observations and rewards were finite, so the update diverged: "
-    "lower `learning_rate`, keep `gradient_clipping` on, or set `target_kl`.",
-    "updated parameters": "The loss was finite, so the optimiser step "
-    "overflowed: lower `learning_rate` or `weight_decay`, keep "
-    "`gradient_clipping` on.",
-}
+
+
+def _nonfinite_fix(what: str, config: LearnerConfig) -> str:
+    """What to change for a non-finite `what`, in the learner config's terms."""
+    if what in ("observation", "reward"):
+        return _ENV_FIX
+    clipping = (
+        "set `gradient_clipping`"
+        if config.gradient_clipping is None
+        else "keep `gradient_clipping` on"
+    )
+    if what == "loss":
+        stop = ", or set `target_kl`" if hasattr(config, "target_kl") else ""
+        return (
+            "The observations and rewards were finite, so the update diverged: "
+            f"lower `learning_rate`, {clipping}{stop}."
+        )
+    return (
+        "The loss was finite, so the optimiser step overflowed: lower "
+        f"`learning_rate` or `weight_decay`, {clipping}."
+    )
 
 
 def _raise_if_nonfinite(
-    chunk_metrics: dict, iteration: int, n_active: int, n_seeds: int
+    chunk_metrics: dict,
+    iteration: int,
+    n_active: int,
+    n_seeds: int,
+    config: LearnerConfig,
 ) -> None:
     """Raise for the chunk's first iteration with a non-finite value, naming
-    what (observation, reward, loss, parameters), the env and the seed."""
+    what (observation, reward, loss, parameters), the env and the seed, and
+    the fix in `config`'s terms."""
 
     def per_iteration(name):
         flags = np.asarray(chunk_metrics[name])
@@ -715,7 +734,7 @@ def _raise_if_nonfinite(
     raise FloatingPointError(
         f"Non-finite {what}{where} at iteration {iteration + i + 1}; training "
         "stopped, and no state from that iteration on was returned or "
-        f"checkpointed. {_NONFINITE_FIX[what]} To train on regardless, set "
+        f"checkpointed. {_nonfinite_fix(what, config)} To train on regardless, set "
         "`check_finite=False`."
     )
 
