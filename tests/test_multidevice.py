@@ -290,6 +290,12 @@ def test_checkpoint_from_four_devices_resumes_on_one_and_two(tmp_path):
                 obs = resumed.training_state.env_state.obs
                 assert len(obs.sharding.device_set) == len(devices)
             print("resumed on", "no mesh" if devices is None else len(devices))
+        # A host copy (NumPy leaves), as checkpoint_fn is told to keep, resumes
+        # on a mesh too.
+        host_copy = jax.device_get(state)
+        resumed = eqx_ppo.train_ppo(ENV, mlp, config, initial_state=host_copy,
+                                    mesh=make_mesh())
+        assert_close(resumed.training_state, full.training_state)
         """,
         args=(str(tmp_path),),
     )

@@ -379,6 +379,34 @@ def test_config_errors():
         PPOConfig(n_envs=0)
 
 
+def test_a_state_the_step_cannot_take_is_named(getkey, unchecked):
+    env = envs.make("move_to_center")
+    config = small_config(n_envs=4)
+    step = eqx.filter_jit(ppo_step)
+
+    def init(key, config=config):
+        return ppo_init(
+            env, make_mlp_actor_critic(2, 2, [4], [4], key=key), config, key=key
+        )
+
+    state = init(getkey())
+    # Three seeds, and as many seeds as envs (once a key-split error).
+    for n_seeds in (3, 4):
+        stacked = eqx.filter_vmap(init)(jax.random.split(getkey(), n_seeds))
+        with pytest.raises(ValueError, match=rf"seed axis of {n_seeds}.*select_seed"):
+            step(env, config, stacked)
+    with pytest.raises(TypeError, match=r"expected a TrainingState, got tuple"):
+        step(env, config, step(env, config, state))
+    for other in (
+        small_config(n_envs=4, gradient_clipping=None),
+        small_config(n_envs=4, weight_decay=0.1),
+    ):
+        with pytest.raises(ValueError, match="optimiser state is not the one"):
+            step(env, other, state)
+    # The state's own config passes, as does one that only logs differently.
+    step(env, small_config(n_envs=4, logging_level=LoggingLevel.NONE), state)
+
+
 def test_value_structure_mismatch_is_reported(getkey):
     class DictRewardEnv(RandomEndEnv):
         def step(self, state, action):

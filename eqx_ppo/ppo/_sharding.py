@@ -193,10 +193,13 @@ def partition_specs(state: Any) -> PyTree[PartitionSpec]:
     return jax.tree_util.tree_map_with_path(spec, eqx.filter(state, eqx.is_array))
 
 
-def _place(x: Array, sharding: NamedSharding) -> Array:
+def _place(x: Array | np.ndarray, sharding: NamedSharding) -> Array:
     if _is_key(x):
         data = _place(jax.random.key_data(x), sharding)
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    if not isinstance(x, jax.Array):
+        # A host copy (`jax.device_get`): the same value in every process.
+        return jax.make_array_from_callback(x.shape, sharding, lambda i: x[i])
     if x.sharding == sharding:
         return x
     if not x.is_fully_addressable:

@@ -373,11 +373,13 @@ def step(
         )
         return learner.loss(eqx.combine(p, static), minibatch, axis_name=axis_name)
 
+    optimizer = make_optimizer(config)
+    _check_opt_state(config, optimizer, params, state.opt_state)
     params, opt_state, loss_metrics = gradient_phase(
         minibatch_loss,
         params,
         state.opt_state,
-        make_optimizer(config),
+        optimizer,
         shuffle_key,
         n_local_envs=jnp.shape(data.done)[1],
         config=config,
@@ -406,11 +408,43 @@ def step(
     return new_state, metrics
 
 
+def _check_opt_state(
+    config: LearnerConfig,
+    optimizer: optax.GradientTransformation,
+    params: PyTree,
+    opt_state: PyTree,
+) -> None:
+    """Raise unless `opt_state` is the state of `config`'s optimiser (at trace
+    time: optax would fail inside its chain with an error about its own
+    internals)."""
+    expected = eqx.filter_eval_shape(optimizer.init, params)
+    if jax.tree.structure(expected) != jax.tree.structure(opt_state):
+        raise ValueError(
+            "step(state=...): the state's optimiser state is not the one "
+            f"config's optimiser (gradient_clipping={config.gradient_clipping}, "
+            f"weight_decay={config.weight_decay}) builds: a state built with "
+            "another config. Fix: use the config the state was built with."
+        )
+
+
 def _check_n_envs(
     config: LearnerConfig, state: TrainingState, axis_name: str | None
 ) -> None:
-    """Raise unless `state` holds `config.n_envs` envs (this device's share of
-    them under `axis_name`), at trace time."""
+    """Raise unless `state` is one seed's `TrainingState` holding
+    `config.n_envs` envs (this device's share of them under `axis_name`), at
+    trace time."""
+    if not isinstance(state, TrainingState):
+        raise TypeError(
+            f"step(state=...): expected a TrainingState, got {type(state).__name__}."
+            " Fix: pass the state itself; the step returns `(state, metrics)`."
+        )
+    seeds = jnp.shape(state.iteration)
+    if seeds:
+        raise ValueError(
+            f"step(state=...): the state has a seed axis of {seeds[0]} (a stack of "
+            "seeds' states). Fix: `eqx.filter_vmap` the step over it, or take one "
+            "seed with `eqx_ppo.select_seed(state, i)`."
+        )
     n_envs = jnp.shape(state.env_state.done)[0]
     if axis_name is not None:
         n_envs *= jax.lax.axis_size(axis_name)
