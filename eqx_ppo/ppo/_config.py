@@ -443,7 +443,7 @@ class DriverConfig:
       one vmapped program.
     - `checkpoint_every_steps`: cadence of `checkpoint_fn` calls.
     - `log_every_steps`: cadence of host-side logging and progress; the driver
-      compiles this many steps' iterations into one `lax.scan` chunk.
+      compiles a loop of this many steps' iterations into one chunk.
     - `progress`: show a progress bar.
     """
 

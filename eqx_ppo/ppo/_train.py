@@ -1,11 +1,12 @@
 """`train_ppo`: the driver that compiles chunks of iterations and handles host events.
 
-The driver runs `K` iterations per compiled `lax.scan` chunk and returns to
-Python only for host events (logging, progress, eval, video, checkpoints). `K`
-is fixed per run, so the chunk compiles once; a chunk that must stop early
-(an event falls inside it) runs its tail iterations as no-ops under
-`lax.cond`. With `TrainConfig(n_seeds=S)` the whole chunk is `vmap`ped over
-seeds: one program trains all of them.
+The driver runs up to `K` iterations per compiled chunk and returns to Python
+only for host events (logging, progress, eval, video, checkpoints). `K` is
+fixed per run, so the chunk compiles once; the number of iterations a chunk
+runs is a traced bound of its loop (`scan_steps`' `n_active`), so a chunk
+that must stop early (an event falls inside it) skips its tail. With
+`TrainConfig(n_seeds=S)` the whole chunk is `vmap`ped over seeds: one
+program trains all of them.
 
 With `mesh=` the chunk runs data-parallel under `jax.shard_map` (see
 `_sharding.py`): envs are split over the mesh's devices, the rest replicated.
