@@ -22,9 +22,9 @@ from jaxtyping import Array, PyTree
 
 from .checkpoint import register_config
 
-Metrics = Mapping[str, float | list[float]]
+Metrics = Mapping[str, int | float | list[float]]
 """Host metrics: a float per key, or a list of floats (one per seed) for
-multi-seed runs."""
+multi-seed runs; `total_steps` is an int."""
 
 LogFn = Callable[[Metrics, int], None]
 """A metric sink: called with `(metrics, step)` on the host."""

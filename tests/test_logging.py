@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import eqx_ppo
+from eqx_ppo import LoggingLevel
 from eqx_ppo.logging import CSVLogger, JSONLLogger, combine_loggers, reduce_metric
 from eqx_ppo.ppo._train import _CompileTimer
 
@@ -104,9 +105,15 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
         lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k),
         config,
         video_fn=videos.append,
-        log_fn=lambda m, s: logged.append(m),
+        log_fn=lambda m, s: logged.append((s, m)),
     )
     assert [v.step for v in videos] == [0, 80, 160]
+    # Every iteration's log carries its step; a video's rate comes with it.
+    steps = [s for s, m in logged if "throughput/video_sps" in m]
+    assert steps == [0, 80, 160]
+    assert all(m["throughput/video_sps"] > 0 for s, m in logged if s in steps)
+    assert [m["total_steps"] for s, m in logged if s > 0] == [80, 160]
+    logged = [m for _, m in logged]
     assert (
         videos[0].frames.shape == (25, 32, 48, 3) and videos[0].frames.dtype == np.uint8
     )
@@ -126,6 +133,35 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
         "throughput/train_sps",
     ):
         assert expected in keys, expected
+
+
+def test_advantages_are_logged_as_the_surrogate_weighs_them_and_eval_has_a_rate():
+    env = eqx_ppo.envs.make("move_to_center")
+    logged = []
+    eqx_ppo.train_ppo(
+        env,
+        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k),
+        eqx_ppo.TrainConfig(
+            ppo=eqx_ppo.PPOConfig(
+                n_envs=8,
+                rollout_length=10,
+                total_steps=160,
+                n_minibatches=2,
+                logging_level=LoggingLevel.CRITIC_EXTRA | LoggingLevel.THROUGHPUT,
+            ),
+            eval=eqx_ppo.EvalConfig(every_steps=160, n_envs=4, max_episode_length=20),
+            progress=False,
+        ),
+        log_fn=lambda m, s: logged.append((s, m)),
+    )
+    # Normalised per minibatch, the advantages of all updates have mean 0 and
+    # std 1 (a mean of raw advantages per update would not).
+    for step, m in logged[1:]:
+        assert m["total_steps"] == step
+        np.testing.assert_allclose(m["losses/advantages/mean"], 0.0, atol=1e-6)
+        np.testing.assert_allclose(m["losses/advantages/std"], 1.0, rtol=1e-4)
+    assert [s for s, m in logged if "throughput/eval_sps" in m] == [0, 160]
+    assert all(m.get("throughput/eval_sps", 1) > 0 for _, m in logged)
 
 
 def test_throughput_leaves_out_the_time_spent_compiling():

@@ -25,7 +25,7 @@ from ..nn._module import AbstractStatefulModule, SequenceOutput, State
 from ._config import PPOConfig
 from ._gae import gae
 from ._rollout import Transition, apply_network, reset_carry
-from ._sharding import mean, pmean, variance
+from ._sharding import gather_envs, mean, pmean, variance
 
 
 class Replay(NamedTuple):
@@ -274,8 +274,10 @@ def ppo_loss(
             data.output.loglikelihoods,
         )
     if LoggingLevel.CRITIC_EXTRA in level:
-        metrics["losses/advantages"] = jax.tree.map(
-            lambda a: mean(a, axis_name), advantages
+        # Every advantage the surrogate weighs (normalised and combined as it
+        # uses them), summarised over the iteration's updates, as nnx-ppo logs.
+        metrics["losses/advantages"] = gather_envs(
+            jax.tree.map(jax.lax.stop_gradient, policy_advantages), axis_name
         )
         # From the plain squared error, not the loss: with `value_clip_range`
         # the loss is the clipped error, which is not the explained variance.

@@ -545,16 +545,24 @@ def _drive(
         total_iterations * spi * n_seeds,
     )
 
+    throughput = LoggingLevel.THROUGHPUT in iteration_config.logging_level
+
     def run_eval(step: int) -> dict[str, Any]:
         network = local(state.network)
-        if n_seeds == 1:
-            metrics = _evaluate(eval_env, network, evaluation_keys[0], config.eval)
-        else:
-            metrics = eqx.filter_vmap(
-                lambda net, k: _evaluate(eval_env, net, k, config.eval)
-            )(network, evaluation_keys)
-        metrics = _host(metrics, n_seeds)
+        t0 = time.perf_counter()
+        with _CompileTimer() as compiling:
+            if n_seeds == 1:
+                metrics = _evaluate(eval_env, network, evaluation_keys[0], config.eval)
+            else:
+                metrics = eqx.filter_vmap(
+                    lambda net, k: _evaluate(eval_env, net, k, config.eval)
+                )(network, evaluation_keys)
+            metrics = _host(metrics, n_seeds)
+        elapsed = time.perf_counter() - t0 - compiling.seconds
         eval_history.append({"step": step, **metrics})
+        if throughput:
+            eval_steps = config.eval.n_envs * config.eval.max_episode_length
+            metrics["throughput/eval_sps"] = eval_steps * n_seeds / elapsed
         if progress is not None:
             progress.set_postfix(eval_return=_mean(metrics["eval/episode_reward/mean"]))
         return metrics
@@ -570,7 +578,14 @@ def _drive(
         if main and due(video_every, it):
             network = local(state.network)
             video_key = jax.random.fold_in(evaluation_keys[0], step)
-            _record_video(eval_env, network, config, video_fn, video_key, step)
+            t0 = time.perf_counter()
+            with _CompileTimer() as compiling:
+                rendered = _record_video(
+                    eval_env, network, config, video_fn, video_key, step
+                )
+            elapsed = time.perf_counter() - t0 - compiling.seconds
+            if throughput and rendered:
+                metrics = {**metrics, "throughput/video_sps": rendered / elapsed}
         # Logged before it is checkpointed: a run killed in between, resumed
         # from that checkpoint, has logged every step up to it.
         if main and log_fn is not None and (metrics or it > 0):
@@ -607,7 +622,8 @@ def _drive(
         for i in range(n_active):
             it = iteration + i + 1
             metrics = _host(chunk_metrics, n_seeds, index=i)
-            if LoggingLevel.THROUGHPUT in iteration_config.logging_level:
+            metrics["total_steps"] = it * spi
+            if throughput:
                 metrics["throughput/train_sps"] = n_active * spi * n_seeds / elapsed
             if i == n_active - 1:
                 metrics = host_events(it, metrics)
@@ -740,11 +756,12 @@ def _raise_if_nonfinite(
     )
 
 
-def _record_video(eval_env, network, config, video_fn, key, step) -> None:
-    """Render one episode of seed 0's network with `key`, for `video_fn`."""
+def _record_video(eval_env, network, config, video_fn, key, step) -> int:
+    """Render one episode of seed 0's network with `key`, for `video_fn`; the
+    number of env steps rolled out (0 for an env without `render`)."""
     render = getattr(eval_env, "render", None)
     if render is None:
-        return
+        return 0
     from ._video import rollout_for_video
 
     network = network if config.n_seeds == 1 else select_seed(network, 0)
@@ -760,3 +777,4 @@ def _record_video(eval_env, network, config, video_fn, key, step) -> None:
             episode_length=int(length),
         )
     )
+    return config.video.episode_length
