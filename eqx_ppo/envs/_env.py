@@ -142,6 +142,7 @@ def check_env(where: str, name: str, env: Any) -> None:
     and a raw gymnax env (whose `reset` / `step` take `params` and return
     tuples).
     """
+    _check_not_batched(where, name, env)
     if isinstance(env, AbstractEnv):
         return
     if isinstance(env, type):
@@ -162,6 +163,39 @@ def check_env(where: str, name: str, env: Any) -> None:
     raise TypeError(
         f"{where}({name}=...): expected an env, got {describe(env)}. Fix: {fix}."
     )
+
+
+# Brax's and MuJoCo Playground's training wrappers, which the library's own
+# `vmap` and auto-reset replace (by class name: neither package is imported).
+_TRAINING_WRAPPERS = {
+    "VmapWrapper": "batches the env",
+    "DomainRandomizationVmapWrapper": "batches the env",
+    "BraxDomainRandomizationVmapWrapper": "batches the env",
+    "AutoResetWrapper": "resets finished episodes inside step",
+    "BraxAutoResetWrapper": "resets finished episodes inside step",
+}
+
+
+def _check_not_batched(where: str, name: str, env: Any) -> None:
+    """Raise a `TypeError` if `env` is wrapped for Brax's training loop: a
+    batched env fails inside JAX with a shape error, and an auto-resetting
+    one trains silently on the next episode's first observation in place of
+    the terminal one (and bypasses `reset_mode`)."""
+    inner = env
+    for _ in range(64):
+        wrapper = type(inner).__name__
+        if wrapper in _TRAINING_WRAPPERS:
+            raise TypeError(
+                f"{where}({name}=...): the env is wrapped in {wrapper}, which "
+                f"{_TRAINING_WRAPPERS[wrapper]}; eqx_ppo vmaps single-env "
+                "`reset` / `step` and resets episodes itself. Fix: pass the env "
+                "before Brax's / Playground's training wrappers, e.g. "
+                "brax.envs.get_environment(...) or create(..., auto_reset=False, "
+                "batch_size=None), or eqx_ppo.envs.make('brax:<name>')."
+            )
+        inner = getattr(inner, "env", None)
+        if inner is None or isinstance(inner, type):
+            return
 
 
 def describe(x: Any) -> str:
