@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from . import envs
+from .envs._registry import pinned_kwargs
 from .logging import JSONLLogger, LoggingLevel, replace_file
 from .nn import make_mlp_actor_critic, make_recurrent_actor_critic
 from .ppo import EvalConfig, PPOConfig, TrainConfig, select_seed, train_ppo
@@ -369,7 +370,9 @@ def _train(args: argparse.Namespace) -> int:
             raise CLIError(f"{_given(args, ENV_FLAGS, '--env')}: {e}") from e
         run = {
             "env": args.env,
-            "env_kwargs": env_kwargs,
+            # With the machine's choices (a Playground backend) pinned, so
+            # that eval, record and --resume elsewhere build the same env.
+            "env_kwargs": pinned_kwargs(args.env, env_kwargs),
             "steps": args.steps,
             "n_envs": args.n_envs,
             "rollout_length": args.rollout_length,

@@ -3,6 +3,8 @@
 Each test skips when its simulator is not installed.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -281,3 +283,33 @@ def test_playground_on_cpu_defaults_to_the_jax_backend(playground, monkeypatch):
         make("playground:PointMass", episode_length=None)
     make("playground:PointMass", impl="warp", episode_length=None)
     assert asked == [{"impl": "jax"}, {"impl": "warp"}]
+
+
+def test_playground_backend_is_pinned_for_a_saved_run(playground, monkeypatch):
+    from eqx_ppo.envs._registry import pinned_kwargs
+
+    # On CPU `make` picks MJX; a run records it, so a GPU machine (Warp by
+    # default) rebuilds the env whose states the checkpoint holds.
+    assert pinned_kwargs("playground:CartpoleBalance", {}) == {"impl": "jax"}
+    given = {"impl": "warp", "vision": False}
+    assert pinned_kwargs("playground:CartpoleBalance", given) == given
+    assert pinned_kwargs("brax:ant", {"backend": "mjx"}) == {"backend": "mjx"}
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    default = playground.registry.get_default_config("CartpoleBalance").impl
+    assert pinned_kwargs("playground:CartpoleBalance", {}) == {"impl": default}
+
+
+def test_playground_action_repeat_that_is_not_applied_is_said(playground, monkeypatch):
+    monkeypatch.setattr(
+        playground.registry, "load", lambda name, config_overrides: object()
+    )
+    with pytest.warns(UserWarning, match=r"action_repeat=3 is not applied"):
+        make(
+            "playground:CartpoleBalance",
+            impl="jax",
+            action_repeat=3,
+            episode_length=None,
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make("playground:CartpoleBalance", impl="jax", episode_length=None)

@@ -81,17 +81,46 @@ def _playground(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
             f"make('playground:{name}'): MuJoCo Playground has no env {name!r}."
         )
     if "impl" not in kwargs and jax.default_backend() == "cpu":
-        # MuJoCo Warp, Playground's default, is slow to start on CPU (minutes
-        # for the first reset and step, against about one for MJX).
         warnings.warn(
             f"make('playground:{name}'): on CPU, using the JAX (MJX) backend; "
             "pass impl='warp' to use MuJoCo Warp, or impl='jax' to choose it "
             "and silence this.",
             stacklevel=3,
         )
-        kwargs = {**kwargs, "impl": "jax"}
-    env = registry.load(name, config_overrides=kwargs or None)
-    return env, int(registry.get_default_config(name).episode_length)
+    kwargs = pinned_kwargs(f"playground:{name}", kwargs)
+    env = registry.load(name, config_overrides=kwargs)
+    config = registry.get_default_config(name)
+    repeat = kwargs.get("action_repeat", config.get("action_repeat", 1))
+    if repeat != 1:
+        warnings.warn(
+            f"make('playground:{name}'): the env config's action_repeat={repeat} "
+            "is not applied: each action is one env step, and the episode limit "
+            "counts those. For Playground's control rate, wrap the env yourself: "
+            "brax.envs.wrappers.training.EpisodeWrapper(mujoco_playground."
+            f"registry.load({name!r}), episode_length, action_repeat).",
+            stacklevel=3,
+        )
+    return env, int(config.episode_length)
+
+
+def pinned_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with what `make(name)` would choose from the machine made
+    explicit: a Playground env's backend `impl`, whose env states differ
+    between backends, so that a run saved on one machine (as `eqx-ppo`'s
+    `run.json` records it) rebuilds the same env on another.
+
+    MuJoCo Warp, Playground's default, is slow to start on CPU (minutes for
+    the first reset and step, against about one for MJX), so on CPU the
+    default is `impl="jax"`.
+    """
+    if not name.startswith("playground:") or "impl" in kwargs:
+        return kwargs
+    if jax.default_backend() == "cpu":
+        return {**kwargs, "impl": "jax"}
+    from mujoco_playground import registry
+
+    config = registry.get_default_config(name.removeprefix("playground:"))
+    return {**kwargs, "impl": config.get("impl", "warp")}
 
 
 def _gymnax(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
