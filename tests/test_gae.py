@@ -66,6 +66,18 @@ def test_truncation_modes(bootstrap):
     np.testing.assert_allclose(adv[:, 0], [2.0 + 0.5 * expected_a1, expected_a1])
 
 
+def test_truncated_counts_only_where_done():
+    # Step 1 flagged truncated but not done: an ordinary step (the hand-worked
+    # case above), not a zeroed advantage.
+    r = jnp.array([[1.0], [0.0], [2.0]])
+    v = jnp.array([[1.0], [2.0], [3.0]])
+    nv = jnp.array([[2.0], [3.0], [4.0]])
+    no = jnp.zeros((3, 1), bool)
+    flagged = jnp.array([[False], [True], [False]])
+    adv = gae(r, v, nv, no, flagged, gamma=0.5, lambda_=1.0)
+    np.testing.assert_allclose(adv[:, 0], [1.0, 0.0, 1.0])
+
+
 @pytest.mark.parametrize("bootstrap", [False, True])
 def test_matches_slow_reference(bootstrap):
     rng = np.random.default_rng(0)

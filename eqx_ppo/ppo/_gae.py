@@ -30,11 +30,16 @@ def gae(
     - `A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}`: any `done`
       cuts the trace.
 
+    A time limit ends its episode, so `truncated` counts only where `done`
+    (as the rollout stores it); a truncated step that is not done is an
+    ordinary step.
+
     The result is wrapped in `stop_gradient`. At trace time, raises a
     `ValueError` unless the five arrays share one shape, and a `TypeError`
     unless `done` and `truncated` are bool.
     """
     _check_inputs(rewards, values, next_values, done, truncated)
+    truncated = truncated & done
     terminated = done & ~truncated
     delta = rewards + gamma * jnp.where(terminated, 0.0, next_values) - values
     if not bootstrap_truncation:
