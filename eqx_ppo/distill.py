@@ -43,6 +43,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, Key, PRNGKeyArray, PyTree
 
@@ -343,7 +344,8 @@ def _check_teacher(where: str, teacher: Any) -> None:
         eqx.filter(teacher, eqx.is_inexact_array)
     )[0]
     for path, x in leaves:
-        if not isinstance(x, jax.core.Tracer) and not jnp.all(jnp.isfinite(x)):
+        # NumPy, not jnp: under a trace jnp would stage even a concrete leaf.
+        if not isinstance(x, jax.core.Tracer) and not np.isfinite(x).all():
             raise ValueError(
                 f"{where}(teacher=...): the teacher's weights hold NaN or inf "
                 f"(teacher{jax.tree_util.keystr(path)}). Fix: pass a teacher "
