@@ -152,6 +152,10 @@ def test_registry():
         make("move_to_centre")
     with pytest.raises(ValueError, match="unknown prefix 'mjx'"):
         make("mjx:Humanoid")
+    with pytest.raises(
+        ValueError, match=r"make\('move_to_center', episode_length=0\): expected"
+    ):
+        make("move_to_center", episode_length=0)
 
 
 def test_is_abstract():

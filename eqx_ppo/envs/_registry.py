@@ -240,4 +240,11 @@ def make(
         episode_length = default_length
     if episode_length is None:
         return env
-    return EpisodeWrapper(env, episode_length)
+    try:
+        return EpisodeWrapper(env, episode_length)
+    except ValueError as e:
+        raise ValueError(
+            f"make({name!r}, episode_length={episode_length!r}): expected a "
+            "positive int, 'default' for the env's own limit, or None for no "
+            "limit."
+        ) from e
