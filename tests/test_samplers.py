@@ -421,3 +421,34 @@ def test_weight_decay_leaves_the_entropy_weight_alone():
     )
     sampler = result.training_state.network.layers[1].action.layers[-1]
     assert float(sampler.entropy_weight) == float(jnp.float32(1e-2))
+
+
+class _Unsummed(NormalSampler):
+    """A custom sampler that forgot to sum its log-likelihood over the action."""
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        out = super().__call__(state, x, extras, key=key)
+        action = out.output["action"]
+        per_dim = jnp.broadcast_to(out.output["log_likelihood"], action.shape)
+        return out._replace(output={**out.output, "log_likelihood": per_dim})
+
+
+@pytest.mark.parametrize("action_size", [1, 2])
+def test_a_log_likelihood_per_action_dimension_is_named(getkey, action_size):
+    # With one action dimension and as many steps as envs in a minibatch, the
+    # loss would broadcast it against the advantages without a word.
+    import eqx_ppo
+    from eqx_ppo.nn import Dense, PPOAdapter
+
+    env = eqx_ppo.envs.Parrot(obs_size=action_size)
+    k1, k2 = jax.random.split(getkey())
+    network = PPOAdapter(
+        action=eqx_ppo.nn.Sequential(
+            [Dense(action_size, 2 * action_size, key=k1), _Unsummed(0.0)]
+        ),
+        value=Dense(action_size, 1, key=k2),
+    )
+    config = eqx_ppo.PPOConfig(n_envs=4, rollout_length=4, n_minibatches=1)
+    state = eqx_ppo.ppo_init(env, network, config, key=getkey())
+    with pytest.raises(ValueError, match=r"loglikelihoods has shape \(\d,\) per env"):
+        eqx.filter_jit(eqx_ppo.ppo_step)(env, config, state)

@@ -104,6 +104,23 @@ def _check_output(output: Any, reward: Any) -> None:
             "Fix: give the value port one output per reward key (e.g. a `Splitter` "
             "or `Parallel` with the reward's keys)."
         )
+    # One number per env for each log-likelihood and value leaf: a sampler
+    # that left its action axis unsummed would otherwise broadcast against
+    # the advantages in the loss, into a wrong surrogate or a shape error.
+    n_envs = jnp.shape(jax.tree.leaves(reward)[0])[:1]
+    for name, tree in (
+        ("loglikelihoods", output.loglikelihoods),
+        ("value_estimates", output.value_estimates),
+    ):
+        for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if jnp.shape(x) != n_envs:
+                raise ValueError(
+                    f"The network's {name}{jax.tree_util.keystr(path)} has shape "
+                    f"{jnp.shape(x)[1:]} per env; expected one number per env "
+                    "(shape ()). Fix: a sampler's log_likelihood must sum over "
+                    "its action's dimensions (e.g. jnp.sum(log_probs)), and a "
+                    "value head must output one number per reward key."
+                )
 
 
 def _check_categorical_samplers(env: Any, network: AbstractStatefulModule) -> None:
