@@ -57,6 +57,7 @@ from .ppo import (
     EvalConfig as EvalConfig,
     IterationConfig as IterationConfig,
     LearnerConfig as LearnerConfig,
+    Minibatch as Minibatch,
     OptimizerConfig as OptimizerConfig,
     PPOConfig as PPOConfig,
     TrainConfig as TrainConfig,

@@ -123,3 +123,35 @@ def test_a_third_learners_checkpoint_resumes(tmp_path):
     longer = dataclasses.replace(run, a2c=dataclasses.replace(run.a2c, total_steps=768))
     result = eqx_ppo.train(ENV, networks, A2C(longer.a2c), longer, initial_state=state)
     assert int(result.training_state.steps) == 768
+
+
+class _Forgetful(A2C):
+    """A2C whose loss returns what a learner author might mistakenly write."""
+
+    returns: str = eqx.field(static=True, default="scalar")
+
+    def loss(self, network, batch, *, axis_name=None):
+        total, metrics = super().loss(network, batch, axis_name=axis_name)
+        if self.returns == "scalar":
+            return total
+        return total, {"losses/value": metrics["losses/value"]}
+
+
+@pytest.mark.parametrize(
+    ("returns", "match"),
+    [
+        ("scalar", r"_Forgetful\.loss returned \w+; expected \(loss, metrics\)"),
+        ("no_total", r"_Forgetful\.loss returned .*without \['loss/total'\]"),
+    ],
+)
+def test_a_loss_that_breaks_the_contract_is_named(returns, match):
+    learner = _Forgetful(config().a2c, returns=returns)
+    state = eqx_ppo.init(
+        ENV, networks(jax.random.key(0)), learner, key=jax.random.key(1)
+    )
+    with pytest.raises(TypeError, match=match):
+        eqx.filter_jit(eqx_ppo.step)(ENV, learner, state)
+
+
+def test_minibatch_is_public():
+    assert eqx_ppo.Minibatch._fields == ("carry", "data", "final_obs")

@@ -13,7 +13,11 @@ from ._config import (
     VideoConfig as VideoConfig,
 )
 from ._gae import gae as gae
-from ._learner import PPO as PPO, AbstractLearner as AbstractLearner
+from ._learner import (
+    PPO as PPO,
+    AbstractLearner as AbstractLearner,
+    Minibatch as Minibatch,
+)
 from ._loss import ppo_loss as ppo_loss, replay as replay
 from ._rollout import (
     SaveAt as SaveAt,

@@ -96,9 +96,15 @@ class AbstractLearner(eqx.Module):
     def loss(
         self, network: Module, batch: Minibatch, *, axis_name: Axis = None
     ) -> Loss:
-        """One minibatch's loss and metrics (with `loss/total`, and
-        `loss/approx_kl` when `target_kl` is set). Under `jax.shard_map`,
-        `axis_name` names the device axis for whole-minibatch statistics."""
+        """One minibatch's loss and metrics: `(loss, metrics)`, a scalar and a
+        dict of arrays.
+
+        `metrics` must hold `loss/total` (the loss, which the finite check
+        reads), and `loss/approx_kl` when `target_kl` is set; keys under
+        `loss/` are the engine's and are not logged, every other key is
+        logged as the mean over the iteration's updates (`/mean`, `/std` or
+        percentiles). Under `jax.shard_map`, `axis_name` names the device
+        axis for whole-minibatch statistics."""
 
     @property
     def keep_terminal_obs(self) -> bool:

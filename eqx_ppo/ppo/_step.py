@@ -371,7 +371,9 @@ def step(
             jax.tree.map(lambda x: x[:, idx], batch),
             jax.tree.map(lambda x: x[idx], final_obs),
         )
-        return learner.loss(eqx.combine(p, static), minibatch, axis_name=axis_name)
+        out = learner.loss(eqx.combine(p, static), minibatch, axis_name=axis_name)
+        _check_loss(learner, out)
+        return out
 
     optimizer = make_optimizer(config)
     _check_opt_state(config, optimizer, params, state.opt_state)
@@ -406,6 +408,27 @@ def step(
         steps=state.steps + config.steps_per_iteration,
     )
     return new_state, metrics
+
+
+def _check_loss(learner: AbstractLearner, out: Any) -> None:
+    """Raise a `TypeError` naming the learner unless its loss returned
+    `(scalar, metrics)` with the metrics the engine reads (at trace time)."""
+    where = f"{type(learner).__name__}.loss"
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+        raise TypeError(
+            f"{where} returned {type(out).__name__}; expected (loss, metrics), a "
+            "scalar and a dict with 'loss/total'."
+        )
+    needed = ["loss/total"] + (
+        ["loss/approx_kl"] if learner.target_kl is not None else []
+    )
+    missing = [k for k in needed if k not in out[1]]
+    if jnp.shape(out[0]) != () or missing:
+        raise TypeError(
+            f"{where} returned a loss of shape {jnp.shape(out[0])} and metrics "
+            f"without {missing}; expected a scalar loss, and metrics holding "
+            "'loss/total' (the loss) and, with target_kl, 'loss/approx_kl'."
+        )
 
 
 def _check_opt_state(
