@@ -1165,6 +1165,21 @@ def test_an_env_following_the_protocol_need_not_subclass(getkey):
     check_env("train_ppo", "env", BraxLike())
     check_env("train_ppo", "env", envs.EpisodeWrapper(BraxLike(), 5))
 
+    # A plain dataclass compares by value but cannot be hashed, which the
+    # compiled programs' static arguments need.
+    @dataclasses.dataclass
+    class Unhashable(BraxLike):
+        target: float = 0.5
+
+    with pytest.raises(TypeError, match=r"train_ppo\(env=\.\.\.\):.*must be hashable"):
+        check_env("train_ppo", "env", Unhashable())
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(BraxLike):
+        target: float = 0.5
+
+    check_env("train_ppo", "env", Frozen())
+
 
 @pytest.mark.parametrize(
     "env, seen", [(3, "int"), (_RawGymnaxEnv, "the class _RawGymnaxEnv")]

@@ -154,7 +154,16 @@ def check_env(where: str, name: str, env: Any) -> None:
             "eqx_ppo.envs.make('gymnax:<name>')"
         )
     elif callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
-        return
+        try:
+            hash(env)
+        except TypeError:
+            fix = (
+                "the env is a static argument of the compiled programs, so it "
+                "must be hashable; make it an eqx.Module (eqx_ppo.envs.AbstractEnv), "
+                "or give its class eq=False / frozen=True if it is a dataclass"
+            )
+        else:
+            return
     else:
         fix = (
             "pass an env with `reset(key)` and `step(state, action)` (the Brax / "
