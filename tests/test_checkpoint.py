@@ -539,10 +539,8 @@ def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
         ckpt.load_checkpoint(path, env=env, networks=networks, config=faster)
     lines = str(refused.value).splitlines()
     assert "  ppo.gradient_clipping: saved 0.5, given 1.0" in lines
-    assert any(
-        line.startswith("  ppo.learning_rate: saved 9.99") and "given 0.001" in line
-        for line in lines
-    )
+    # Coefficients by their float32 values' shortest repr, as written.
+    assert "  ppo.learning_rate: saved 0.0001, given 0.001" in lines
 
     # With a decaying schedule a longer run changes every learning rate.
     def linear(total_steps):

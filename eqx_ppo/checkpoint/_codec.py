@@ -206,6 +206,17 @@ def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
             diffs += config_differences(old, new, f"{path}.")
         elif _encode(old, path) != _encode(new, path):
             diffs.append(
-                f"{path}: saved {_encode(old, path)!r}, given {_encode(new, path)!r}"
+                f"{path}: saved {_shown(old, path)}, given {_shown(new, path)}"
             )
     return diffs
+
+
+def _shown(value: Any, where: str) -> str:
+    """A config value as a difference message shows it: a float32 coefficient
+    by its shortest float32 repr (`0.001`, not `0.0010000000474974513`)."""
+    if (
+        isinstance(value, jax.Array | np.ndarray | np.generic)
+        and value.dtype == np.float32
+    ):
+        return np.format_float_positional(np.float32(value), unique=True, trim="-")
+    return repr(_encode(value, where))
