@@ -13,7 +13,7 @@ import pytest
 from jaxtyping import Array
 
 import eqx_ppo
-from eqx_ppo import envs, make_mlp_actor_critic, record_activations_rollout
+from eqx_ppo import envs, make_mlp_actor_critic, nn, record_activations_rollout
 from eqx_ppo.distill import (
     DistillationConfig,
     DistillationTrainConfig,
@@ -1191,3 +1191,62 @@ def test_gymnax_adapter_takes_a_gymnax_env(unchecked, env, seen):
         rf"{seen}\. Fix: pass one instance",
     ):
         envs.GymnaxAdapter(env)
+
+
+class _PlainTuple(nn.AbstractStatefulModule):
+    def __call__(self, state, x, extras=None, *, key=None):
+        return state, x, jnp.zeros(()), {}, None
+
+
+class _VectorRegularization(nn.AbstractStatefulModule):
+    def __call__(self, state, x, extras=None, *, key=None):
+        return nn.StatefulModuleOutput(state, x, x**2, {}, None)
+
+
+class _WrongReset(nn.AbstractStatefulModule):
+    def initial_state(self):
+        return jnp.zeros(2)
+
+    def reset_state(self, prev_state):
+        return jnp.zeros(3)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        return nn.StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+@pytest.mark.parametrize(
+    ("layer", "error", "match"),
+    [
+        (_PlainTuple(), TypeError, r"_PlainTuple\.__call__ returned tuple; a layer"),
+        (
+            _VectorRegularization(),
+            ValueError,
+            r"_VectorRegularization\.__call__ returned a regularization_loss of "
+            r"shape \(2,\); it must be one number per env",
+        ),
+        (
+            _WrongReset(),
+            ValueError,
+            r"reset_state \(or that of a layer inside it\) returned a carry of "
+            r"\{0: 'float32\[3\]'.*the carry it resets is \{0: 'float32\[2\]'",
+        ),
+    ],
+)
+def test_a_custom_layer_breaking_the_contract_is_named(getkey, layer, error, match):
+    env = envs.make("move_to_center")
+    k1, k2 = jax.random.split(getkey())
+    network = nn.Sequential(
+        [
+            layer,
+            nn.PPOAdapter(
+                action=nn.Sequential(
+                    [nn.Dense(2, 4, key=k1), eqx_ppo.NormalTanhSampler(0.0)]
+                ),
+                value=nn.Dense(2, 1, key=k2),
+            ),
+        ]
+    )
+    config = eqx_ppo.PPOConfig(n_envs=2, rollout_length=4, n_minibatches=1)
+    with pytest.raises(error, match=match):
+        state = eqx_ppo.ppo_init(env, network, config, key=getkey())
+        eqx.filter_jit(eqx_ppo.ppo_step)(env, config, state)

@@ -38,6 +38,7 @@ from ._module import (
     State,
     StatefulModuleOutput,
     check_env_batch,
+    checked_output,
     route_keys,
     route_sequence_keys,
     zero_loss,
@@ -127,7 +128,9 @@ def _run_children(
     extras = _child_extras(extras, children)
     keys = route_keys(key, list(children.values()))
     outs = {
-        name: child(state[name], inputs[name], extras[name], key=child_key)
+        name: checked_output(
+            child, child(state[name], inputs[name], extras[name], key=child_key)
+        )
         for (name, child), child_key in zip(children.items(), keys, strict=True)
     }
     return _gather(outs, {name: out.output for name, out in outs.items()})
@@ -249,7 +252,9 @@ class Sequential(AbstractReplayEnvs):
         keys = route_keys(key, self.layers)
         outs = {}
         for i, (layer, layer_key) in enumerate(zip(self.layers, keys, strict=True)):
-            outs[i] = layer(state[i], x, extras[i], key=layer_key)
+            outs[i] = checked_output(
+                layer, layer(state[i], x, extras[i], key=layer_key)
+            )
             x = outs[i].output
         return _gather(outs, x)
 

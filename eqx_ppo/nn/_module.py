@@ -452,6 +452,26 @@ def array_spec(x: Any) -> str:
     return type(x).__name__
 
 
+def checked_output(layer: Any, out: Any) -> StatefulModuleOutput:
+    """`out`, the result of calling `layer` on one env, if it keeps the module
+    contract; else an error naming the layer (at trace time), instead of an
+    attribute or broadcasting error in the container or loss that reads it."""
+    name = type(layer).__name__
+    if not isinstance(out, StatefulModuleOutput):
+        raise TypeError(
+            f"{name}.__call__ returned {type(out).__name__}; a layer must return a "
+            "StatefulModuleOutput(next_state, output, regularization_loss, "
+            "metrics, extras)."
+        )
+    if jnp.shape(out.regularization_loss) != ():
+        raise ValueError(
+            f"{name}.__call__ returned a regularization_loss of shape "
+            f"{jnp.shape(out.regularization_loss)}; it must be one number per env "
+            "(shape ()): sum or average it over the layer's units."
+        )
+    return out
+
+
 def check_key(
     where: str, key: Any, several: str = "vmap over keys to use several"
 ) -> None:
@@ -617,7 +637,25 @@ def reset_where(
 ) -> State:
     """One env's carry, reset if `done`: the rule the rollout and replay share."""
     fresh = module.reset_state(state)
+    got, expected = (
+        jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), t
+        )
+        for t in (fresh, state)
+    )
+    if got != expected:
+        raise ValueError(
+            f"{type(module).__name__}.reset_state (or that of a layer inside "
+            "it) returned a carry of "
+            f"{_spec(got)}; the carry it resets is {_spec(expected)}. Fix: return "
+            "a carry of the same structure, shapes and dtypes (one env's, e.g. "
+            "initial_state())."
+        )
     return jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh, state)
+
+
+def _spec(tree: Any) -> str:
+    return str(jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", tree))
 
 
 def _batch_size(state: State, x: Any, extras: Any) -> int:

@@ -18,7 +18,13 @@ from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 from ..envs._env import check_env, reported_truncation
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
-from ..nn._module import AbstractStatefulModule, State, check_key, reset_where
+from ..nn._module import (
+    AbstractStatefulModule,
+    State,
+    check_key,
+    checked_output,
+    reset_where,
+)
 from ..samplers import CategoricalSampler
 from ._config import EVAL_LEVELS_EXAMPLE
 from ._sharding import shard_env_keys
@@ -76,9 +82,9 @@ def apply_network(
     keys: Key[Array, " env"] | None,
 ):
     """`network` vmapped over the leading env axis, one key per env."""
-    return jax.vmap(lambda s, o, e, k: network(s, o, e, key=k))(
-        state, obs, extras, keys
-    )
+    return jax.vmap(
+        lambda s, o, e, k: checked_output(network, network(s, o, e, key=k))
+    )(state, obs, extras, keys)
 
 
 def reset_carry(
