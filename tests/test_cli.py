@@ -413,14 +413,16 @@ def test_eval_and_record(run_dir, capsys):
             assert data["dones"].shape == (5, 2)
 
 
-def test_bad_flags_are_rejected():
+def test_bad_flags_are_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--hidden", "8,-1"])
+    assert "--hidden" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # no abbreviations: --resume checks names
         main(["train", "--st", "640"])
+    assert "unrecognized arguments: --st 640" in capsys.readouterr().err
 
 
-def test_env_kwargs_reach_the_env():
+def test_env_kwargs_reach_the_env(capsys):
     import jax
     import jax.numpy as jnp
 
@@ -437,6 +439,7 @@ def test_env_kwargs_reach_the_env():
     assert _make_env({"env": "move_to_center"})  # run.json from before the flag
     with pytest.raises(SystemExit):
         main(["train", "--env-kwargs", "spring"])
+    assert "--env-kwargs" in capsys.readouterr().err
 
 
 def test_eval_takes_the_run_its_checkpoints_folder_or_one_checkpoint(run_dir, capsys):

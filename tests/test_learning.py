@@ -232,13 +232,14 @@ def test_brax_inverted_pendulum_learns():
                 key=k,
             ),
             steps=300_000,
-            n_seeds=4,
+            n_seeds=8,
             n_envs=128,
             lr=1e-3,
             eval_len=1000,
         )
-    # A random policy balances for about 5-10 steps (return < 20); 1000 is optimal.
-    _assert_learned(_finals(result), median=200.0, low=100.0)
+    # A random policy balances for about 5-10 steps (return < 20); 1000 is
+    # optimal. 32 seeds ended between 110 and 1000, 5 of them below 200.
+    _assert_learned(_finals(result), median=150.0, low=60.0)
 
 
 @pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
@@ -259,11 +260,13 @@ def test_gymnax_cartpole_discrete_actions_learn():
         steps=100_000,
         rollout_length=32,
         eval_len=500,
+        n_seeds=16,
     )
     # Random play balances ~20 steps; 500 is the cap. At this aggressive step
-    # size the seeds still oscillate (16 seeds: final median 500, lower
-    # quartile ~190, worst 150), so only the median and a low bar are claimed.
-    _assert_learned(_finals(result), median=200.0, low=100.0)
+    # size the seeds still oscillate: over 64 seeds 6 ended below 100 (worst
+    # 51) and 16 below 200, so 16 seeds claim only a median and a low bar
+    # well clear of random play.
+    _assert_learned(_finals(result), median=150.0, low=40.0)
 
 
 @pytest.mark.slow  # about 70 s

@@ -15,6 +15,7 @@ from eqx_ppo.distill import (
     DistillationTrainConfig,
     train_distillation,
 )
+from tests._helpers import assert_ulp_close
 
 ENV = eqx_ppo.envs.make("move_to_center")
 
@@ -79,6 +80,9 @@ def test_one_key_is_split_over_seeds():
     # seed 0 of the batch is the run with the first split key (to rounding:
     # the vmapped program is another program)
     assert seeds.steps[0] == first.training_state.steps
+    assert_ulp_close(
+        eqx_ppo.select_seed(seeds.network, 0), first.training_state.network
+    )
     assert same(
         jax.random.key_data(eqx_ppo.select_seed(seeds.key, 0)),
         jax.random.key_data(first.training_state.key),
