@@ -160,6 +160,9 @@ def test_advantages_are_logged_as_the_surrogate_weighs_them_and_eval_has_a_rate(
         assert m["total_steps"] == step
         np.testing.assert_allclose(m["losses/advantages/mean"], 0.0, atol=1e-6)
         np.testing.assert_allclose(m["losses/advantages/std"], 1.0, rtol=1e-4)
+        # Before normalisation they keep the reward's scale.
+        assert m["losses/raw_advantages/std"] > 0.1
+        assert m["losses/raw_advantages/mean"] != m["losses/advantages/mean"]
     assert [s for s, m in logged if "throughput/eval_sps" in m] == [0, 160]
     assert all(m.get("throughput/eval_sps", 1) > 0 for _, m in logged)
 

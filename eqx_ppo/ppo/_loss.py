@@ -279,6 +279,9 @@ def ppo_loss(
         metrics["losses/advantages"] = gather_envs(
             jax.tree.map(jax.lax.stop_gradient, policy_advantages), axis_name
         )
+        # Their scale before normalisation, per reward key: what shrinks to the
+        # critic's noise once every episode earns the same return.
+        metrics["losses/raw_advantages"] = gather_envs(advantages, axis_name)
         # From the plain squared error, not the loss: with `value_clip_range`
         # the loss is the clipped error, which is not the explained variance.
         metrics["losses/critic_R^2"] = jax.tree.map(
