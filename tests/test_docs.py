@@ -68,6 +68,7 @@ SLOW_PAGES = {
     "index.md",
     "guides/checkpointing.md",
     "guides/custom-layer.md",
+    "guides/custom-learner.md",
     "guides/distillation.md",
     "guides/environments.md",
     "guides/logging.md",
