@@ -59,3 +59,25 @@ def test_auto_reset_restarts_finished_envs():
     network, (last, steps) = run("fresh", SaveAt(transitions=("done",)))
     assert steps.transitions.done.sum() >= N  # every env finished once in 25 steps
     assert jnp.all(last.env_state.info["steps"] <= 20)
+
+
+@pytest.mark.parametrize("reset", ["cached", "fresh"])
+def test_finished_envs_restart_from_the_documented_start_states(reset):
+    _, (_, steps) = run(reset, SaveAt(transitions=("obs", "done")))
+    cache_key, _, fresh_key = jax.random.split(jax.random.key(1), 3)
+    cached = jax.vmap(ENV.reset)(env_keys(cache_key, N)).obs
+    fresh_keys = jax.random.split(fresh_key, T)
+    done, obs = steps.transitions.done, steps.transitions.obs
+    restarts = [(t, i) for t in range(T - 1) for i in range(N) if done[t, i]]
+    assert len(restarts) >= N  # every env restarted at least once
+    t0 = restarts[0][0]  # the two modes' start states differ there
+    assert not jnp.array_equal(
+        cached, jax.vmap(ENV.reset)(env_keys(fresh_keys[t0], N)).obs
+    )
+    for t, i in restarts:
+        if reset == "cached":
+            expected = cached[i]
+        else:
+            expected = jax.vmap(ENV.reset)(env_keys(fresh_keys[t], N)).obs[i]
+        # The step after a done starts from that start state.
+        assert jnp.array_equal(obs[t + 1, i], expected), (reset, t, i)
