@@ -549,8 +549,7 @@ def _drive(
 
     def run_eval(step: int) -> dict[str, Any]:
         network = local(state.network)
-        t0 = time.perf_counter()
-        with _CompileTimer() as compiling:
+        with _CompileTimer() as timer:
             if n_seeds == 1:
                 metrics = _evaluate(eval_env, network, evaluation_keys[0], config.eval)
             else:
@@ -558,11 +557,10 @@ def _drive(
                     lambda net, k: _evaluate(eval_env, net, k, config.eval)
                 )(network, evaluation_keys)
             metrics = _host(metrics, n_seeds)
-        elapsed = time.perf_counter() - t0 - compiling.seconds
         eval_history.append({"step": step, **metrics})
         if throughput:
             eval_steps = config.eval.n_envs * config.eval.max_episode_length
-            metrics["throughput/eval_sps"] = eval_steps * n_seeds / elapsed
+            metrics["throughput/eval_sps"] = eval_steps * n_seeds / timer.running
         if progress is not None:
             progress.set_postfix(eval_return=_mean(metrics["eval/episode_reward/mean"]))
         return metrics
@@ -578,14 +576,12 @@ def _drive(
         if main and due(video_every, it):
             network = local(state.network)
             video_key = jax.random.fold_in(evaluation_keys[0], step)
-            t0 = time.perf_counter()
-            with _CompileTimer() as compiling:
+            with _CompileTimer() as timer:
                 rendered = _record_video(
                     eval_env, network, config, video_fn, video_key, step
                 )
-            elapsed = time.perf_counter() - t0 - compiling.seconds
             if throughput and rendered:
-                metrics = {**metrics, "throughput/video_sps": rendered / elapsed}
+                metrics = {**metrics, "throughput/video_sps": rendered / timer.running}
         # Logged before it is checkpointed: a run killed in between, resumed
         # from that checkpoint, has logged every step up to it.
         if main and log_fn is not None and (metrics or it > 0):
@@ -606,11 +602,9 @@ def _drive(
             [total_iterations] + [(iteration // p + 1) * p for p in periods]
         )
         n_active = next_stop - iteration
-        t0 = time.perf_counter()
-        with _CompileTimer() as compiling:
+        with _CompileTimer() as timer:
             state, chunk_metrics = _run_chunk(static, state, jnp.asarray(n_active))
             chunk_metrics = jax.device_get(chunk_metrics)
-        elapsed = time.perf_counter() - t0 - compiling.seconds
         if iteration_config.check_finite:
             _raise_if_nonfinite(
                 chunk_metrics, iteration, n_active, n_seeds, iteration_config
@@ -624,7 +618,9 @@ def _drive(
             metrics = _host(chunk_metrics, n_seeds, index=i)
             metrics["total_steps"] = it * spi
             if throughput:
-                metrics["throughput/train_sps"] = n_active * spi * n_seeds / elapsed
+                metrics["throughput/train_sps"] = (
+                    n_active * spi * n_seeds / timer.running
+                )
             if i == n_active - 1:
                 metrics = host_events(it, metrics)
             elif main and log_fn is not None:
@@ -647,7 +643,8 @@ def _drive(
 
 class _CompileTimer:
     """The seconds JAX spends tracing, lowering and compiling while the
-    context is open (from `jax.monitoring`), so that the throughput of a
+    context is open (`seconds`, from `jax.monitoring`), and the wall time
+    left for running (`running`, once closed), so that the throughput of a
     chunk that compiled counts its running time only."""
 
     _EVENTS = (
@@ -659,6 +656,7 @@ class _CompileTimer:
     def __enter__(self) -> "_CompileTimer":
         self.seconds = 0.0
         jax.monitoring.register_event_duration_secs_listener(self._add)
+        self._start = time.perf_counter()
         return self
 
     def _add(self, event: str, duration: float, **kwargs: Any) -> None:
@@ -666,6 +664,7 @@ class _CompileTimer:
             self.seconds += duration
 
     def __exit__(self, *exc_info: Any) -> None:
+        self.running = time.perf_counter() - self._start - self.seconds
         jax.monitoring.unregister_event_duration_listener(self._add)
 
 
