@@ -57,6 +57,7 @@ from .nn._module import (
     State,
     StatefulModuleOutput,
     check_key,
+    tree_spec,
 )
 from .ppo._config import (
     DriverConfig,
@@ -208,10 +209,6 @@ def _marked(extras: Any) -> list[tuple[tuple, _SamplerExtras]]:
     return [(path, node) for path, node in flat if isinstance(node, _SamplerExtras)]
 
 
-def _describe(tree: Any) -> str:
-    return str(jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", tree))
-
-
 def _sampler_paths(
     teacher: AbstractStatefulModule, student: AbstractStatefulModule, obs: PyTree
 ) -> tuple[tuple[tuple, ...], tuple[tuple, ...]]:
@@ -219,8 +216,8 @@ def _sampler_paths(
     extras, matched in order; a clear error if the two cannot be matched."""
     teacher_out = _probe("teacher", teacher, obs)
     student_out = _probe("student", student, obs)
-    teacher_actions = _describe(teacher_out.output.actions)
-    student_actions = _describe(student_out.output.actions)
+    teacher_actions = tree_spec(teacher_out.output.actions)
+    student_actions = tree_spec(student_out.output.actions)
     if teacher_actions != student_actions:
         raise ValueError(
             "train_distillation: the teacher's and the student's actions differ.\n"
@@ -231,7 +228,7 @@ def _sampler_paths(
     student_marks = _marked(student_out.extras)
 
     def summary(marks):
-        return [(m.kind, _describe(m.value)) for _, m in marks]
+        return [(m.kind, tree_spec(m.value)) for _, m in marks]
 
     if summary(teacher_marks) != summary(student_marks):
         raise ValueError(
@@ -449,22 +446,18 @@ def _check_state(where: str, teacher: AbstractStatefulModule, state: Any) -> Non
             f"{where}(state=...): not a distillation state (its carry has no "
             "'student' and 'teacher' parts). Fix: build it with distill_init."
         )
-    got = jax.tree_util.tree_flatten_with_path(carry["teacher"])[0]
-    want = jax.tree_util.tree_flatten_with_path(
-        eqx.filter_eval_shape(teacher.initial_state)
-    )[0]
-    same = [jax.tree_util.keystr(p) for p, _ in got] == [
-        jax.tree_util.keystr(p) for p, _ in want
-    ] and all(
+    got = carry["teacher"]
+    want = eqx.filter_eval_shape(teacher.initial_state)
+    same = jax.tree.structure(got) == jax.tree.structure(want) and all(
         jnp.shape(x)[jnp.ndim(x) - len(w.shape) :] == w.shape
         and jnp.ndim(x) > len(w.shape)
-        for (_, x), (_, w) in zip(got, want, strict=True)
+        for x, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
     )
     if not same:
         raise ValueError(
             f"{where}(state=...): the state's teacher carries "
-            f"{_describe(carry['teacher'])} do not fit the teacher's (one env's) "
-            f"{_describe(eqx.filter_eval_shape(teacher.initial_state))}: a state "
+            f"{tree_spec(got)} do not fit the teacher's (one env's) "
+            f"{tree_spec(want)}: a state "
             "built with another teacher. Fix: pass the teacher the state was "
             "built with."
         )

@@ -452,6 +452,11 @@ def array_spec(x: Any) -> str:
     return type(x).__name__
 
 
+def tree_spec(tree: Any) -> str:
+    """`{'h': 'float32[8]'}`: `tree` with each array as its `array_spec`."""
+    return str(jax.tree.map(array_spec, tree))
+
+
 def checked_output(layer: Any, out: Any) -> StatefulModuleOutput:
     """`out`, the result of calling `layer` on one env, if it keeps the module
     contract; else an error naming the layer (at trace time), instead of an
@@ -646,16 +651,11 @@ def reset_where(
     if got != expected:
         raise ValueError(
             f"{type(module).__name__}.reset_state (or that of a layer inside "
-            "it) returned a carry of "
-            f"{_spec(got)}; the carry it resets is {_spec(expected)}. Fix: return "
-            "a carry of the same structure, shapes and dtypes (one env's, e.g. "
-            "initial_state())."
+            f"it) returned a carry of {tree_spec(got)}; the carry it resets is "
+            f"{tree_spec(expected)}. Fix: return a carry of the same structure, "
+            "shapes and dtypes (one env's, e.g. initial_state())."
         )
     return jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh, state)
-
-
-def _spec(tree: Any) -> str:
-    return str(jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", tree))
 
 
 def _batch_size(state: State, x: Any, extras: Any) -> int:
