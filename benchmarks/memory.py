@@ -8,8 +8,8 @@ Two parts, each written to its own results:
   `make_recurrent_actor_critic` (`lstm`, `gru`, and `lru`, `mingru` on both
   replay paths, the sequential scan and the associative scan, and once more
   with the recurrence itself removed, a floor for any replay of that cell;
-  the LRU also with half as many complex states, `lru@32`; and a
-  feed-forward MLP) at hidden size 64, the time of one PPO
+  the LRU also with twice its default complex states, one per unit,
+  `lru@64`; and a feed-forward MLP) at hidden size 64, the time of one PPO
   minibatch loss + gradient on a minibatch of 32 envs x `T` steps, `T` in
   16, 64, 256. The minibatch is a real rollout of the untrained network on
   `repeat_previous` (16-step episodes, so a `T = 256` sequence holds 16
@@ -64,7 +64,7 @@ REPLAY_NETWORKS = (
     "mingru:parallel",
     "lru:floor",
     "mingru:floor",
-    "lru@32",
+    "lru@64",
     "mlp",
 )
 REPLAY_ENV = "repeat_previous"
@@ -89,7 +89,7 @@ def make_network(
     linear recurrence may name its replay path, `"lru:scan"` or
     `"lru:parallel"` (`parallel_replay=False` / `True`; plain `"lru"` lets the
     layer pick by backend), and the LRU its number of complex states,
-    `"lru@32"` (`lru_state_size=32`; default `hidden`).
+    `"lru@64"` (`lru_state_size=64`; default `hidden / 2`).
 
     Discrete envs (`n_actions`) get categorical samplers, as `eqx_ppo.cli`
     builds them. A recurrent network is the cell of width `hidden` in each

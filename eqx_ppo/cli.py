@@ -21,6 +21,7 @@ from . import envs
 from .envs._registry import pinned_kwargs
 from .logging import JSONLLogger, LoggingLevel, replace_file
 from .nn import make_mlp_actor_critic, make_recurrent_actor_critic
+from .nn._factories import default_lru_state_size
 from .ppo import EvalConfig, PPOConfig, TrainConfig, select_seed, train_ppo
 
 DEFAULT_ENV = "move_to_center"
@@ -245,12 +246,18 @@ def build_network(run: dict[str, Any], env: Any, key: jax.Array):
     discrete = n_actions is not None
     action_size = n_actions if discrete else env.action_size
     if run["recurrent"]:
+        cell = run.get("cell", "lstm")
         return make_recurrent_actor_critic(
             obs_size,
             action_size,
             run["recurrent"],
             key=key,
-            cell=run.get("cell", "lstm"),
+            cell=cell,
+            # Runs from before it was saved used the LRU's then default, one
+            # complex state per unit.
+            lru_state_size=run.get("lru_state_size", run["recurrent"])
+            if cell == "lru"
+            else None,
             actor_hidden_sizes=run["hidden"],
             critic_hidden_sizes=run["hidden"],
             entropy_weight=run["entropy_weight"],
@@ -381,6 +388,10 @@ def _train(args: argparse.Namespace) -> int:
             "hidden": list(args.hidden),
             "recurrent": args.recurrent,
             "cell": args.cell,
+            # Saved, so that a later default cannot change this run's shapes.
+            "lru_state_size": default_lru_state_size(args.recurrent)
+            if args.cell == "lru" and args.recurrent
+            else None,
             "lr": args.lr,
             "entropy_weight": args.entropy_weight,
             "minibatches": args.minibatches,

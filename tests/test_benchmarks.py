@@ -238,7 +238,7 @@ def test_memory_kind_names_the_lru_state_size():
     from eqx_ppo import envs, nn
 
     env = envs.make("repeat_previous")
-    for kind, states in (("lru", 8), ("lru@3", 3), ("lru@3:parallel", 3)):
+    for kind, states in (("lru", 4), ("lru@3", 3), ("lru@3:parallel", 3)):
         net = make_network(kind, env, jax.random.key(0), 8, ())
         lrus = [
             m

@@ -478,8 +478,12 @@ def test_cell_picks_the_recurrent_layer(tmp_path, capsys):
 
     run = {"recurrent": 4, "cell": "lru", "hidden": [], "entropy_weight": 0.01}
     recall = envs.make("recall")
+    # A run.json from before the LRU's state size was saved: the then default.
     net = build_network(run, recall, jax.random.key(0))
     assert isinstance(net.layers[-1].action.layers[1], LRU)
+    assert net.layers[-1].action.layers[1].hidden_size == 4
+    net = build_network({**run, "lru_state_size": 2}, recall, jax.random.key(0))
+    assert net.layers[-1].action.layers[1].hidden_size == 2
     del run["cell"]  # a run.json from before --cell
     net = build_network(run, recall, jax.random.key(0))
     assert isinstance(net.layers[-1].action.layers[0], LSTM)
@@ -487,6 +491,19 @@ def test_cell_picks_the_recurrent_layer(tmp_path, capsys):
     assert main(["train", "--cell", "gru", "--out", str(out), "--no-progress"]) == 2
     assert "add --recurrent SIZE" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_an_lru_run_saves_its_state_size_and_evaluates(tmp_path, capsys):
+    # The saved size, not the factory's default of the day, shapes the
+    # network that eval and --resume rebuild.
+    out = tmp_path / "lru"
+    argv = ["train", "--out", str(out), "--env", "recall", "--recurrent", "5"]
+    argv += ["--cell", "lru", "--steps", "256", "--n-envs", "8", "--no-progress"]
+    assert main(argv) == 0
+    assert json.loads((out / "run.json").read_text())["lru_state_size"] == 3
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(out), "--n-envs", "2"]) == 0
+    assert "eval/episode_reward/mean" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

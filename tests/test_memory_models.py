@@ -111,10 +111,12 @@ def test_bad_cell_and_hidden_size_name_the_argument():
 def test_lru_state_size_sets_the_complex_states_and_keeps_the_output_width():
     key = jax.random.key(0)
     default = nn.make_recurrent_actor_critic(3, 2, HIDDEN, cell="lru", key=key)
-    half = nn.make_recurrent_actor_critic(
-        3, 2, HIDDEN, cell="lru", lru_state_size=HIDDEN // 2, key=key
+    full = nn.make_recurrent_actor_critic(
+        3, 2, HIDDEN, cell="lru", lru_state_size=HIDDEN, key=key
     )
-    for net, states in ((default, HIDDEN), (half, HIDDEN // 2)):
+    odd = nn.make_recurrent_actor_critic(3, 2, 5, cell="lru", key=key)
+    assert odd[-1].action.layers[1].hidden_size == 3  # 5 / 2, rounded up
+    for net, states in ((default, HIDDEN // 2), (full, HIDDEN)):
         for port in (net[-1].action, net[-1].value):
             lru = port.layers[1]
             assert isinstance(lru, nn.LRU)
@@ -125,7 +127,7 @@ def test_lru_state_size_sets_the_complex_states_and_keeps_the_output_width():
             )
         carry = net.initial_state()[1]["action"][1]
         assert [part.shape for part in carry] == [(states,), (states,)]
-    out = half(half.initial_state(), jnp.ones(3), key=jax.random.key(1))
+    out = full(full.initial_state(), jnp.ones(3), key=jax.random.key(1))
     assert out.output.actions.shape == (2,)
     with pytest.raises(ValueError, match=r"lru_state_size=4 .*cell='gru'"):
         nn.make_recurrent_actor_critic(

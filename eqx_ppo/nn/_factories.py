@@ -388,6 +388,12 @@ def make_mlp_actor_critic(
 _CELLS = ("lstm", "gru", "lru", "mingru")
 
 
+def default_lru_state_size(hidden_size: int) -> int:
+    """The LRU's complex states in a memory `hidden_size` wide: half, rounded
+    up, so its carry holds as many reals as the GRU's and MinGRU's."""
+    return -(-hidden_size // 2)
+
+
 def _cell(
     cell: str,
     features: int,
@@ -433,7 +439,9 @@ def _cell(
     if cell == "lru":
         recurrence: AbstractStatefulModule = LRU(
             hidden_size,
-            hidden_size if lru_state_size is None else lru_state_size,
+            default_lru_state_size(hidden_size)
+            if lru_state_size is None
+            else lru_state_size,
             key=cell_key,
             trainable_initial_state=trainable_initial_state,
             parallel_replay=parallel_replay,
@@ -482,8 +490,8 @@ def make_recurrent_actor_critic(
     - `cell="lstm"`: an [`eqx_ppo.nn.LSTM`][] of width `hidden_size`;
     - `cell="gru"`: an [`eqx_ppo.nn.GRU`][];
     - `cell="lru"`: `Dense(-> hidden_size, activation)` then an
-      [`eqx_ppo.nn.LRU`][] with `lru_state_size` (default `hidden_size`)
-      complex states and `hidden_size` outputs;
+      [`eqx_ppo.nn.LRU`][] with `lru_state_size` (default half of
+      `hidden_size`) complex states and `hidden_size` outputs;
     - `cell="mingru"`: `Dense(-> hidden_size, activation)` then a
       [`eqx_ppo.nn.MinGRU`][].
 
@@ -523,10 +531,10 @@ def make_recurrent_actor_critic(
       [`eqx_ppo.nn.LRU`][]): `None` picks by backend, `True` forces the
       associative scan, `False` the sequential scan of the elementwise update.
     - `lru_state_size`: the number of the LRU's complex states (the paper's
-      `N`); default `hidden_size`, so the carry holds `2 * hidden_size`
-      reals. `hidden_size // 2` gives it the GRU's and MinGRU's count of
-      reals and a faster replay (see the guide "Choosing a memory model");
-      its output stays `hidden_size` wide. Only with `cell="lru"`.
+      `N`); default `hidden_size / 2` (rounded up), so its carry holds as
+      many reals as the GRU's and MinGRU's. `hidden_size` doubles the state
+      and costs a slower replay (see the guide "Choosing a memory model");
+      the output stays `hidden_size` wide. Only with `cell="lru"`.
     """
     check_key("make_recurrent_actor_critic", key)
     if cell not in _CELLS:
