@@ -114,9 +114,10 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--name", default="dips_cartpole", help="results file stem")
     args = parser.parse_args(argv)
     started = machine()
-    publish("dips_cartpole", run(args.seeds), markdown, started)
+    publish(args.name, run(args.seeds), markdown, started)
 
 
 if __name__ == "__main__":

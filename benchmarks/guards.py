@@ -85,10 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="move_to_center")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--name", default=None, help="results file stem (default guards_<env>)"
+    )
     args = parser.parse_args(argv)
     started = machine()
     result = measure(Spec(env=args.env), args.reps)
-    publish(f"guards_{args.env}", result, markdown, started)
+    publish(args.name or f"guards_{args.env}", result, markdown, started)
 
 
 if __name__ == "__main__":

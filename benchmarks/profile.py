@@ -237,6 +237,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--n-envs", type=int, default=256)
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="results file stem (default profile_<env>_<policy>_<part>_<n>x<envs>)",
+    )
     args = parser.parse_args(argv)
     spec = Spec(
         env=args.env, policy=args.policy, n_envs=args.n_envs, n_seeds=args.seeds
@@ -244,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     started = machine()
     result = profile(spec, args.part, args.top)
     name = f"profile_{args.env}_{args.policy}_{args.part}_{args.seeds}x{args.n_envs}"
-    publish(name, result, markdown, started)
+    publish(args.name or name, result, markdown, started)
 
 
 if __name__ == "__main__":

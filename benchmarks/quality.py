@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=1_024_000)
     parser.add_argument("--reward-scaling", type=float, default=10.0)
     parser.add_argument("--variants", default="brax,default", help=", ".join(VARIANTS))
+    parser.add_argument(
+        "--name", default=None, help="results file stem (default quality_<env>)"
+    )
     args = parser.parse_args(argv)
     base = Spec(
         env=args.env,
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     started = machine()
     runs = run(base, args.variants.split(","), args.seeds)
     publish(
-        f"quality_{args.env}",
+        args.name or f"quality_{args.env}",
         {"spec": dataclasses.asdict(base), "runs": runs},
         markdown,
         started,

@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--flat-iters", type=int, default=2000)
     parser.add_argument("--flat-only", action="store_true")
     parser.add_argument("--no-flat", action="store_true")
+    parser.add_argument("--name", default="scaling", help="results file stem")
     args = parser.parse_args(argv)
     systems = args.systems.split(",")
     started = machine()
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         "points": points,
         "flatness": flatness,
     }
-    publish("scaling", result, markdown, started)
+    publish(args.name, result, markdown, started)
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -430,3 +430,20 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
     )
     assert run.returncode == 0, run.stderr
     assert "--override" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "script",
+    ["compare", "dips", "fusion", "guards", "layout", "memory", "multiseed"]
+    + ["profile", "quality", "scaling"],
+)
+def test_every_publishing_script_can_write_under_another_name(script, capsys):
+    # Rerunning a benchmark from a checkout must not have to overwrite the
+    # committed results it is compared with.
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{script}")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--name" in capsys.readouterr().out
