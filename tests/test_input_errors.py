@@ -1214,10 +1214,41 @@ class _WrongReset(nn.AbstractStatefulModule):
         return nn.StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
 
 
+class _GrowingCarry(nn.AbstractStatefulModule):
+    def initial_state(self):
+        return jnp.zeros(2)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        return nn.StatefulModuleOutput(
+            jnp.concatenate([state, x[:1]]), x, jnp.zeros(()), {}, None
+        )
+
+
+class _IntegerCounter(nn.AbstractStatefulModule):
+    def initial_state(self):
+        return {"count": jnp.zeros((), jnp.int32)}
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        count = {"count": state["count"] / 2}  # a float: the counter's dtype changes
+        return nn.StatefulModuleOutput(count, x, jnp.zeros(()), {}, None)
+
+
 @pytest.mark.parametrize(
     ("layer", "error", "match"),
     [
         (_PlainTuple(), TypeError, r"_PlainTuple\.__call__ returned tuple; a layer"),
+        (
+            _GrowingCarry(),
+            ValueError,
+            r"_GrowingCarry\.__call__ returned the next_state float32\[3\] for the "
+            r"carry float32\[2\]; a layer's carry must keep",
+        ),
+        (
+            _IntegerCounter(),
+            ValueError,
+            r"_IntegerCounter\.__call__ returned the next_state \{'count': "
+            r"'float32\[\]'\} for the carry \{'count': 'int32\[\]'\}",
+        ),
         (
             _VectorRegularization(),
             ValueError,

@@ -129,7 +129,9 @@ def _run_children(
     keys = route_keys(key, list(children.values()))
     outs = {
         name: checked_output(
-            child, child(state[name], inputs[name], extras[name], key=child_key)
+            child,
+            state[name],
+            child(state[name], inputs[name], extras[name], key=child_key),
         )
         for (name, child), child_key in zip(children.items(), keys, strict=True)
     }
@@ -253,7 +255,7 @@ class Sequential(AbstractReplayEnvs):
         outs = {}
         for i, (layer, layer_key) in enumerate(zip(self.layers, keys, strict=True)):
             outs[i] = checked_output(
-                layer, layer(state[i], x, extras[i], key=layer_key)
+                layer, state[i], layer(state[i], x, extras[i], key=layer_key)
             )
             x = outs[i].output
         return _gather(outs, x)

@@ -457,16 +457,31 @@ def tree_spec(tree: Any) -> str:
     return str(jax.tree.map(array_spec, tree))
 
 
-def checked_output(layer: Any, out: Any) -> StatefulModuleOutput:
-    """`out`, the result of calling `layer` on one env, if it keeps the module
-    contract; else an error naming the layer (at trace time), instead of an
-    attribute or broadcasting error in the container or loss that reads it."""
+def _carry_spec(tree: Any) -> Any:
+    """What a scan's carry must keep from step to step: the structure and each
+    leaf's shape and dtype (not its weak type)."""
+    return jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
+
+
+def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
+    """`out`, the result of calling `layer` on one env's carry `state`, if it
+    keeps the module contract; else an error naming the layer (at trace time),
+    instead of an attribute, broadcasting or scan-carry error in the container,
+    rollout or loss that reads it."""
     name = type(layer).__name__
     if not isinstance(out, StatefulModuleOutput):
         raise TypeError(
             f"{name}.__call__ returned {type(out).__name__}; a layer must return a "
             "StatefulModuleOutput(next_state, output, regularization_loss, "
             "metrics, extras)."
+        )
+    if _carry_spec(out.next_state) != _carry_spec(state):
+        raise ValueError(
+            f"{name}.__call__ returned the next_state {tree_spec(out.next_state)} "
+            f"for the carry {tree_spec(state)}; a layer's carry must keep the "
+            "structure, shapes and dtypes its initial_state gives, step after "
+            "step, so that the rollout can scan it. Fix: return a next_state "
+            "shaped like the state passed in."
         )
     if jnp.shape(out.regularization_loss) != ():
         raise ValueError(

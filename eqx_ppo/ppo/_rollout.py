@@ -83,7 +83,7 @@ def apply_network(
 ):
     """`network` vmapped over the leading env axis, one key per env."""
     return jax.vmap(
-        lambda s, o, e, k: checked_output(network, network(s, o, e, key=k))
+        lambda s, o, e, k: checked_output(network, s, network(s, o, e, key=k))
     )(state, obs, extras, keys)
 
 
