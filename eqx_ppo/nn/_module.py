@@ -459,8 +459,10 @@ def tree_spec(tree: Any) -> str:
 
 def _carry_spec(tree: Any) -> Any:
     """What a scan's carry must keep from step to step: the structure and each
-    leaf's shape and dtype (not its weak type)."""
-    return jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
+    leaf's shape and dtype (not its weak type), as `jax.ShapeDtypeStruct`s."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree
+    )
 
 
 def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
@@ -475,10 +477,11 @@ def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
             "StatefulModuleOutput(next_state, output, regularization_loss, "
             "metrics, extras)."
         )
-    if _carry_spec(out.next_state) != _carry_spec(state):
+    got, expected = _carry_spec(out.next_state), _carry_spec(state)
+    if got != expected:
         raise ValueError(
-            f"{name}.__call__ returned the next_state {tree_spec(out.next_state)} "
-            f"for the carry {tree_spec(state)}; a layer's carry must keep the "
+            f"{name}.__call__ returned the next_state {tree_spec(got)} "
+            f"for the carry {tree_spec(expected)}; a layer's carry must keep the "
             "structure, shapes and dtypes its initial_state gives, step after "
             "step, so that the rollout can scan it. Fix: return a next_state "
             "shaped like the state passed in."
@@ -657,12 +660,7 @@ def reset_where(
 ) -> State:
     """One env's carry, reset if `done`: the rule the rollout and replay share."""
     fresh = module.reset_state(state)
-    got, expected = (
-        jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), t
-        )
-        for t in (fresh, state)
-    )
+    got, expected = _carry_spec(fresh), _carry_spec(state)
     if got != expected:
         raise ValueError(
             f"{type(module).__name__}.reset_state (or that of a layer inside "
