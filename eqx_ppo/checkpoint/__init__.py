@@ -43,12 +43,9 @@ of a state.
 **Layout of this package.** It knows no algorithm: `_files` writes and
 checks folders (atomic renames, retention, checksums), `_leaves` the leaves
 (specs, structure check, PRNG key data), `_codec` the configs in the header.
-Config classes register themselves with [`register_config`][], the
+Config classes register themselves with [`register_config`][], and the
 algorithm that owns a config registers how to build its template with
-[`register_template`][], and the owner of a state whose layout changed
-registers how older checkpoints load with
-[`register_migration`][eqx_ppo.register_migration]
-(`_migrations`).
+[`register_template`][].
 
 **Resuming.** The optimiser (learning rate, schedule, clipping) is rebuilt
 from the config passed to `train_ppo`, so resume with the saved config:
@@ -104,12 +101,10 @@ from ._leaves import (
     saved_structure,
     serialise,
 )
-from ._migrations import find_migration, register_migration as register_migration
 
-FORMAT_VERSION = 3
-"""The checkpoint layout version; bumped when the layout changes (2: the
-training state's carries are one `carry` field, distillation included; 3:
-layer coefficients such as `entropy_weight` are traced leaves)."""
+FORMAT_VERSION = 1
+"""The checkpoint layout version: 1 is what the first tagged release writes;
+a release that changes the layout bumps it (see CHANGELOG.md's policy)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,10 +376,6 @@ def load_checkpoint(
                 "`config=` if the change is intended."
             )
     template = _template(header, like, env, networks)
-    migration = find_migration(header.format_version, header.treedef)
-    if migration is not None:
-        template = migration.to_saved(template, header.treedef)
     check_structure(header.path, header.leaves, header.treedef, template)
     file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
-    state = deserialise(file, template, header.leaves)
-    return state if migration is None else migration.from_saved(state)
+    return deserialise(file, template, header.leaves)

@@ -1,7 +1,6 @@
 """The training engine: configs, rollout, GAE, learners, the pure `init` /
 `step` and the driver; PPO is its first learner."""
 
-from . import _legacy as _legacy
 from ._config import (
     DriverConfig as DriverConfig,
     EvalConfig as EvalConfig,
