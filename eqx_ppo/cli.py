@@ -111,18 +111,6 @@ class CLIError(Exception):
     """A mistake in the command line: printed as one line, exit status 2."""
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(s) for s in text.split(",") if s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated ints like 32,32; got {text!r}"
-        ) from None
-    if any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive; got {text!r}")
-    return sizes
-
-
 def _count(text: str) -> int:
     """A positive int flag (a number of steps, envs, seeds, ...)."""
     try:
@@ -155,6 +143,11 @@ def _env_kwargs(items: Sequence[str]) -> dict[str, Any]:
         except ValueError:
             kwargs[name] = value
     return kwargs
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """Comma-separated layer sizes, `32,32`."""
+    return tuple(_count(size) for size in text.split(",") if size)
 
 
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):

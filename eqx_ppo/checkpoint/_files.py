@@ -95,11 +95,9 @@ def read_header_json(folder: pathlib.Path) -> dict[str, Any]:
     (a file that passes it ends in a field, so it is an object or no JSON)."""
     file = folder / HEADER
     try:
-        data = file.read_bytes()
+        data = file.read_bytes()  # another OSError names the file itself
     except FileNotFoundError:
         raise removed_while_reading(folder) from None
-    except OSError as e:
-        raise CheckpointError(f"{file} cannot be read ({e}).") from e
     if data != _sealed(data.rpartition(_SEAL)[0]):
         raise CheckpointError(
             f"{file} does not match its own checksum (field `{HEADER_SHA256}`): "
