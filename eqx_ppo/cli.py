@@ -39,9 +39,9 @@ EVAL_ENVS = 32
 default, `eqx-ppo eval`'s."""
 
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    # At the flags' defaults it ended at 137 of 500. With these, 12 of 12
-    # seeds ended at 500; advantage normalisation on let a converged seed fall
-    # (the FAQ's "Why did my run collapse?").
+    # The flags' defaults do not solve it, and with advantage normalisation
+    # a solved seed can fall (the FAQ's "Why did my run collapse?"); the
+    # getting-started guide gives the measurements.
     "gymnax:CartPole-v1": {
         "--steps": 500_000,
         "--lr": 3e-3,
