@@ -12,7 +12,6 @@ from .checkpoint import (
     make_checkpoint_fn as make_checkpoint_fn,
     read_header as read_header,
     register_config as register_config,
-    register_migration as register_migration,
     register_template as register_template,
     save_checkpoint as save_checkpoint,
 )

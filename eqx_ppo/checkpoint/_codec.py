@@ -83,13 +83,13 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return _encode(config, type(config).__name__)
 
 
-def _encode(value: Any, where: str) -> Any:
+def _encode(value: Any, path: str) -> Any:
     kind = type(value).__name__
     if _TYPES.get(kind) is type(value) and dataclasses.is_dataclass(value):
         out: dict[str, Any] = {"_type": kind}
         for field in dataclasses.fields(value):
             out[field.name] = _encode(
-                getattr(value, field.name), f"{where}.{field.name}"
+                getattr(value, field.name), f"{path}.{field.name}"
             )
         return out
     if isinstance(value, enum.Flag) and _TYPES.get(kind) is type(value):
@@ -97,7 +97,7 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, jax.Array | np.ndarray | np.generic):
         if np.ndim(value) != 0 or isinstance(value, jax.core.Tracer):
             raise TypeError(
-                f"config_to_dict: {where} is an array of shape {np.shape(value)}; "
+                f"config_to_dict: {path} is an array of shape {np.shape(value)}; "
                 "only concrete scalars can be saved (save one config per vmapped "
                 "value)."
             )
@@ -105,16 +105,16 @@ def _encode(value: Any, where: str) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, tuple | list):
-        return [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         if "_type" in value:
             raise TypeError(
-                f'config_to_dict: {where} has a key "_type", which the header '
+                f'config_to_dict: {path} has a key "_type", which the header '
                 "reserves to tag configs; rename the key."
             )
-        return {k: _encode(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {k: _encode(v, f"{path}[{k!r}]") for k, v in value.items()}
     raise TypeError(
-        f"config_to_dict: {where} = {value!r} ({type(value).__name__}) is not "
+        f"config_to_dict: {path} = {value!r} ({type(value).__name__}) is not "
         "JSON-serialisable; use numbers, strings, lists and str-keyed dicts."
     )
 
@@ -138,44 +138,44 @@ def config_from_dict(data: dict[str, Any]) -> Any:
     return _decode(data, "config")
 
 
-def _decode(value: Any, where: str) -> Any:
+def _decode(value: Any, path: str) -> Any:
     if isinstance(value, list):
-        return tuple(_decode(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_decode(v, f"{path}[{i}]") for i, v in enumerate(value))
     if not isinstance(value, dict):
         return value
     kind = value.get("_type")
     if kind is None:
-        return {k: _decode(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {k: _decode(v, f"{path}[{k!r}]") for k, v in value.items()}
     cls = _TYPES.get(kind)
     if cls is None:
-        raise CheckpointError(f"{where}: unknown config type {kind!r}.")
+        raise CheckpointError(f"{path}: unknown config type {kind!r}.")
     if issubclass(cls, enum.Flag):
         flags = cls(0)
         for name in value.get("flags", ()):
             if name not in cls.__members__:
                 raise CheckpointError(
-                    f"{where}: unknown {kind} flag {name!r}; known flags: "
+                    f"{path}: unknown {kind} flag {name!r}; known flags: "
                     f"{sorted(cls.__members__)}."
                 )
             flags |= cls[name]
         return flags
-    fields = {k: _decode(v, f"{where}.{k}") for k, v in value.items() if k != "_type"}
+    fields = {k: _decode(v, f"{path}.{k}") for k, v in value.items() if k != "_type"}
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise CheckpointError(
-            f"{where}: the saved {kind} has fields {unknown} this version of "
+            f"{path}: the saved {kind} has fields {unknown} this version of "
             "eqx_ppo does not know; it was written by a newer version."
         )
     for name, field_value in fields.items():
         if isinstance(field_value, dict) and _is_config_field(known[name]):
             raise CheckpointError(
-                f'{where}.{name}: a sub-config saved without its "_type".'
+                f'{path}.{name}: a sub-config saved without its "_type".'
             )
     try:
         return cls(**fields)
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: the saved {kind} is invalid: {e}") from e
+        raise CheckpointError(f"{path}: the saved {kind} is invalid: {e}") from e
 
 
 def _is_config_field(field: dataclasses.Field) -> bool:
@@ -183,7 +183,7 @@ def _is_config_field(field: dataclasses.Field) -> bool:
     return factory is not dataclasses.MISSING and type(factory()).__name__ in _TYPES
 
 
-def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
+def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:
     """The fields of `given` that differ from `saved` and may not change on resume.
 
     Walks registered configs field by field, skipping each config's
@@ -191,7 +191,7 @@ def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
     """
     if type(saved) is not type(given):
         return [
-            f"{where or 'config '}type: saved {type(saved).__name__}, given "
+            f"{prefix or 'config '}type: saved {type(saved).__name__}, given "
             f"{type(given).__name__}"
         ]
     free_on_resume = getattr(saved, "free_on_resume", None)
@@ -201,7 +201,7 @@ def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
         if field.name in free:
             continue
         old, new = getattr(saved, field.name), getattr(given, field.name)
-        path = f"{where}{field.name}"
+        path = f"{prefix}{field.name}"
         if dataclasses.is_dataclass(old) and type(old).__name__ in _TYPES:
             diffs += config_differences(old, new, f"{path}.")
         elif _encode(old, path) != _encode(new, path):
@@ -211,7 +211,7 @@ def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
     return diffs
 
 
-def _shown(value: Any, where: str) -> str:
+def _shown(value: Any, path: str) -> str:
     """A config value as a difference message shows it: a float32 coefficient
     by its shortest float32 repr (`0.001`, not `0.0010000000474974513`)."""
     if (
@@ -219,4 +219,4 @@ def _shown(value: Any, where: str) -> str:
         and value.dtype == np.float32
     ):
         return np.format_float_positional(np.float32(value), unique=True, trim="-")
-    return repr(_encode(value, where))
+    return repr(_encode(value, path))
