@@ -21,7 +21,8 @@ class FixedPoints(NamedTuple):
     - `states`: the carries `h` with `step(h, x) = h`, stacked: the layer's
         carry structure with a leading `[k]` axis (an LSTM's `(h, c)` as two
         `[k, hidden]` arrays).
-    - `residuals`: `[k]`, the largest `|step(h, x) - h|` over the carry.
+    - `residuals`: `[k]`, the largest `|step(h, x) - h|` over the carry,
+        divided by `1 + |h|` (the largest magnitude in the carry).
     - `eigenvalues`: `[k, dim]` complex, of the Jacobian of `h -> step(h, x)`
         at each point (the carry flattened, `dim` numbers), by decreasing
         modulus.
@@ -45,7 +46,7 @@ def fixed_points(
     key: PRNGKeyArray,
     tol: float = 1e-5,
     spread: float = 1.0,
-    min_distance: float = 1e-3,
+    min_distance: float = 1e-2,
     max_steps: int = 256,
 ) -> FixedPoints:
     """The fixed points of a recurrent layer held at the input `x`, with stability.
@@ -60,10 +61,13 @@ def fixed_points(
     of standard deviation `spread` on every number, Optimistix's
     Levenberg-Marquardt solver minimises `|F(h) - h|^2` (all starts in one
     `vmap`). A start counts as converged when its largest residual
-    `|F(h) - h|` is at most `tol` (float32 reaches about 1e-7 at carries of
-    order 1); starts stuck at a slow point are dropped. Converged points
-    closer than `min_distance` (largest coordinate difference) are one
-    point. At each point the Jacobian of `F` (`jax.jacfwd`) gives the
+    `|F(h) - h|` is at most `tol * (1 + |h|)`, with `|h|` the largest
+    magnitude in the carry (float32 reaches about 1e-7 at carries of order
+    1); starts stuck at a slow point are dropped. Converged points whose
+    largest coordinate difference is at most `min_distance * (1 + |h|)` are
+    one point: float32 places a point of a nearly marginal direction (an
+    LSTM cell state whose forget gate is close to 1) only to a fraction of
+    its size. At each point the Jacobian of `F` (`jax.jacfwd`) gives the
     eigenvalues of the linearised dynamics, computed with NumPy on the host
     (so on any backend); the point is stable when they all have modulus
     below 1.
@@ -138,7 +142,8 @@ def _solve(
     tol: float,
     max_steps: int,
 ) -> tuple[Float[Array, "starts dim"], Float[Array, " starts"]]:
-    """Every start's solution of `min |F(h) - h|^2` and its largest residual."""
+    """Every start's solution of `min |F(h) - h|^2` and its largest residual,
+    relative to `1 + |h|`."""
     optx = _optimistix()
     step = _flat_step(cell, x)
     solver = optx.LevenbergMarquardt(rtol=1e-2 * tol, atol=1e-2 * tol)
@@ -148,7 +153,7 @@ def _solve(
             lambda h, _: step(h) - h, solver, start, max_steps=max_steps, throw=False
         )
         h = solution.value
-        return h, jnp.max(jnp.abs(step(h) - h))
+        return h, jnp.max(jnp.abs(step(h) - h)) / (1 + jnp.max(jnp.abs(h)))
 
     return jax.vmap(solve)(starts)
 
@@ -164,15 +169,17 @@ def _distinct(
     solutions: np.ndarray, residuals: np.ndarray, tol: float, min_distance: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The converged solutions merged into distinct points (each the one with
-    the smallest residual among those within `min_distance`), their residuals
-    and how many solutions each took in, the largest count first."""
+    the smallest residual among those within `min_distance`, relative to
+    their size), their relative residuals and how many solutions each took
+    in, the largest count first."""
     converged = np.flatnonzero(residuals <= tol)
     converged = converged[np.argsort(residuals[converged], kind="stable")]
     points: list[int] = []
     counts: list[int] = []
     for i in converged:
         for j, p in enumerate(points):
-            if np.max(np.abs(solutions[i] - solutions[p])) < min_distance:
+            size = 1 + max(np.max(np.abs(solutions[i])), np.max(np.abs(solutions[p])))
+            if np.max(np.abs(solutions[i] - solutions[p])) <= min_distance * size:
                 counts[j] += 1
                 break
         else:
