@@ -103,29 +103,23 @@ def unit_importance(
     Multi-seed networks: `jax.vmap` it over the seeds,
     `eqx.filter_vmap(lambda net: unit_importance(env, net, where, ...))(nets)`.
     """
-    n_units = count_units(env, network, where, site, population)
-    masks = jnp.concatenate(
-        [jnp.zeros((1, n_units), jnp.bool_), jnp.eye(n_units, dtype=jnp.bool_)]
+    return _importance(
+        env, network, where, site, population, key, n_envs, max_episode_length
     )
-    returns = _lesioned_returns(
-        env, network, where, site, population, masks, key, n_envs, max_episode_length
-    )
-    return returns[0] - returns[1:]
 
 
 @eqx.filter_jit
-def _lesioned_returns(
+def _importance(
     env: Any,
     network: AbstractStatefulModule,
     where: Callable[[PyTree], Any],
     site: Literal["output", "carry"],
     population: str | None,
-    masks: Bool[Array, "lesions units"],
     key: PRNGKeyArray,
     n_envs: int,
     max_episode_length: int,
-) -> Float[Array, " lesions"]:
-    def mean_return(mask):
+) -> Float[Array, " units"]:
+    def mean_return(mask: Bool[Array, " units"]) -> Float[Array, ""]:
         lesioned = ablate(network, where, mask, site=site, population=population)
         metrics = eval_rollout(
             env,
@@ -136,4 +130,8 @@ def _lesioned_returns(
         )
         return metrics["eval/episode_reward/mean"]
 
-    return jax.vmap(mean_return)(masks)
+    n_units = count_units(env, network, where, site, population)
+    # The intact network first, then one unit lesioned per row.
+    masks = jnp.eye(n_units + 1, n_units, k=-1, dtype=jnp.bool_)
+    returns = jax.vmap(mean_return)(masks)
+    return returns[0] - returns[1:]
