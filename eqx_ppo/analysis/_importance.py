@@ -10,7 +10,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from ..nn._module import AbstractLayerWrapper, AbstractStatefulModule
 from ..ppo import eval_rollout
-from ._lesion import ablate, population_spec
+from ._lesion import ablate, n_units_of, population_spec
 
 _PROBE = "__unit_count_probe__"
 
@@ -63,14 +63,7 @@ def count_units(
     out = jax.eval_shape(
         lambda: probed(probed.initial_state(), obs, key=key),
     )
-    output = _find(out.metrics)
-    if not isinstance(output, jax.ShapeDtypeStruct) or not output.shape:
-        raise TypeError(
-            f"where=...: the selected {type(where(network)).__name__} outputs "
-            f"{output}, not a vector of units. Fix: select a layer whose output is "
-            "an array, or a graph's population with `population=`."
-        )
-    return output.shape[-1]
+    return n_units_of(where(network), site, _find(out.metrics))
 
 
 def unit_importance(

@@ -97,15 +97,7 @@ class Intervention(AbstractStatefulModule):
         return self._units_of_array(y)
 
     def _units_of_array(self, y: Any) -> Array:
-        if not eqx.is_array(y) or not y.shape:
-            raise TypeError(
-                f"Intervention(layer={type(self.layer).__name__}): the layer's "
-                f"{self.site} holds a {type(y).__name__} "
-                f"{jnp.shape(y) if eqx.is_array(y) else ''}, not an array of "
-                "units. Fix: select a layer whose output is an array, or a "
-                "graph's population with `population=`."
-            )
-        n = y.shape[-1]
+        n = n_units_of(self.layer, self.site, y)
         if self.units.dtype == jnp.bool_:
             if self.units.shape != (n,):
                 raise ValueError(
@@ -204,7 +196,7 @@ def ablate(
     - `network`: any network (or a tree holding one).
     - `where`: a function from `network` to the layer, as for `eqx.tree_at`,
         e.g. `lambda net: net.layers[1].action.layers[0]` for the actor LSTM
-        of [`eqx_ppo.make_lstm_actor_critic`][].
+        of [`eqx_ppo.nn.make_lstm_actor_critic`][].
     - `units`: the units to hold: unit indices, or a boolean mask over all
         the units.
     - `site`: `"output"` holds units of the layer's output, as the rest of
@@ -280,13 +272,6 @@ def _intervene(
     if units.size == 0:
         units = units.astype(jnp.int32)
     values = jnp.asarray(values, jnp.float32)
-    if units.ndim != 1 or not (
-        units.dtype == jnp.bool_ or jnp.issubdtype(units.dtype, jnp.integer)
-    ):
-        raise ValueError(
-            f"units={units.dtype}{list(units.shape)}: expected a 1-D array of unit "
-            "indices or a boolean mask over the units."
-        )
     if values.shape not in ((), units.shape):
         raise ValueError(
             f"values (or delta) of shape {values.shape} for units of shape "
@@ -314,6 +299,19 @@ def _intervene(
     else:
         wrapped = _intervene_population(target, population, units, values, mode)
     return eqx.tree_at(where, network, wrapped)
+
+
+def n_units_of(layer: AbstractStatefulModule, site: Site, y: Any) -> int:
+    """The number of units in `y`, what `layer` has at `site` (its last axis),
+    or an error if `y` is not an array of units."""
+    if not (eqx.is_array(y) or isinstance(y, jax.ShapeDtypeStruct)) or not y.shape:
+        raise TypeError(
+            f"where=...: the selected {type(layer).__name__}'s {site} is "
+            f"{jax.tree.map(jnp.shape, y)}, not an array of units. Fix: select a "
+            "layer whose output is an array, or a graph's population with "
+            "`population=`."
+        )
+    return y.shape[-1]
 
 
 def population_spec(graph: Any, population: str) -> Any:

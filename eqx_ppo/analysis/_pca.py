@@ -3,7 +3,7 @@
 from typing import NamedTuple
 
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 
 class PCA(NamedTuple):
@@ -29,8 +29,8 @@ class PCA(NamedTuple):
 
 
 def pca(
-    activations: Float[Array, "*batch units"],
-    dones: Bool[Array, "*batch"],
+    activations: Float[ArrayLike, "*batch units"],
+    dones: Bool[ArrayLike, "*batch"],
     n_components: int,
 ) -> PCA:
     """Principal component analysis of one layer's activity over the live steps.
@@ -43,14 +43,15 @@ def pca(
     so they match an SVD of those rows alone. Jittable with `n_components`
     static.
     """
+    activations = jnp.asarray(activations, jnp.float32)
     n_units = activations.shape[-1]
     if not 1 <= n_components <= n_units:
         raise ValueError(
             f"pca(n_components={n_components}): the activity has {n_units} units. "
             f"Fix: ask for 1 to {n_units} components."
         )
-    rows = activations.reshape(-1, n_units).astype(jnp.float32)
-    live = ~dones.reshape(-1, 1)
+    rows = activations.reshape(-1, n_units)
+    live = ~jnp.asarray(dones).reshape(-1, 1)
     n_live = jnp.sum(live).astype(jnp.float32)
     mean = jnp.sum(jnp.where(live, rows, 0.0), axis=0) / n_live
     # Masked rows become zeros, which add nothing to the covariance.
@@ -65,6 +66,6 @@ def pca(
     return PCA(
         components=components,
         explained_variance_ratio=variance[:n_components] / jnp.sum(variance),
-        projections=(activations.astype(jnp.float32) - mean) @ components.T,
+        projections=(activations - mean) @ components.T,
         mean=mean,
     )

@@ -35,7 +35,12 @@ def plot_importance(
     values = np.asarray(importance, np.float64)
     order = np.argsort(-values, kind="stable") if sort else np.arange(len(values))
     ax.bar(np.arange(len(values)), values[order], color="C0")
-    ax.set_xticks(np.arange(len(values)), [str(i) for i in order], fontsize="small")
+    ax.set_xticks(
+        np.arange(len(values)),
+        [str(i) for i in order],
+        fontsize="small",
+        rotation=90 if len(values) > 8 else 0,
+    )
     ax.axhline(0.0, color="k", lw=0.8)
     ax.set(xlabel="unit", ylabel="drop in return when ablated")
     return ax
