@@ -1,6 +1,6 @@
 """eqx_ppo: PPO for stateful and recurrent policies in JAX, written with Equinox."""
 
-from . import envs as envs, graph as graph, nn as nn
+from . import analysis as analysis, envs as envs, graph as graph, nn as nn
 from .checkpoint import (
     CheckpointError as CheckpointError,
     CheckpointHeader as CheckpointHeader,
