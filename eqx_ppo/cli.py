@@ -30,7 +30,7 @@ from .envs._registry import pinned_kwargs
 from .logging import JSONLLogger, LoggingLevel, replace_file
 from .nn import make_mlp_actor_critic, make_recurrent_actor_critic
 from .nn._factories import default_lru_state_size
-from .ppo import EvalConfig, PPOConfig, TrainConfig, select_seed, train_ppo
+from .ppo import PPO, EvalConfig, TrainConfig, select_seed, train
 
 DEFAULT_ENV = "move_to_center"
 
@@ -363,7 +363,7 @@ def _eval_every(run: dict[str, Any]) -> int:
 def train_config(run: dict[str, Any], progress: bool) -> TrainConfig:
     """The `TrainConfig` a run's `run.json` describes."""
     return TrainConfig(
-        ppo=PPOConfig(
+        learner=PPO(
             n_envs=run["n_envs"],
             rollout_length=run["rollout_length"],
             total_steps=run["steps"],
@@ -561,7 +561,7 @@ def _train(args: argparse.Namespace) -> int:
                 )
             ) from e
         logged = read_header(latest).step
-    ppo = config.ppo
+    ppo = config.learner
     total = ppo.n_iterations * ppo.steps_per_iteration
     if logged >= total:
         print(
@@ -626,7 +626,7 @@ def _run(out, run, env, networks, config, initial_state, logged, resuming) -> in
             eval_log(evals, step)
 
     try:
-        result = train_ppo(
+        result = train(
             env,
             networks,
             config,

@@ -295,6 +295,13 @@ class Distillation(AbstractLearner):
         _check_teacher(self.teacher)
 
     def acting(self, network: Module, obs: PyTree[Array]) -> Module:
+        if not isinstance(self.teacher, AbstractStatefulModule):
+            raise TypeError(
+                "Distillation(teacher=...): this learner was read from a checkpoint "
+                "header, which keeps only the teacher's fingerprint. Fix: build "
+                "TrainConfig(learner=Distillation(teacher, ...)) with the teacher "
+                "and pass it to load_checkpoint(config=...) and train."
+            )
         paths = _sampler_paths(self.teacher, network, _single_env(obs))
         return _StudentWithTeacher(network, self.teacher, *paths)
 

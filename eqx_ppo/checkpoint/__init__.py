@@ -12,8 +12,8 @@ A checkpoint is one folder `step_<step, 9 digits>/` holding
   pytree definition, which includes static fields such as layer sizes);
   last, `header_sha256`, the SHA-256 of the file's bytes before it.
 
-**What is saved.** Everything in a [`eqx_ppo.TrainingState`][] or
-[`eqx_ppo.DistillationState`][] that is an array: parameters, optimiser
+**What is saved.** Everything in a [`eqx_ppo.TrainingState`][] (of any
+learner) that is an array: parameters, optimiser
 state (the optimiser itself is rebuilt from the config, see below),
 normaliser statistics, network carries, env states, the key and the
 counters. Built-in envs, Brax and MuJoCo Playground keep their whole state
@@ -37,10 +37,10 @@ checked against its own checksum and then field by field, the state file
 against the size and checksum the header records, and a `step_*` folder
 against the step its header records.
 
-**Loading** needs a *template* with the state's structure: pass
-`like=lambda config: eqx_ppo.ppo.init_state(env, networks, config)` (or the
-shortcut `env=..., networks=...`); it is called with the saved config and
-evaluated for shapes only, so nothing is allocated. Loading checks the
+**Loading** needs a *template* with the state's structure: pass `env=...,
+networks=...` (the state [`eqx_ppo.train`][] would start from, built from the
+config for shapes only, so nothing is allocated) or `like=` (a template
+state, or a function `config -> state`). Loading checks the
 header, the versions, the structure against the template, and the file's
 size and checksum before reading, and either returns the whole state or
 raises a [`CheckpointError`][] that says what differs; it never returns part
@@ -54,12 +54,12 @@ algorithm that owns a config registers how to build its template with
 [`register_template`][].
 
 **Resuming.** The optimiser (learning rate, schedule, clipping) is rebuilt
-from the config passed to `train_ppo`, so resume with the saved config:
+from the config passed to `train`, so resume with the saved config:
 
 ```python
 config = eqx_ppo.read_header(path).config
 state = eqx_ppo.load_checkpoint(path, env=env, networks=networks)
-eqx_ppo.train_ppo(env, networks, config, initial_state=state)
+eqx_ppo.train(env, networks, config, initial_state=state)
 ```
 
 or pass your config as `load_checkpoint(..., config=config)` and it is
@@ -124,7 +124,7 @@ class CheckpointHeader:
     - `path`: the checkpoint folder.
     - `step`: the env step the state was saved at.
     - `config`: the saved configuration, rebuilt (`TrainConfig`,
-      `DistillationTrainConfig`, ...), or `None` if none was saved.
+      a distillation teacher as its fingerprint), or `None` if none was saved.
     - `metadata`: the JSON `metadata` given to `save_checkpoint`.
     - `library_version`, `format_version`: who wrote it.
     - `leaves`: one dict per leaf: `path`, and `shape` + `dtype` (arrays, with
@@ -165,9 +165,9 @@ def save_checkpoint(
     **Arguments:**
 
     - `directory`: the folder of checkpoints (created if missing).
-    - `state`: a `TrainingState` or `DistillationState` (or any pytree of
+    - `state`: a `TrainingState` (or any pytree of
       arrays), single- or multi-seed.
-    - `config`: the run's config (`TrainConfig`, `DistillationTrainConfig`),
+    - `config`: the run's config (a `TrainConfig`),
       saved as JSON; `None` to save none.
     - `step`: the env step, used in the folder name.
     - `keep`: keep only the newest `keep` checkpoints (by step); `None` keeps
@@ -229,12 +229,12 @@ def make_checkpoint_fn(
     keep: int | None = 3,
     metadata: dict[str, Any] | None = None,
 ) -> Callable[[Any, int], None]:
-    """A `checkpoint_fn` for `train_ppo` / `train_distillation` that saves every
-    call to `directory` with [`save_checkpoint`][], keeping the newest `keep`.
+    """A `checkpoint_fn` for [`eqx_ppo.train`][] that saves every call to
+    `directory` with [`save_checkpoint`][], keeping the newest `keep`.
 
     ```python
-    eqx_ppo.train_ppo(env, networks, config,
-                      checkpoint_fn=eqx_ppo.make_checkpoint_fn("run/ckpt", config))
+    eqx_ppo.train(env, networks, config,
+                  checkpoint_fn=eqx_ppo.make_checkpoint_fn("run/ckpt", config))
     ```
     """
 
@@ -337,7 +337,9 @@ def _check_versions(path: pathlib.Path, format_version: int, library: str) -> No
         )
 
 
-def _template(header: CheckpointHeader, like: Any, env: Any, networks: Any) -> Any:
+def _template(
+    header: CheckpointHeader, like: Any, env: Any, networks: Any, config: Any
+) -> Any:
     by_like = like is not None and env is None and networks is None
     if not by_like and (like is not None or env is None or networks is None):
         raise TypeError(
@@ -346,18 +348,21 @@ def _template(header: CheckpointHeader, like: Any, env: Any, networks: Any) -> A
         )
     if by_like and (not callable(like) or isinstance(like, eqx.Module)):
         return like
-    if header.config is None:
+    # The given config, when there is one: it may hold what the header keeps
+    # only a fingerprint of (a distillation teacher).
+    config = header.config if config is None else config
+    if config is None:
         raise CheckpointError(
             f"{header.path} saved no config, so the template cannot be built from "
             "it: pass a template state as `like=`."
         )
     if not by_like:
-        build = template_builder(header.config)
+        build = template_builder(config)
 
         def like(config):
             return build(config, env, networks)
 
-    return eqx.filter_eval_shape(like, header.config)
+    return eqx.filter_eval_shape(like, config)
 
 
 def load_checkpoint(
@@ -377,14 +382,16 @@ def load_checkpoint(
     - `like`: the template: a state with the saved structure (arrays or
       `jax.ShapeDtypeStruct`s), or a function `config -> state` called with the
       saved config under `eqx.filter_eval_shape`, e.g.
-      `lambda c: eqx_ppo.ppo.init_state(env, networks, c)` or
-      `lambda c: eqx_ppo.init_distillation_state(env, teacher, student, c)`.
-    - `env`, `networks`: instead of `like`, for PPO states: the template is
-      `init_state(env, networks, saved_config)`.
-    - `config`: optionally, the config you will resume with; a
+      `lambda c: eqx.filter_eval_shape(...)` of your own initial state.
+    - `env`, `networks`: instead of `like`: the template is the initial state
+      [`eqx_ppo.train`][] would build from them with the config (`config`,
+      else the saved one).
+    - `config`: optionally, the `TrainConfig` you will resume with; a
       [`CheckpointError`][] lists every field that differs from the saved one
       and would change the optimisation (logging fields may differ, and
-      `total_steps` may grow with a constant learning rate).
+      `total_steps` may grow with a constant learning rate). Required for a
+      distillation checkpoint, whose header keeps only a fingerprint of the
+      teacher (a different teacher is one of the differences).
 
     Raises [`CheckpointError`][] (a `ValueError`) if the checkpoint is
     incomplete, corrupted, of an incompatible version, or does not match the
@@ -401,7 +408,7 @@ def load_checkpoint(
                 + "\nFix: resume with read_header(path).config, or load without "
                 "`config=` if the change is intended."
             )
-    template = _template(header, like, env, networks)
+    template = _template(header, like, env, networks, config)
     check_structure(header.path, header.leaves, header.treedef, template)
     file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
     return deserialise(file, template, header.leaves)

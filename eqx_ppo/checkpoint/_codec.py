@@ -10,9 +10,12 @@ algorithm that owns the config with [`register_template`][].
 
 import dataclasses
 import enum
+import hashlib
+import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -67,9 +70,10 @@ def template_builder(config: Any) -> Callable[[Any, Any, Any], Any]:
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a registered config (`TrainConfig`,
-    `DistillationTrainConfig`, their sub-configs, ...), tagged with its class
-    name under `"_type"`; [`config_from_dict`][] inverts it.
+    """A JSON-ready dict of a registered config (`TrainConfig`, its learner and
+    sub-configs), tagged with its class name under `"_type"`;
+    [`config_from_dict`][] inverts it. A network inside (a distillation
+    teacher) is kept as its fingerprint, a `SavedPytree`.
 
     Coefficient arrays become floats (float32 values round-trip exactly);
     flag enums such as `LoggingLevel` become a list of flag names.
@@ -83,8 +87,30 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return _encode(config, type(config).__name__)
 
 
+class SavedPytree(NamedTuple):
+    """A network a config holds (a distillation teacher), as the header keeps
+    it: a SHA-256 fingerprint of its structure and arrays, enough to tell on
+    resume whether it is the same one, but not to rebuild it."""
+
+    sha256: str
+
+
+def _fingerprint(tree: Any) -> str:
+    digest = hashlib.sha256()
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    digest.update(re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)).encode())
+    for leaf in leaves:
+        if eqx.is_array(leaf):
+            array = np.asarray(leaf)
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
 def _encode(value: Any, path: str) -> Any:
     kind = type(value).__name__
+    if isinstance(value, SavedPytree):
+        return {"_type": "pytree", "sha256": value.sha256}
     if _TYPES.get(kind) is type(value) and dataclasses.is_dataclass(value):
         out: dict[str, Any] = {"_type": kind}
         for field in dataclasses.fields(value):
@@ -94,6 +120,8 @@ def _encode(value: Any, path: str) -> Any:
         return out
     if isinstance(value, enum.Flag) and _TYPES.get(kind) is type(value):
         return {"_type": kind, "flags": [f.name for f in value]}
+    if isinstance(value, eqx.Module):
+        return {"_type": "pytree", "sha256": _fingerprint(value)}
     if isinstance(value, jax.Array | np.ndarray | np.generic):
         if np.ndim(value) != 0 or isinstance(value, jax.core.Tracer):
             raise TypeError(
@@ -146,6 +174,8 @@ def _decode(value: Any, path: str) -> Any:
     kind = value.get("_type")
     if kind is None:
         return {k: _decode(v, f"{path}[{k!r}]") for k, v in value.items()}
+    if kind == "pytree":
+        return SavedPytree(str(value.get("sha256")))
     cls = _TYPES.get(kind)
     if cls is None:
         raise CheckpointError(f"{path}: unknown config type {kind!r}.")
