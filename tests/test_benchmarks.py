@@ -447,3 +447,104 @@ def test_every_publishing_script_can_write_under_another_name(script, capsys):
         module.main(["--help"])
     assert exit_info.value.code == 0
     assert "--name" in capsys.readouterr().out
+
+
+# ------------------------------------------------- backend-agnostic orchestration
+
+def test_results_are_named_after_the_backend():
+    from benchmarks._common import result_stem
+
+    assert result_stem("{backend}_compare_x", "tpu") == "tpu_compare_x"
+    assert result_stem("{backend}_compare_x", "cpu") == "cpu_compare_x"
+    # A CPU keeps the committed plain names; an accelerator never overwrites them.
+    assert result_stem("compare_x", "cpu") == "compare_x"
+    assert result_stem("compare_x", "gpu") == "gpu_compare_x"
+
+
+def test_publish_takes_the_backend_from_the_workers_result(tmp_path, monkeypatch):
+    import json
+
+    import benchmarks._common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    device = {"backend": "tpu", "device_kind": "TPU v5 lite", "device_count": 1}
+    started = {"jax": "0.10.2", "cpu_count": 13, "cpu": "AMD EPYC", "vector_isa": ""}
+
+    def render(result):
+        return common.hardware(result["machine"])
+
+    path = common.publish("{backend}_x", {"device": device}, render, started)
+    assert path == tmp_path / "tpu_x.md"
+    assert path.read_text() == "1 x TPU v5 lite (tpu), host: 13 cores of AMD EPYC ()"
+    saved = json.loads((tmp_path / "tpu_x.json").read_text())
+    assert saved["machine"]["device_kind"] == "TPU v5 lite"
+    assert saved["machine"]["jax"] == "0.10.2"
+
+
+def test_expected_backend_follows_jax_platforms(monkeypatch):
+    from benchmarks._common import expected_backend
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+    assert expected_backend() == "gpu"
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert expected_backend() == "tpu"
+
+
+_STUB_WORKER = """
+import json, os, sys
+session = json.loads(sys.argv[-1])
+print("noise from an import", flush=True)
+print(json.dumps({"event": "ready", "device": {"backend": "stub"}}), flush=True)
+for index, item in enumerate(session["items"]):
+    if item.get("crash"):
+        sys.stderr.write("segfault in " + item["name"])
+        sys.stderr.flush()
+        os._exit(3)
+    print(json.dumps({"index": index, "result": {"name": item["name"]}}), flush=True)
+"""
+
+
+def test_run_session_streams_results_and_outlives_a_crashed_worker():
+    from benchmarks._common import run_session
+
+    items = [{"name": "a"}, {"name": "b", "crash": True}, {"name": "c"}]
+    seen, ready = [], []
+    results = run_session(
+        items,
+        command=[sys.executable, "-c", _STUB_WORKER],
+        on_result=lambda i, r: seen.append(i),
+        on_ready=ready.append,
+    )
+    assert results[0] == {"name": "a", "device": {"backend": "stub"}}
+    assert "worker exited 3" in results[1]["error"]
+    assert "segfault in b" in results[1]["error"]
+    # a fresh worker ran the item after the crash
+    assert results[2] == {"name": "c", "device": {"backend": "stub"}}
+    assert seen == [0, 1, 2] and len(ready) == 2
+
+
+def test_serve_session_reports_errors_and_skips_past_the_deadline(capsys):
+    import json
+    import time
+
+    from benchmarks._common import serve_session
+
+    def run_item(item):
+        if item["fail"]:
+            raise ValueError("broken run")
+        return {"ok": item["n"]}
+
+    session = {
+        "deadline": time.time() + 60,
+        "items": [
+            {"fail": False, "n": 1},
+            {"fail": True, "n": 2},
+            {"fail": False, "n": 3, "estimate_s": 3600},
+        ],
+    }
+    serve_session(json.dumps(session), run_item)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["event"] == "ready" and lines[0]["device"]["backend"] == "cpu"
+    assert lines[1] == {"index": 0, "result": {"ok": 1}}
+    assert "ValueError: broken run" in lines[2]["result"]["error"]
+    assert lines[3]["result"]["skipped"] and "deadline" in lines[3]["result"]["error"]
