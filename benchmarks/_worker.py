@@ -551,7 +551,14 @@ class _Session:
         else:
             run = functools.partial(RUNNERS[spec.system], spec)
         t0 = time.perf_counter()
-        out = run()
+        if item.get("compile_events"):
+            from .compile_time import CompileEvents
+
+            with CompileEvents() as events:
+                out = run()
+            out["compile_events"] = events.records
+        else:
+            out = run()
         out["run_wall_s"] = time.perf_counter() - t0
         out["system"] = spec.system
         return out

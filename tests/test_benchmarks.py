@@ -435,7 +435,7 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
 @pytest.mark.parametrize(
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "memory", "multiseed"]
-    + ["profile", "quality", "scaling"],
+    + ["profile", "quality", "scaling", "compile_time"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):
     # Rerunning a benchmark from a checkout must not have to overwrite the
@@ -548,3 +548,50 @@ def test_serve_session_reports_errors_and_skips_past_the_deadline(capsys):
     assert lines[1] == {"index": 0, "result": {"ok": 1}}
     assert "ValueError: broken run" in lines[2]["result"]["error"]
     assert lines[3]["result"]["skipped"] and "deadline" in lines[3]["result"]["error"]
+
+
+def test_compile_events_are_attributed_to_programs_and_phases():
+    from benchmarks.compile_time import (
+        CompileEvents,
+        by_phase,
+        by_program,
+        summarise_run,
+    )
+
+    trace, lower, compile_ = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
+    records = [
+        [trace, "_run_chunk", 1.0, False],
+        [lower, "_run_chunk", 0.5, False],
+        [compile_, "_run_chunk", 8.0, False],
+        [trace, "_run_chunk", 1.0, False],
+        [trace, "_init_seed", 0.25, False],
+        [compile_, "_init_seed", 0.5, True],
+        [compile_, "squeeze", 0.125, False],
+        [trace, "squeeze", 0.0, False],
+        [trace, "squeeze", 0.0, False],
+    ]
+    programs = by_program(records)
+    assert programs["_run_chunk"]["trace_s"] == 2.0
+    assert programs["_run_chunk"]["traces"] == 2
+    assert programs["_init_seed"]["cache_hits"] == 1
+    phases = by_phase(programs)
+    assert set(phases) == {"chunk", "init", "eager ops"}
+    assert phases["chunk"]["compile_s"] == 8.0 and phases["chunk"]["programs"] == 1
+    summary = summarise_run({"compile_events": records, "compile_s": 12.0})
+    # an eager op traced per shape is not a program traced twice
+    assert summary["traced_twice"] == ["_run_chunk"]
+    assert summary["distinct_programs"] == 3
+    assert summary["total"]["compile_s"] == 8.625
+
+    # JAX's own events name the jitted function, cold and then from the cache
+    def double(x):
+        return 2 * x
+
+    with CompileEvents() as events:
+        jax.jit(double)(jnp.arange(3.0)).block_until_ready()
+    mine = by_program(events.records)["double"]
+    assert mine["traces"] == mine["lowerings"] == mine["compiles"] == 1
