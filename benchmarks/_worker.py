@@ -10,8 +10,9 @@ after another in one process (`_common.run_session`): on a TPU, opening the
 chip costs more than a run, and only one process can hold it. Each result is
 printed as its run ends.
 
-Every eqx_ppo training call of the benchmarks' runs is in this module, so
-a change of the training API changes this file.
+Every eqx_ppo training call of the benchmarks is in this module (the
+multi-seed CartPole of `seeds_at_scale` included), so a change of the
+training API changes this file.
 """
 
 import dataclasses
@@ -477,6 +478,198 @@ def run_rejax(spec: Spec) -> dict[str, Any]:
         params = {"actor": ts.actor_ts.params, "rms": ts.obs_rms_state}
         out["eval_return"] = evaluate(eqx_env(spec.env), act, params, (), spec)
     return out
+
+
+# --------------------------------------------------------- seeds at scale
+
+
+def seeds_env(name: str):
+    """`gymnax:CartPole-v1` (discrete, gymnax's 500-step limit) or the built-in
+    `cartpole` (gym's dynamics with a continuous force, 500 steps)."""
+    from eqx_ppo import envs
+
+    if name == "cartpole":
+        return envs.make("cartpole", episode_length=EPISODE_LENGTH["cartpole"])
+    return envs.make(name)
+
+
+def seeds_factory(env, settings: dict[str, Any]):
+    """`key -> network`: actor and critic MLPs of `settings["hidden"]`, no
+    observation normalisation (PureJaxRL's CartPole network)."""
+    import eqx_ppo
+
+    n_actions = getattr(env, "n_actions", None)
+
+    def make(key):
+        return eqx_ppo.make_mlp_actor_critic(
+            env.observation_size,
+            env.action_size if n_actions is None else n_actions,
+            list(settings["hidden"]),
+            list(settings["hidden"]),
+            key=key,
+            activation=settings["activation"],
+            discrete=n_actions is not None,
+            normalize_obs=False,
+            entropy_weight=settings["entropy_weight"],
+        )
+
+    return make
+
+
+def seeds_config(settings: dict[str, Any]):
+    """The multi-seed `TrainConfig` of `settings` (a `seeds_at_scale.Settings`
+    as a dict): `n_seeds` seeds in one program, no evaluation while training,
+    the run in `chunks` compiled chunks."""
+    import eqx_ppo
+
+    per_iteration = settings["n_envs"] * settings["rollout_length"]
+    iterations = -(-settings["steps"] // per_iteration)
+    chunk = -(-iterations // settings["chunks"])
+    return eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=settings["n_envs"],
+            rollout_length=settings["rollout_length"],
+            total_steps=iterations * per_iteration,
+            n_epochs=settings["n_epochs"],
+            n_minibatches=settings["n_minibatches"],
+            learning_rate=settings["learning_rate"],
+            lr_schedule=settings["lr_schedule"],
+            discounting_factor=settings["discount"],
+            gae_lambda=settings["gae_lambda"],
+            clip_range=settings["clip_range"],
+            critic_loss_weight=settings["critic_loss_weight"],
+            gradient_clipping=settings["gradient_clipping"],
+            normalize_advantages=settings["normalize_advantages"],
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        n_seeds=settings["n_seeds"],
+        seed=settings["seed"],
+        log_every_steps=chunk * per_iteration,
+        progress=False,
+    )
+
+
+def train_seeds(settings: dict[str, Any]) -> dict[str, Any]:
+    """Train `n_seeds` seeds in one program and score each seed's final policy.
+
+    `train_wall_s` is the `train_ppo` call, compilation included, up to the
+    trained state on the host side of the device; `eval_wall_s` the final
+    deterministic evaluation of every seed (one episode on each of
+    `eval_envs` envs, in one vmapped program), apart.
+    """
+    import equinox as eqx
+    import jax
+    import numpy as np
+
+    import eqx_ppo
+
+    env = seeds_env(settings["env"])
+    config = seeds_config(settings)
+    t0 = time.perf_counter()
+    result = eqx_ppo.train_ppo(env, seeds_factory(env, settings), config)
+    jax.block_until_ready(result.training_state)
+    train_wall = time.perf_counter() - t0
+
+    @eqx.filter_jit
+    def evaluate_all(networks, keys):
+        def one(network, key):
+            return eqx_ppo.eval_rollout(
+                env,
+                eqx.nn.inference_mode(network),
+                key,
+                n_envs=settings["eval_envs"],
+                max_episode_length=settings["episode_length"],
+            )["eval/episode_reward/mean"]
+
+        return eqx.filter_vmap(one)(networks, keys)
+
+    t1 = time.perf_counter()
+    keys = jax.random.split(
+        jax.random.key(settings["seed"] + 10**6), settings["n_seeds"]
+    )
+    returns = np.asarray(evaluate_all(result.training_state.network, keys))
+    return {
+        "train_wall_s": train_wall,
+        "eval_wall_s": time.perf_counter() - t1,
+        "steps_per_seed": result.total_steps,
+        "iterations": result.total_iterations,
+        "final_returns": returns.tolist(),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
+    """XLA's memory account of one compiled chunk of `n_seeds` seeds.
+
+    The program is `ppo_run` over a chunk's iterations, vmapped over seeds
+    (what the driver's chunk runs), compiled from the state's shapes alone:
+    nothing is allocated on the device. `peak_bytes` = arguments + outputs -
+    their aliases (the donated state) + scratch.
+    """
+    import equinox as eqx
+    import jax
+
+    import eqx_ppo
+
+    env = seeds_env(settings["env"])
+    config = seeds_config({**settings, "n_seeds": n_seeds})
+    make = seeds_factory(env, settings)
+    iterations = config.log_every_steps // config.ppo.steps_per_iteration
+
+    def init(key):
+        network_key, train_key = jax.random.split(key)
+        return eqx_ppo.ppo_init(env, make(network_key), config.ppo, key=train_key)
+
+    keys = jax.random.split(jax.random.key(0), n_seeds)
+    shapes = eqx.filter_eval_shape(eqx.filter_vmap(init), keys)
+    dynamic, static = eqx.partition(
+        shapes, lambda x: isinstance(x, jax.ShapeDtypeStruct)
+    )
+
+    def chunk(d):
+        states = eqx.combine(d, static)
+        return eqx.filter_vmap(
+            lambda s: eqx_ppo.ppo_run(env, config.ppo, s, iterations)
+        )(states)
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(chunk, donate_argnums=0).lower(dynamic).compile()
+    compile_s = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    out = {
+        "n_seeds": n_seeds,
+        "compile_s": compile_s,
+        "argument_bytes": m.argument_size_in_bytes,
+        "output_bytes": m.output_size_in_bytes,
+        "alias_bytes": m.alias_size_in_bytes,
+        "temp_bytes": m.temp_size_in_bytes,
+    }
+    out["peak_bytes"] = (
+        out["argument_bytes"]
+        + out["output_bytes"]
+        - out["alias_bytes"]
+        + out["temp_bytes"]
+    )
+    out["device_bytes"], out["device_bytes_source"] = device_memory()
+    return out
+
+
+def device_memory() -> tuple[int | None, str]:
+    """The memory one device can hold: its allocator's limit (TPU, GPU), or
+    on a CPU backend the host's RAM."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"]), "device allocator limit (memory_stats)"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024, "host RAM (MemTotal)"
+    except OSError:
+        pass
+    return None, "unknown"
 
 
 RUNNERS = {

@@ -435,7 +435,7 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
 @pytest.mark.parametrize(
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "memory", "multiseed"]
-    + ["profile", "quality", "scaling", "compile_time"],
+    + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):
     # Rerunning a benchmark from a checkout must not have to overwrite the
@@ -595,3 +595,16 @@ def test_compile_events_are_attributed_to_programs_and_phases():
         jax.jit(double)(jnp.arange(3.0)).block_until_ready()
     mine = by_program(events.records)["double"]
     assert mine["traces"] == mine["lowerings"] == mine["compiles"] == 1
+
+
+def test_seed_memory_fit_is_linear_in_the_seed_count():
+    from benchmarks.seeds_at_scale import fit_memory, memory_points
+
+    assert memory_points(2048) == (256, 1024)
+    points = [
+        {"n_seeds": 1024, "peak_bytes": 1000 + 1024 * 50, "device_bytes": 200_000},
+        {"n_seeds": 256, "peak_bytes": 1000 + 256 * 50},
+    ]
+    fit = fit_memory(points)
+    assert fit["per_seed_bytes"] == 50.0 and fit["fixed_bytes"] == 1000.0
+    assert fit["max_seeds"] == (200_000 - 1000) // 50
