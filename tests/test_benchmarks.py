@@ -608,3 +608,84 @@ def test_seed_memory_fit_is_linear_in_the_seed_count():
     fit = fit_memory(points)
     assert fit["per_seed_bytes"] == 50.0 and fit["fixed_bytes"] == 1000.0
     assert fit["max_seeds"] == (200_000 - 1000) // 50
+
+
+def _events_of_a_tpu_trace():
+    """A trace as a TPU backend writes it: ops on the device's "XLA Ops" line,
+    named in `args`; module and step events beside them; a host thread with an
+    event named like an op."""
+    meta = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "name": "process_name",
+         "args": {"name": "/device:TPU:0"}},
+        {"ph": "M", "pid": 2, "tid": 1, "name": "thread_name",
+         "args": {"name": "XLA Modules"}},
+        {"ph": "M", "pid": 2, "tid": 2, "name": "thread_name",
+         "args": {"name": "XLA Ops"}},
+        {"ph": "M", "pid": 2, "tid": 3, "name": "thread_name",
+         "args": {"name": "Framework Ops"}},
+    ]  # fmt: skip
+
+    def x(pid, tid, name, ts, dur, **args):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts,
+                "dur": dur, "args": args}  # fmt: skip
+
+    return meta + [
+        x(2, 1, "jit_f(7)", 0.0, 100.0),
+        x(2, 2, "%dot.7", 0.0, 30.0, hlo_module="jit_f(7)"),
+        x(2, 2, "fusion", 40.0, 20.0, hlo_op="multiply_fusion.2"),
+        x(2, 2, "add.5", 50.0, 10.0, hlo_module="jit_other"),
+        x(2, 3, "add.5", 0.0, 99.0),
+        x(1, 9, "dot.7", 0.0, 99.0),
+    ]
+
+
+def test_profile_reads_a_device_traces_op_line_only():
+    from benchmarks.profile import attribute
+
+    ops = _instructions(_HLO)
+    result = attribute(_events_of_a_tpu_trace(), ops, "jit_f", top=5)
+    assert result["per_op"]
+    # dot.7 and multiply_fusion.2, 3 traced calls; the other module's add.5,
+    # the framework op and the host event are not op executions
+    assert result["ops"] == round(2 / 3)
+    assert result["op_ms"] == pytest.approx((30.0 + 20.0) / 1e3 / 3)
+    assert [r["name"] for r in result["by_kind"]] == ["dot", "multiply_fusion"]
+    # [0, 30] and [40, 60] over a span of 60
+    assert result["busy_share"] == pytest.approx(50.0 / 60.0)
+
+
+def test_profile_without_per_op_events_says_so():
+    from benchmarks.profile import attribute
+
+    events = _events_of_a_tpu_trace()[:5] + [
+        {"ph": "X", "pid": 2, "tid": 1, "name": "jit_f(7)", "ts": 0, "dur": 5}
+    ]
+    result = attribute(events, _instructions(_HLO), "jit_f", top=5)
+    assert result == {
+        "per_op": False,
+        "trace_lines": [
+            "/device:TPU:0",
+            "/host:CPU",
+            "Framework Ops",
+            "XLA Modules",
+            "XLA Ops",
+        ],
+        "events": 6,
+    }
+    text = markdown(
+        {
+            "spec": {
+                "env": "e",
+                "policy": "mlp",
+                "n_seeds": 1,
+                "n_envs": 8,
+                "rollout_length": 20,
+            },  # fmt: skip
+            "part": "ppo_step",
+            "wall_ms": 3.0,
+            **result,
+        }
+    )
+    assert "The trace holds no per-op events of the program (6 events" in text
+    assert "no per-op table" in text
