@@ -5,6 +5,7 @@ time; these tests cover the parts whose breakage would silently corrupt the
 published numbers, on hand-made inputs and on a real compiled program.
 """
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -451,6 +452,43 @@ def test_every_publishing_script_can_write_under_another_name(script, capsys):
 
 # ------------------------------------------------- backend-agnostic orchestration
 
+_NO_JAX_IN_PARENTS = """
+import os, sys
+from benchmarks import (
+    _common, accelerator, compare, compile_time, memory, multiseed, profile,
+    quality, scaling, seeds_at_scale,
+)
+for platforms in ("", "tpu"):
+    os.environ["JAX_PLATFORMS"] = platforms
+    accelerator.main(["--dry-run", "--part", "all"])
+_common.machine()
+_common.versions()
+seeds_at_scale.items(seeds_at_scale.Settings())
+compile_time.plan(compile_time.default_spec("cartpole", True))
+loaded = sorted(m for m in sys.modules if m == "jax" or m.startswith("jax."))
+assert not loaded, loaded
+print("no jax")
+"""
+
+
+def test_orchestrators_never_import_jax():
+    # On a TPU only one process can hold the chip: a parent that imported JAX
+    # (and so could open it) made every worker fail with "libtpu lockfile".
+    root = pathlib.Path(__file__).parent.parent
+    run = subprocess.run(
+        [sys.executable, "-c", _NO_JAX_IN_PARENTS],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.rstrip().endswith("no jax")
+    # The TPU plan sizes its runs for the chip and says how long it takes.
+    assert "JAX should find 'tpu' here: accelerator sizes" in run.stdout
+    assert "compare_cartpole_2048_4x32: env steps per run: eqx " in run.stdout
+    assert "estimated: compare+lstm+multiseed" in run.stdout
+
+
 def test_results_are_named_after_the_backend():
     from benchmarks._common import result_stem
 
@@ -488,6 +526,102 @@ def test_expected_backend_follows_jax_platforms(monkeypatch):
     assert expected_backend() == "gpu"
     monkeypatch.setenv("JAX_PLATFORMS", "tpu")
     assert expected_backend() == "tpu"
+
+
+def test_rotation_moves_the_first_system_each_repetition():
+    from benchmarks.accelerator import rotation
+
+    assert rotation(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert rotation(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert rotation(["a", "b", "c"], 5) == ["c", "a", "b"]
+
+
+def test_session_items_pair_every_repetition_and_size_for_steady_work():
+    from benchmarks import accelerator
+    from benchmarks._common import Spec
+
+    sizes = accelerator.Sizes(accelerator=True)
+    settings = accelerator.settings(
+        ["compare", "lstm"], sizes, ["cartpole"], ["eqx", "brax", "rejax"]
+    )
+    assert [s.stem for s in settings] == [
+        "compare_cartpole_2048_4x32",
+        "compare_cartpole_8192_4x256",
+        "compare_inverted_pendulum_lstm",
+    ]
+    items = accelerator.session_items(settings, 3, sizes)
+    for setting in settings:
+        mine = [i for i in items if i["setting"] == setting.stem]
+        reps = [[i["label"] for i in mine if i["rep"] == r] for r in range(3)]
+        # every repetition runs each system once; the order rotates
+        assert all(sorted(r) == sorted(setting.variants) for r in reps)
+        assert len({tuple(r) for r in reps}) == min(3, len(setting.variants))
+        # only repetition 0 is scored by the evaluator (not at 8192 envs)
+        evaluated = {i["rep"] for i in mine if Spec.from_json(i["spec"]).evaluate}
+        assert evaluated == (set() if "8192" in setting.stem else {0})
+        assert {Spec.from_json(i["spec"]).seed for i in mine} == {0, 1, 2}
+    # no system compiles first in both compare settings
+    firsts = [items[0]["label"], items[9]["label"]]
+    assert firsts[0] != firsts[1]
+    # >= 5 s of steady work (all chunks but the first) for the fastest system,
+    # and for rejax, sized by its own throughput
+    small = settings[0].variants
+    rates = accelerator.RATES["cartpole", 2048, 32]
+    for label in ("eqx", "rejax"):
+        spec = small[label]
+        steady = spec.run_steps * (spec.n_chunks - 1) / spec.n_chunks
+        rate = max(rates.values()) if label == "eqx" else rates["rejax"]
+        assert 5.0 <= steady / rate < 6.5
+    assert small["eqx"].run_steps == small["brax"].run_steps > small["rejax"].run_steps
+    assert settings[1].variants["eqx"].hidden == (256,) * 4
+    assert settings[1].variants["eqx"].n_minibatches == 32
+    assert all(i["estimate_s"] > 0 for i in items)
+
+
+def test_accelerator_summary_pairs_runs_of_one_repetition():
+    from benchmarks._common import Spec
+    from benchmarks.accelerator import Setting, markdown, summarise
+
+    setting = Setting("s", "compare", "title", {"eqx": Spec(), "brax": Spec()})
+
+    def run(label, rep, sps, compile_s, **extra):
+        return dict(label=label, rep=rep, sps=sps, compile_s=compile_s, steps=100,
+                    train_wall_s=2.0, **extra)  # fmt: skip
+
+    runs = [
+        run("eqx", 0, 10.0, 30.0, eval_return=500.0),
+        run("brax", 0, 5.0, 20.0, eval_return=480.0),
+        run("brax", 1, 4.0, 3.0),
+        run("eqx", 1, 12.0, 1.0),
+        {"label": "eqx", "rep": 2, "error": "crashed"},
+        run("brax", 2, 8.0, 3.0),
+    ]
+    summary = summarise(setting, runs)
+    assert summary["paired_ratios"] == {"brax": [2.0, 3.0]}
+    eqx = summary["variants"]["eqx"]
+    assert eqx["compile_cold_s"] == [30.0] and eqx["compile_warm_s"] == [1.0]
+    assert eqx["eval_return"] == [500.0] and eqx["sps"] == [10.0, 12.0]
+    result = {
+        "title": "a setting",
+        "spec": dataclasses.asdict(Spec()),
+        "summary": summary,
+        "runs": runs,
+        "reps": 3,
+        "machine": {
+            "jax": "0.10.2",
+            "backend": "tpu",
+            "device_kind": "TPU v5 lite",
+            "cpu_count": 13,
+        },  # fmt: skip
+    }
+    text = markdown(result)
+    assert "| eqx_ppo | 11.0 [10.0, 12.0] | 30.0 | 1.00 | 500.0 |" in text
+    assert (
+        "eqx_ppo / Brax PPO: **2.50 [2.00, 3.00]** (per repetition: 2.00, 3.00)" in text
+    )
+    assert "compile + first chunk, cold, eqx_ppo / Brax PPO: 1.50" in text
+    assert "on 1 x TPU v5 lite (tpu)" in text
+    assert "rep 2 eqx_ppo: crashed" in text
 
 
 _STUB_WORKER = """
@@ -689,3 +823,22 @@ def test_profile_without_per_op_events_says_so():
     )
     assert "The trace holds no per-op events of the program (6 events" in text
     assert "no per-op table" in text
+
+
+@pytest.mark.slow  # a worker process that trains twice; about 30 s on 2 cores
+def test_accelerator_quick_compare_writes_cpu_results(tmp_path):
+    import json
+
+    root = pathlib.Path(__file__).parent.parent
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.accelerator", "--part", "compare",
+         "--quick", "--envs", "cartpole", "--systems", "eqx", "--scales", "small",
+         "--reps", "2", "--results", str(tmp_path)],
+        capture_output=True, text=True, cwd=root,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "cpu_compare_cartpole_32_4x8.json").read_text())
+    assert result["machine"]["backend"] == "cpu"
+    assert sorted(r["rep"] for r in result["runs"]) == [0, 1]
+    assert all(r["sps"] > 0 and r["label"] == "eqx" for r in result["runs"])
+    assert (tmp_path / "cpu_compare_cartpole_32_4x8.md").exists()
