@@ -570,12 +570,19 @@ class Command:
 
     def check_device(self, device: dict[str, Any]) -> None:
         """Stop if the workers compute elsewhere than planned: accelerator
-        sizes on a CPU would run for hours."""
-        self.backend = self.backend or device["backend"]
-        if self.sizes.accelerator and device["backend"] == "cpu":
+        sizes on a CPU would run for hours, toy sizes on an accelerator
+        measure nothing."""
+        backend = device["backend"]
+        self.backend = self.backend or backend
+        if self.sizes.accelerator and backend == "cpu":
             raise SystemExit(
                 f"the worker runs on a CPU, but '{self.planned}' was expected "
                 "(does another process hold the device?); use --quick on a CPU"
+            )
+        if not self.sizes.accelerator and not self.args.quick and backend != "cpu":
+            raise SystemExit(
+                f"the worker found a {backend}, but no accelerator was seen here "
+                f"(no libtpu or GPU plugin found): rerun with JAX_PLATFORMS={backend}"
             )
 
     def run_training(self) -> None:
@@ -706,7 +713,7 @@ def _log_run(item: dict[str, Any], run: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--part", default="all", help=f"{','.join(PARTS + EXTRA_PARTS)} or all"
@@ -730,7 +737,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--results", default=None, help="write results here")
     parser.add_argument("--dry-run", action="store_true", help="print the plan only")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.results:
         _common.RESULTS = Path(args.results).resolve()
         os.environ["EQX_PPO_BENCH_RESULTS"] = str(_common.RESULTS)

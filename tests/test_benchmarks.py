@@ -842,3 +842,21 @@ def test_accelerator_quick_compare_writes_cpu_results(tmp_path):
     assert sorted(r["rep"] for r in result["runs"]) == [0, 1]
     assert all(r["sps"] > 0 and r["label"] == "eqx" for r in result["runs"])
     assert (tmp_path / "cpu_compare_cartpole_32_4x8.md").exists()
+
+
+def test_the_command_stops_on_another_backend_than_planned(monkeypatch):
+    from benchmarks import accelerator
+
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    command = accelerator.Command(accelerator.parse_args(["--part", "compare"]))
+    assert command.sizes.accelerator
+    command.check_device({"backend": "tpu"})
+    # accelerator sizes on a CPU would run for hours
+    with pytest.raises(SystemExit, match="the worker runs on a CPU"):
+        command.check_device({"backend": "cpu"})
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    command = accelerator.Command(accelerator.parse_args(["--part", "compare"]))
+    with pytest.raises(SystemExit, match="rerun with JAX_PLATFORMS=tpu"):
+        command.check_device({"backend": "tpu"})
+    quick = accelerator.Command(accelerator.parse_args(["--quick"]))
+    quick.check_device({"backend": "tpu"})  # --quick: toy sizes anywhere
