@@ -117,7 +117,7 @@ def eqx_config(spec: Spec):
     else:
         evaluation = eqx_ppo.EvalConfig(enabled=False)
     return eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(**ppo_settings(spec), **spec.eqx_ppo_options),
+        learner=eqx_ppo.PPO(**ppo_settings(spec), **spec.eqx_ppo_options),
         eval=evaluation,
         seed=spec.seed,
         n_seeds=spec.n_seeds,
@@ -139,7 +139,7 @@ def run_eqx(spec: Spec, env: Any = None) -> dict[str, Any]:
     train_env = env
     if spec.reward_scaling != 1.0:
         train_env = eqx_ppo.envs.RewardScalingWrapper(env, spec.reward_scaling)
-    result = eqx_ppo.train_ppo(
+    result = eqx_ppo.train(
         train_env,
         functools.partial(eqx_network, spec, env),
         eqx_config(spec),
@@ -254,12 +254,12 @@ def run_nnx(spec: Spec) -> dict[str, Any]:
     timer = Boundaries(spec)
     network = nnx_network(spec, env.observation_size, env.action_size)
     config = nnx_config.TrainConfig(
-        ppo=nnx_config.PPOConfig(**ppo_settings(spec)),
+        learner=nnx_config.PPO(**ppo_settings(spec)),
         eval=nnx_config.EvalConfig(enabled=False),
         seed=spec.seed,
         checkpoint_every_steps=10**15,
     )
-    nnx_ppo.train_ppo(
+    nnx_ppo.train(
         env, network, config, log_fn=lambda metrics, step: timer.mark(int(step))
     )
     out = timer.summary()
@@ -291,7 +291,7 @@ def run_brax(spec: Spec) -> dict[str, Any]:
         raise ValueError("Brax PPO has no recurrent policy")
     install_brax_shim()
     import jax
-    from brax.training.agents.ppo import networks as brax_networks, train as brax_ppo
+    from brax.training.agents.learner import networks as brax_networks, train as brax_ppo
 
     env = raw_env(spec.env)
     if spec.env in PLAYGROUND:
@@ -526,7 +526,7 @@ def seeds_config(settings: dict[str, Any]):
     iterations = -(-settings["steps"] // per_iteration)
     chunk = -(-iterations // settings["chunks"])
     return eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=settings["n_envs"],
             rollout_length=settings["rollout_length"],
             total_steps=iterations * per_iteration,
@@ -552,7 +552,7 @@ def seeds_config(settings: dict[str, Any]):
 def train_seeds(settings: dict[str, Any]) -> dict[str, Any]:
     """Train `n_seeds` seeds in one program and score each seed's final policy.
 
-    `train_wall_s` is the `train_ppo` call, compilation included, up to the
+    `train_wall_s` is the `train` call, compilation included, up to the
     trained state on the host side of the device; `eval_wall_s` the final
     deterministic evaluation of every seed (one episode on each of
     `eval_envs` envs, in one vmapped program), apart.
@@ -566,7 +566,7 @@ def train_seeds(settings: dict[str, Any]) -> dict[str, Any]:
     env = seeds_env(settings["env"])
     config = seeds_config(settings)
     t0 = time.perf_counter()
-    result = eqx_ppo.train_ppo(env, seeds_factory(env, settings), config)
+    result = eqx_ppo.train(env, seeds_factory(env, settings), config)
     jax.block_until_ready(result.training_state)
     train_wall = time.perf_counter() - t0
 
@@ -601,8 +601,7 @@ def train_seeds(settings: dict[str, Any]) -> dict[str, Any]:
 def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
     """XLA's memory account of one compiled chunk of `n_seeds` seeds.
 
-    The program is `ppo_run` over a chunk's iterations, vmapped over seeds
-    (what the driver's chunk runs), compiled from the state's shapes alone:
+    The program is the driver's own chunk of iterations, vmapped over seeds, compiled from the state's shapes alone:
     nothing is allocated on the device. `peak_bytes` = arguments + outputs -
     their aliases (the donated state) + scratch.
     """
@@ -614,11 +613,11 @@ def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
     env = seeds_env(settings["env"])
     config = seeds_config({**settings, "n_seeds": n_seeds})
     make = seeds_factory(env, settings)
-    iterations = config.log_every_steps // config.ppo.steps_per_iteration
+    iterations = config.log_every_steps // config.learner.steps_per_iteration
 
     def init(key):
         network_key, train_key = jax.random.split(key)
-        return eqx_ppo.ppo_init(env, make(network_key), config.ppo, key=train_key)
+        return eqx_ppo.init(env, make(network_key), config.learner, key=train_key)
 
     keys = jax.random.split(jax.random.key(0), n_seeds)
     shapes = eqx.filter_eval_shape(eqx.filter_vmap(init), keys)
@@ -626,11 +625,15 @@ def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
         shapes, lambda x: isinstance(x, jax.ShapeDtypeStruct)
     )
 
+    from eqx_ppo.ppo._train import _Chunk, _seeds_chunk
+
+    program = _Chunk(
+        jax.tree_util.Partial(eqx_ppo.step, env, config.learner), iterations, None
+    )
+
     def chunk(d):
-        states = eqx.combine(d, static)
-        return eqx.filter_vmap(
-            lambda s: eqx_ppo.ppo_run(env, config.ppo, s, iterations)
-        )(states)
+        n_active = jax.numpy.asarray(iterations)
+        return _seeds_chunk(program, eqx.combine(d, static), n_active)
 
     t0 = time.perf_counter()
     compiled = jax.jit(chunk, donate_argnums=0).lower(dynamic).compile()
@@ -683,9 +686,9 @@ RUNNERS = {
 
 _SYSTEM_MODULES = {
     "eqx": ("eqx_ppo",),
-    "brax": ("brax.training.agents.ppo.train", "brax.envs"),
+    "brax": ("brax.training.agents.learner.train", "brax.envs"),
     "rejax": ("rejax", "gymnax"),
-    "nnx": ("nnx_ppo.algorithms.ppo",),
+    "nnx": ("nnx_ppo.algorithms.learner",),
 }
 
 

@@ -18,7 +18,7 @@ Parts (comma-separated, or `all`):
 - `memory`: the memory cells' replay (`benchmarks.memory --part replay`).
 - `compile`: where compile time goes, cold and warm (`benchmarks.compile_time`).
 - `seeds`: 2048 seeds of CartPole-v1 in one program (`benchmarks.seeds_at_scale`).
-- `profile`: the per-op profile of one `ppo_step` (`benchmarks.profile`).
+- `profile`: the per-op profile of one `step` (`benchmarks.profile`).
 - `fusion` (not in `all`): the fused actor-critic forms at one 5120-row
   minibatch of 4x256 MLPs (`benchmarks.fusion`).
 
@@ -330,7 +330,7 @@ PROFILE_ENV, PROFILE_N_ENVS = "inverted_pendulum", 2048
 
 
 def profile_command(sizes: Sizes) -> list[str]:
-    """One `ppo_step`'s per-op profile at the compare part's 2048-env setting."""
+    """One `step`'s per-op profile at the compare part's 2048-env setting."""
     n_envs = PROFILE_N_ENVS if sizes.accelerator else 32
     env = PROFILE_ENV if sizes.accelerator else "move_to_center"
     return [
@@ -339,7 +339,7 @@ def profile_command(sizes: Sizes) -> list[str]:
         "--env",
         env,
         "--part",
-        "ppo_step",
+        "step",
         "--n-envs",
         str(n_envs),
         "--name",

@@ -6,16 +6,16 @@ its own compiled program, with compile time excluded:
 - `env_only`: `rollout_length` steps of `n_envs` envs with random actions: the
   env's own speed, the upper bound of any trainer.
 - `rollout`: eqx_ppo's rollout (network forward, sampling, auto-reset).
-- `update`: `ppo_step` on a fixed rollout: the `n_epochs * n_minibatches`
+- `update`: `step` on a fixed rollout: the `n_epochs * n_minibatches`
   gradient steps (loss replay, GAE, Adam) and the statistics update.
-- `ppo_step`: one whole iteration (rollout + update + statistics), one
+- `step`: one whole iteration (rollout + update + statistics), one
   compiled call per iteration.
 
 All are reported as env-steps per second of training, i.e. `n_envs *
 rollout_length` divided by the time of one call, so they compare directly
-with the training throughput: `1/ppo_step ~ 1/rollout + 1/update`.
+with the training throughput: `1/step ~ 1/rollout + 1/update`.
 The update swaps `eqx_ppo.ppo._step.rollout` for the fixed rollout while
-`ppo_step` is traced, so it always times the engine's current update code.
+`step` is traced, so it always times the engine's current update code.
 """
 
 import sys
@@ -65,7 +65,7 @@ def time_calls(compiled, *args, repeats: int = 5, inner: int = 5) -> dict[str, f
 
 def rollout_step(env, config):
     """`state -> (carry, data)`: eqx_ppo's rollout from a training state, as
-    `ppo_step` runs it."""
+    `step` runs it."""
     from eqx_ppo.ppo._rollout import StepCarry, rollout
 
     def collect(state):
@@ -83,7 +83,7 @@ def rollout_step(env, config):
 
 
 def update_step(env, config):
-    """`(state, carry, data) -> ppo_step(...)` with the rollout replaced by the
+    """`(state, carry, data) -> step(...)` with the rollout replaced by the
     given `(carry, data)`: exactly the engine's update (and statistics step),
     however it changes."""
     from eqx_ppo.ppo import _step
@@ -92,7 +92,7 @@ def update_step(env, config):
         real = _step.rollout
         _step.rollout = lambda *args, **kwargs: (carry, data)
         try:
-            return _step.ppo_step(env, config, state)
+            return _step.step(env, config, state)
         finally:
             _step.rollout = real
 
@@ -106,14 +106,14 @@ def measure(spec: Spec) -> dict[str, Any]:
 
     import eqx_ppo
     from eqx_ppo.nn import trainable
-    from eqx_ppo.ppo._step import ppo_step
+    from eqx_ppo.ppo._step import step
 
     from ._worker import eqx_config, eqx_network
 
     env = eqx_env(spec.env)
-    config = eqx_config(spec).ppo
+    config = eqx_config(spec).learner
     network = eqx_network(spec, env, jax.random.key(spec.seed))
-    state = eqx.filter_jit(eqx_ppo.ppo_init)(
+    state = eqx.filter_jit(eqx_ppo.init)(
         env, network, config, key=jax.random.key(spec.seed + 1)
     )
     steps = spec.n_envs * spec.rollout_length
@@ -142,8 +142,8 @@ def measure(spec: Spec) -> dict[str, Any]:
 
     record("update", eqx.filter_jit(update_step(env, config)), state, carry, data)
 
-    step = eqx.filter_jit(lambda s: ppo_step(env, config, s))
-    record("ppo_step", step, state)
+    step = eqx.filter_jit(lambda s: step(env, config, s))
+    record("step", step, state)
     out["n_params"] = int(
         sum(
             jnp.size(x)

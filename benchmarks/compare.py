@@ -154,12 +154,12 @@ def markdown(result: dict[str, Any]) -> str:
             "Ceilings for eqx_ppo (each piece compiled alone, in env-steps/s of "
             "training):",
             "",
-            "| env only | rollout only | update only | one `ppo_step` call |",
+            "| env only | rollout only | update only | one `step` call |",
             "|---|---|---|---|",
             "| "
             + " | ".join(
                 f"{ceilings[k]['sps']:,.0f} ({ceilings[k]['ms']:.1f} ms)"
-                for k in ("env_only", "rollout", "update", "ppo_step")
+                for k in ("env_only", "rollout", "update", "step")
             )
             + " |",
         ]

@@ -2,7 +2,7 @@
 
     python -m benchmarks.compile_time [--env inverted_pendulum] [--quick]
 
-One `train_ppo` run of eqx_ppo (by default `inverted_pendulum`, 2048 envs,
+One `train` run of eqx_ppo (by default `inverted_pendulum`, 2048 envs,
 4x32 MLPs, 8 minibatches; `--quick`: tiny) and the same run of Brax PPO, in
 a fresh process with JAX's persistent compilation cache on (in a new empty
 folder; every program cached, however small or quick to compile), then all
@@ -243,7 +243,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"### Compile time: `{spec['env']}`, {spec['n_envs']} envs, "
         f"{len(hidden)}x{hidden[0]} MLPs",
         "",
-        f"One `train_ppo` run ({spec['n_minibatches']} minibatches, "
+        f"One `train` run ({spec['n_minibatches']} minibatches, "
         f"{spec['n_epochs']} epochs, rollout {spec['rollout_length']}, "
         f"{Spec.from_dict(spec).run_steps:,} steps in {spec['n_chunks']} chunks) "
         "in a fresh process with an empty persistent compilation cache (cold), "

@@ -36,7 +36,7 @@ def run(n_seeds: int, checkpoint_every: int = 102_400) -> dict:
     case = CASES["cartpole_side_by_side"]
     env = case.make_env()
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(total_steps=case.total_steps, **case.ppo),
+        learner=eqx_ppo.PPO(total_steps=case.total_steps, **case.learner),
         eval=eqx_ppo.EvalConfig(enabled=False),
         seed=0,
         n_seeds=n_seeds,
@@ -57,7 +57,7 @@ def run(n_seeds: int, checkpoint_every: int = 102_400) -> dict:
         return metrics["eval/episode_reward/mean"]
 
     with jax.numpy_dtype_promotion("standard"):
-        eqx_ppo.train_ppo(
+        eqx_ppo.train(
             envs.RewardScalingWrapper(env, case.reward_scaling),
             lambda k: case.network(env, k),
             config,
@@ -83,7 +83,7 @@ def run(n_seeds: int, checkpoint_every: int = 102_400) -> dict:
         "collapsed": collapsed,
         "reached_level": case.reached,
         "collapsed_level": case.collapsed,
-        "settings": case.ppo,
+        "settings": case.learner,
     }
 
 

@@ -18,7 +18,7 @@ minibatches of 256 envs x 20 steps), with the weights of
 
 All three are checked to give the same gradients; rounds alternate the forms,
 and each form's median is reported with its ratio to `separate`. If neither
-fused form is faster here, fusion cannot speed up the whole `ppo_step`, of
+fused form is faster here, fusion cannot speed up the whole `step`, of
 which these chains are a part.
 """
 

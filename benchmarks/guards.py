@@ -1,8 +1,8 @@
-"""What the stability guards cost: `ppo_step` time with each guard on and off.
+"""What the stability guards cost: `step` time with each guard on and off.
 
     python -m benchmarks.guards --env move_to_center [--reps 5]
 
-Compiles one `ppo_step` per variant (the old defaults, each guard alone, the
+Compiles one `step` per variant (the old defaults, each guard alone, the
 new defaults, and the optional guards), then times them in alternation,
 `--reps` rounds of `compile_and_time`'s median, so a drift of the machine's
 load hits every variant alike. Reports milliseconds per iteration and the
@@ -33,7 +33,7 @@ def measure(spec: Spec, reps: int) -> dict[str, Any]:
     import jax
 
     import eqx_ppo
-    from eqx_ppo.ppo._step import ppo_step
+    from eqx_ppo.ppo._step import step
 
     from ._worker import eqx_config, eqx_network
 
@@ -41,11 +41,11 @@ def measure(spec: Spec, reps: int) -> dict[str, Any]:
     network = eqx_network(spec, env, jax.random.key(spec.seed))
     steps = {}
     for name, options in VARIANTS.items():
-        config = eqx_config(dataclasses.replace(spec, eqx_ppo_options=options)).ppo
-        state = eqx.filter_jit(eqx_ppo.ppo_init)(
+        config = eqx_config(dataclasses.replace(spec, eqx_ppo_options=options)).learner
+        state = eqx.filter_jit(eqx_ppo.init)(
             env, network, config, key=jax.random.key(spec.seed + 1)
         )
-        step = eqx.filter_jit(lambda s, config=config: ppo_step(env, config, s))
+        step = eqx.filter_jit(lambda s, config=config: step(env, config, s))
         steps[name] = (compile_and_time(step, state)[0], state)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(reps):
@@ -73,7 +73,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"## Cost of the guards on `{spec['env']}` ({spec['n_envs']} envs x "
         f"{spec['rollout_length']} steps, {result['reps']} alternated rounds)",
         "",
-        "| variant | ppo_step ms (median) | ratio to old defaults |",
+        "| variant | step ms (median) | ratio to old defaults |",
         "|---|---|---|",
     ]
     for r in result["rows"]:

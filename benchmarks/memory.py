@@ -15,15 +15,15 @@ Two parts, each written to its own results:
   `repeat_previous` (16-step episodes, so a `T = 256` sequence holds 16
   episode resets), taken as one whole minibatch. The timed program is
   `jax.jit` of 16 updates in a `lax.scan`, each `eqx.filter_value_and_grad`
-  of `PPO(config).loss` and a small SGD step (so no update repeats the last),
+  of `PPO(...).loss` and a small SGD step (so no update repeats the last),
   compiled once (ahead of time) per cell and `T`; we report its time per
-  update. Sixteen updates in one program are what one `ppo_step` runs with
+  update. Sixteen updates in one program are what one `step` runs with
   `PPOConfig`'s default 4 epochs x 4 minibatches. Timing one gradient per
   call would also time the allocation of the program's scratch memory: glibc
   hands blocks over 32 MiB back to the OS when freed, so every call page-faults
   its buffers in again, which cost the LSTM at `T = 256` 27 ms of system time
   per 51 ms call on our 2-core machine, and the cells under 32 MiB nothing.
-  Training pays that once per `ppo_step`, not per minibatch. After a warm-up
+  Training pays that once per `step`, not per minibatch. After a warm-up
   call, every round
   times each (cell, `T`) once, in an order rotated per round, so machine noise
   hits all alike; we report the median over rounds and its ratio to the LSTM
@@ -181,7 +181,7 @@ def _without_recurrence(network):
 
 UPDATES_PER_CALL = 16
 """Gradient updates per timed call: `PPOConfig`'s default `n_epochs *
-n_minibatches`, the updates one `ppo_step` runs inside one compiled program."""
+n_minibatches`, the updates one `step` runs inside one compiled program."""
 
 
 def _replay_program(
@@ -195,7 +195,7 @@ def _replay_program(
     """A compiled run of `updates` minibatch loss + gradient + SGD updates, its
     arguments and its compile time.
 
-    The updates run in one program, as `ppo_step` runs its epochs and
+    The updates run in one program, as `step` runs its epochs and
     minibatches, so the program's scratch memory is allocated once per call,
     not once per gradient (see the module docstring).
     """
@@ -206,16 +206,15 @@ def _replay_program(
     import eqx_ppo
     from eqx_ppo import envs
     from eqx_ppo.nn import trainable
-    from eqx_ppo.ppo import PPO, rollout
     from eqx_ppo.ppo._learner import Minibatch
-    from eqx_ppo.ppo._rollout import StepCarry
+    from eqx_ppo.ppo._rollout import StepCarry, rollout
 
     env = envs.make(REPLAY_ENV)
     key = jax.random.key(seed)
     net_key, init_key, rollout_key = jax.random.split(key, 3)
     network = make_network(kind, env, net_key, hidden, ())
-    config = eqx_ppo.PPOConfig(n_envs=n_envs, rollout_length=length, n_minibatches=1)
-    state = eqx_ppo.ppo_init(env, network, config, key=init_key)
+    config = eqx_ppo.PPO(n_envs=n_envs, rollout_length=length, n_minibatches=1)
+    state = eqx_ppo.init(env, network, config, key=init_key)
 
     @eqx.filter_jit
     def collect(state):
@@ -230,10 +229,10 @@ def _replay_program(
         )
 
     last, data = collect(state)
-    # The whole rollout as one minibatch, as `ppo_step` slices it: the carries
+    # The whole rollout as one minibatch, as `step` slices it: the carries
     # at the rollout's start, the [T, M] transitions, the final observations.
     minibatch = Minibatch(state.carry, data, last.env_state.obs)
-    learner = PPO(config)
+    learner = config
     params, static = eqx.partition(state.network, trainable(state.network))
 
     def loss(p, batch):
@@ -403,7 +402,7 @@ def replay_markdown(result: dict[str, Any]) -> str:
         f"`{result['env']}` rollout of the untrained network as one minibatch; "
         f"time per update of `jax.jit` of {result['updates_per_call']} updates "
         "in a `lax.scan` (`eqx.filter_value_and_grad(PPO.loss)` and an SGD step "
-        "each, as one `ppo_step` runs its epochs x minibatches), median of "
+        "each, as one `step` runs its epochs x minibatches), median of "
         f"{result['rounds']} rounds (cells alternated within each round); speed-up "
         f"= LSTM time / cell time, paired per round, median. JAX "
         f"{m['jax']} on {hardware(m)} ({m['backend']}{load_text}).",
@@ -517,7 +516,7 @@ def run_learning_one(
     iterations = max(1, -(-total_steps // per_iteration))
     every = max(1, -(-iterations // settings.evals)) * per_iteration
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=settings.n_envs,
             rollout_length=settings.rollout_length,
             total_steps=iterations * per_iteration,
@@ -554,7 +553,7 @@ def run_learning_one(
 
     t0 = time.perf_counter()
     try:
-        result = eqx_ppo.train_ppo(env, networks, config)
+        result = eqx_ppo.train(env, networks, config)
     except FloatingPointError as error:
         return {
             "network": kind,
@@ -596,7 +595,7 @@ def run_learning_one(
         "steps_to_target_per_seed": per_seed_hit,
         "wall_s": wall,
         "env_steps_per_s": config.n_seeds * iterations * per_iteration / wall,
-        "ppo_config": _config_dict(config.ppo),
+        "ppo_config": _config_dict(config.learner),
         "eval_config": {
             k: v if isinstance(v, (int, float, bool, type(None))) else str(v)
             for k, v in dataclasses.asdict(config.eval).items()

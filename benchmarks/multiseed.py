@@ -6,7 +6,7 @@ Three ways to spend the same env steps, each in a fresh process:
 
 - `vmapped`: `TrainConfig(n_seeds=S)` with `n_envs` per seed; one program.
 - `single`: one run with `S * n_envs` envs (the throughput to match).
-- `sequential`: S separate `train_ppo` calls of `n_envs` envs, one after the
+- `sequential`: S separate `train` calls of `n_envs` envs, one after the
   other in one process (the compiled program is reused after the first).
 
 Steady-state throughput counts the env steps of all seeds; `end-to-end` is

@@ -1,10 +1,10 @@
 """Where eqx_ppo's time goes: a per-op profile of one compiled program.
 
     python -m benchmarks.profile --env move_to_center [--policy lstm]
-        [--part update|ppo_step] [--seeds 16 --n-envs 64]
+        [--part update|step] [--seeds 16 --n-envs 64]
 
-Compiles the update alone (`ppo_step` on a fixed rollout, as `ceilings` times
-it) or a whole `ppo_step`, vmapped over `--seeds` training states when more
+Compiles the update alone (`step` on a fixed rollout, as `ceilings` times
+it) or a whole `step`, vmapped over `--seeds` training states when more
 than one, traces a few calls with `jax.profiler`, and attributes every XLA op
 that ran to the innermost eqx_ppo source line it was traced from (read from
 the compiled HLO's stack frames) and to its op kind (`dot`, `ynn_fusion`,
@@ -44,16 +44,16 @@ def _program(spec: Spec, part: str):
     import jax
 
     import eqx_ppo
-    from eqx_ppo.ppo._step import ppo_step
+    from eqx_ppo.ppo._step import step
 
     from ._worker import eqx_config, eqx_network
 
     env = eqx_env(spec.env)
-    config = eqx_config(spec).ppo
+    config = eqx_config(spec).learner
 
     def init(key):
         network = eqx_network(spec, env, key)
-        return eqx_ppo.ppo_init(env, network, config, key=jax.random.fold_in(key, 1))
+        return eqx_ppo.init(env, network, config, key=jax.random.fold_in(key, 1))
 
     if part == "update":
         body, collect = update_step(env, config), rollout_step(env, config)
@@ -65,7 +65,7 @@ def _program(spec: Spec, part: str):
     else:
 
         def body(state):
-            return ppo_step(env, config, state)
+            return step(env, config, state)
 
         def make_args(key):
             return (init(key),)
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=["inverted_pendulum", "move_to_center"],
     )
     parser.add_argument("--policy", default="mlp", choices=["mlp", "lstm"])
-    parser.add_argument("--part", default="update", choices=["update", "ppo_step"])
+    parser.add_argument("--part", default="update", choices=["update", "step"])
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--n-envs", type=int, default=256)
     parser.add_argument("--top", type=int, default=10)

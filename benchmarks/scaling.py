@@ -53,7 +53,7 @@ def flat(spec: Spec) -> dict[str, Any]:
         if step % spec.chunk_steps == 0:
             samples.append((step // spec.steps_per_iteration, current_rss_mb()))
 
-    eqx_ppo.train_ppo(
+    eqx_ppo.train(
         env,
         lambda key: eqx_network(spec, env, key),
         eqx_config(spec),

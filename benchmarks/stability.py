@@ -50,7 +50,7 @@ class Case:
     reached: float
     collapsed: float
     optimum: str
-    ppo: dict[str, Any]
+    learner: dict[str, Any]
     reward_scaling: float = 1.0
 
 
@@ -131,7 +131,7 @@ def _cartpole(name, **ppo):
         reached=400.0,
         collapsed=200.0,
         optimum="500 (random about 26)",
-        ppo=dict(n_envs=256, rollout_length=20, n_minibatches=8, **ppo),
+        learner=dict(n_envs=256, rollout_length=20, n_minibatches=8, **ppo),
         reward_scaling=10.0,
     )
 
@@ -148,7 +148,7 @@ CASES = {
         reached=-3.0,
         collapsed=-6.0,
         optimum="-2.0 (random about -20)",
-        ppo=dict(n_envs=64, rollout_length=20, learning_rate=3e-3),
+        learner=dict(n_envs=64, rollout_length=20, learning_rate=3e-3),
     ),
     "parrot": Case(
         "parrot",
@@ -160,7 +160,7 @@ CASES = {
         reached=8.0,
         collapsed=6.0,
         optimum="10 (a constant action about 4)",
-        ppo=dict(
+        learner=dict(
             n_envs=64,
             rollout_length=20,
             learning_rate=3e-3,
@@ -178,7 +178,7 @@ CASES = {
         reached=4.0,
         collapsed=2.0,
         optimum="5 (feed-forward at most 1)",
-        ppo=dict(n_envs=64, rollout_length=10, learning_rate=1e-2),
+        learner=dict(n_envs=64, rollout_length=10, learning_rate=1e-2),
     ),
     "two_arm": Case(
         "two_arm",
@@ -190,7 +190,7 @@ CASES = {
         reached=-2.9,
         collapsed=-6.0,
         optimum="-2.4 (random about -30)",
-        ppo=dict(n_envs=64, rollout_length=20, learning_rate=3e-3),
+        learner=dict(n_envs=64, rollout_length=20, learning_rate=3e-3),
     ),
     # The setting `CartPole`'s docstring recommends.
     "cartpole": _cartpole(
@@ -213,7 +213,7 @@ CASES = {
         reached=0.9,
         collapsed=0.5,
         optimum="1.0 (memoryless 0)",
-        ppo=dict(n_envs=64, rollout_length=16, learning_rate=3e-3),
+        learner=dict(n_envs=64, rollout_length=16, learning_rate=3e-3),
     ),
     "gymnax_cartpole": Case(
         "gymnax_cartpole",
@@ -225,7 +225,7 @@ CASES = {
         reached=400.0,
         collapsed=200.0,
         optimum="500 (random about 20)",
-        ppo=dict(n_envs=64, rollout_length=32, learning_rate=3e-3),
+        learner=dict(n_envs=64, rollout_length=32, learning_rate=3e-3),
     ),
     "gymnax_acrobot": Case(
         "gymnax_acrobot",
@@ -237,7 +237,7 @@ CASES = {
         reached=-120.0,
         collapsed=-300.0,
         optimum="about -60 (random -500)",
-        ppo=dict(n_envs=64, rollout_length=32, learning_rate=3e-3),
+        learner=dict(n_envs=64, rollout_length=32, learning_rate=3e-3),
     ),
 }
 
@@ -250,8 +250,8 @@ def curves(
     `override` replaces PPOConfig settings of the case (an A/B experiment)."""
     env = case.make_env()
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
-            **{"total_steps": case.total_steps, **case.ppo, **override}
+        learner=eqx_ppo.PPO(
+            **{"total_steps": case.total_steps, **case.learner, **override}
         ),
         eval=eqx_ppo.EvalConfig(
             every_steps=case.eval_every,
@@ -267,7 +267,7 @@ def curves(
     if case.reward_scaling != 1.0:
         train_env = envs.RewardScalingWrapper(env, case.reward_scaling)
     with jax.numpy_dtype_promotion("standard"):
-        result = eqx_ppo.train_ppo(
+        result = eqx_ppo.train(
             train_env, lambda k: case.network(env, k), config, eval_env=env
         )
     steps = np.array([r["step"] for r in result.eval_history])
@@ -301,7 +301,7 @@ def summarise(case: Case, steps: np.ndarray, returns: np.ndarray, wall: float):
         "reached_level": case.reached,
         "collapsed_level": case.collapsed,
         "optimum": case.optimum,
-        "settings": case.ppo,
+        "settings": case.learner,
         "wall_s": wall,
         "curves": returns.T.tolist(),
         "eval_steps": steps.tolist(),

@@ -9,6 +9,7 @@ never parsed. What a type cannot say (ranges, agreement between arguments)
 is checked by hand, once, where the value enters.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from beartype import BeartypeConf, BeartypeStrategy, beartype
 from beartype.vale import IsInstance
-from jaxtyping import Array, ArrayLike, Float, Real
+from jaxtyping import Array, ArrayLike, Float, Integer, Real
 
 # Every item of a container is checked (beartype samples one by default): the
 # containers at the boundary are small settings such as percentile levels.
@@ -33,6 +34,9 @@ Scalar = Annotated[Real[ArrayLike, ""], ~IsInstance[bool]]
 """A real number: an `int` or `float` (not a `bool`), or a scalar array, traced
 ones included (a learner built inside `jax.vmap`)."""
 
+Index = Int | np.integer | Integer[Array, ""] | Integer[np.ndarray, ""]
+"""An integer index: an `int`, or an integer scalar array (NumPy's, JAX's)."""
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -43,7 +47,28 @@ def checked(obj: F) -> F:
     if isinstance(obj, type):
         obj.__init__ = beartype(conf=_CONF)(obj.__init__)
         return obj
-    return beartype(conf=_CONF)(obj)
+    fn = beartype(conf=_CONF)(obj)
+
+    @functools.wraps(obj)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (TypeError, ValueError) as error:
+            _name_the_call(error, obj.__name__)
+            raise
+
+    return call  # type: ignore[return-value]
+
+
+def _name_the_call(error: Exception, name: str) -> None:
+    """Note on `error` which public call raised it; the outermost call (the
+    one the user made) names itself last, replacing an inner call's note."""
+    note = f"(raised in eqx_ppo.{name})"
+    notes = getattr(error, "__notes__", [])
+    if notes and notes[-1].startswith("(raised in eqx_ppo."):
+        notes[-1] = note
+    else:
+        error.add_note(note)
 
 
 def float32(value: Scalar) -> Float[Array, ""]:
@@ -62,8 +87,8 @@ def optional_float32(value: Scalar | None) -> Float[Array, ""] | None:
 def check_range(
     call: str,
     value: Any,
-    low: float | None = None,
-    high: float | None = None,
+    low: float | int | None = None,
+    high: float | int | None = None,
     *,
     open_low: bool = False,
 ) -> None:
@@ -85,6 +110,8 @@ def check_range(
         return
     wanted = [f"{'>' if open_low else '>='} {low}"] if low is not None else []
     wanted += [f"<= {high}"] if high is not None else []
+    if np.issubdtype(array.dtype, np.inexact):
+        wanted.insert(0, "finite")
     # float32's shortest repr: the value as written (0.001, not 0.0010000000474974513).
-    shown = str(np.float32(v)) if array.dtype == np.float32 else repr(v)
-    raise ValueError(f"{call}{shown}): must be finite{''.join(' and ' + w for w in wanted)}.")
+    shown = str(np.float32(v)) if array.dtype == np.float32 else str(value)
+    raise ValueError(f"{call}{shown}): must be {' and '.join(wanted)}.")

@@ -46,6 +46,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from ._typecheck import checked
 from .checkpoint import register_config
+from .checkpoint._codec import SavedPytree
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
 from .nn._module import (
@@ -59,6 +60,7 @@ from .ppo import AbstractLearner, Minibatch
 from .ppo._learner import Axis, Loss, Module, Number, setting
 from .ppo._loss import replay_policy
 from .ppo._sharding import pmean
+from .ppo._validate import seed_axis_hint
 from .recording import is_leaf_layer
 
 
@@ -247,7 +249,7 @@ def _single_env(obs: PyTree) -> PyTree:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), obs)
 
 
-def _check_teacher(teacher: AbstractStatefulModule) -> None:
+def _check_teacher(teacher: AbstractStatefulModule | SavedPytree) -> None:
     """Raise unless the teacher's concrete weights are finite: a non-finite
     teacher would stop training later with a non-finite loss that names
     neither it nor the fix."""
@@ -260,6 +262,13 @@ def _check_teacher(teacher: AbstractStatefulModule) -> None:
                 f"(teacher{jax.tree_util.keystr(path)}). Fix: pass a teacher "
                 "whose training did not diverge, e.g. an earlier checkpoint."
             )
+
+
+def _inference(
+    teacher: AbstractStatefulModule | SavedPytree,
+) -> AbstractStatefulModule | SavedPytree:
+    """The teacher in inference mode; a header's fingerprint of it as it is."""
+    return teacher if isinstance(teacher, SavedPytree) else eqx.nn.inference_mode(teacher)
 
 
 @register_config
@@ -281,14 +290,16 @@ class Distillation(AbstractLearner):
     **Arguments:**
 
     - `teacher`: a trained network ending in a `PPOAdapter`, one seed's; it is
-      stored in inference mode and never modified.
+      stored in inference mode and never modified. (A learner read back from
+      a checkpoint header holds only the teacher's fingerprint, a
+      `SavedPytree`: enough to compare, not to train.)
     - the settings of [`eqx_ppo.AbstractLearner`][] (keyword-only), except
       that `gradient_clipping` defaults to `None`, as in nnx-ppo. `LOSSES`
       logs `losses/distillation_nll` and `losses/regularization`;
       `NETWORK_METRICS` logs the student's metrics under `student/...`.
     """
 
-    teacher: AbstractStatefulModule = eqx.field(converter=eqx.nn.inference_mode)
+    teacher: AbstractStatefulModule | SavedPytree = eqx.field(converter=_inference)
     gradient_clipping: Number | None = setting(None, low=0.0, open_low=True)
 
     def __check_init__(self):
@@ -302,7 +313,8 @@ class Distillation(AbstractLearner):
                 "TrainConfig(learner=Distillation(teacher, ...)) with the teacher "
                 "and pass it to load_checkpoint(config=...) and train."
             )
-        paths = _sampler_paths(self.teacher, network, _single_env(obs))
+        with seed_axis_hint(self.teacher, "teacher"):
+            paths = _sampler_paths(self.teacher, network, _single_env(obs))
         return _StudentWithTeacher(network, self.teacher, *paths)
 
     def loss(self, network: Module, batch: Minibatch, *, axis_name: Axis = None) -> Loss:

@@ -105,7 +105,7 @@ def _graph_policy(key):
 def test_population_graph_policy_learns_move_to_center():
     env = eqx_ppo.envs.make("move_to_center")
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=64,
             rollout_length=20,
             total_steps=100_000,
@@ -122,7 +122,7 @@ def test_population_graph_policy_learns_move_to_center():
         n_seeds=4,
         progress=False,
     )
-    result = eqx_ppo.train_ppo(env, _graph_policy, config)
+    result = eqx_ppo.train(env, _graph_policy, config)
     finals = np.asarray(result.eval_history[-1]["eval/episode_reward/mean"])
     # Optimal -2.0, random about -20; the graph's carry resets every episode.
     # 24 seeds (0-7, 1000-1007, 2000-2007) end in [-2.33, -2.17].

@@ -23,7 +23,7 @@ def actor_lstm(net):
 def trained():
     env = eqx_ppo.envs.make("recall")  # cue at t = 0 only; 5 steps
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=64,
             rollout_length=10,
             total_steps=60_000,
@@ -35,7 +35,7 @@ def trained():
         seed=SEED_OFFSET,
         progress=False,
     )
-    result = eqx_ppo.train_ppo(
+    result = eqx_ppo.train(
         env,
         lambda key: eqx_ppo.make_lstm_actor_critic(2, 1, LSTM, key=key),
         config,

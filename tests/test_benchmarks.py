@@ -342,12 +342,12 @@ def test_dips_table_pairs_each_checkpoint_both_ways():
 
 def test_memory_replay_program_runs_each_update_on_new_parameters():
     """The timed program is `updates` gradient steps, none a repeat of the last
-    (a repeat could be hoisted out of the loop), as many as one `ppo_step` runs
+    (a repeat could be hoisted out of the loop), as many as one `step` runs
     by default; the loss it reports is the first update's."""
     import eqx_ppo
     from benchmarks.memory import UPDATES_PER_CALL, _replay_program
 
-    defaults = eqx_ppo.PPOConfig()
+    defaults = eqx_ppo.PPO()
     assert UPDATES_PER_CALL == defaults.n_epochs * defaults.n_minibatches
     fn, (params, minibatch), _, _, finite, first = _replay_program(
         "mlp", 4, 2, 4, updates=3
@@ -816,7 +816,7 @@ def test_profile_without_per_op_events_says_so():
                 "n_envs": 8,
                 "rollout_length": 20,
             },  # fmt: skip
-            "part": "ppo_step",
+            "part": "step",
             "wall_ms": 3.0,
             **result,
         }

@@ -82,7 +82,7 @@ def test_brax_training_wrappers_are_refused_by_name(brax_envs):
     import eqx_ppo
 
     net = eqx_ppo.make_mlp_actor_critic(4, 1, [4], [4], key=jax.random.key(0))
-    config = eqx_ppo.PPOConfig(n_envs=2, n_minibatches=1)
+    config = eqx_ppo.PPO(n_envs=2, n_minibatches=1)
     pendulum = brax_envs.get_environment("inverted_pendulum", backend="spring")
     batched = training.wrap(pendulum, episode_length=10)  # vmapped, auto-reset
     auto_reset = brax_envs.create("inverted_pendulum", backend="spring")
@@ -91,16 +91,17 @@ def test_brax_training_wrappers_are_refused_by_name(brax_envs):
         (auto_reset, "AutoResetWrapper"),
     ):
         with pytest.raises(
-            TypeError, match=rf"ppo_init\(env=...\): the env is wrapped in {wrapper}"
+            TypeError,
+            match=rf"(?s)env=...: the env is wrapped in {wrapper}.*raised in eqx_ppo\.init",
         ):
-            eqx_ppo.ppo_init(env, net, config, key=jax.random.key(1))
+            eqx_ppo.init(env, net, config, key=jax.random.key(1))
     with pytest.raises(TypeError, match="wrapped in VmapWrapper, which batches"):
-        eqx_ppo.ppo_init(
+        eqx_ppo.init(
             training.VmapWrapper(pendulum), net, config, key=jax.random.key(1)
         )
     # Without its auto-reset, `create` gives an env the library steps itself.
     single = brax_envs.create("inverted_pendulum", backend="spring", auto_reset=False)
-    eqx_ppo.ppo_init(single, net, config, key=jax.random.key(1))
+    eqx_ppo.init(single, net, config, key=jax.random.key(1))
 
 
 def test_brax_unknown_name(brax_envs):

@@ -19,21 +19,16 @@ import eqx_ppo
 import eqx_ppo.checkpoint as ckpt
 from eqx_ppo.checkpoint._codec import config_differences
 from eqx_ppo.checkpoint._files import step_of
-from eqx_ppo.distill import (
-    DistillationConfig,
-    DistillationTrainConfig,
-    init_distillation_state,
-    train_distillation,
-)
+from eqx_ppo import Distillation
 from eqx_ppo.envs import State
 from eqx_ppo.logging import LoggingLevel
+from eqx_ppo.ppo._train import _initial_states as init_state
 from eqx_ppo.ppo import (
     EvalConfig,
-    PPOConfig,
+    PPO,
     TrainConfig,
     VideoConfig,
-    init_state,
-    train_ppo,
+    train,
 )
 
 TESTS = pathlib.Path(__file__).parent
@@ -49,7 +44,7 @@ def ppo_setup(n_seeds=1):
         return eqx_ppo.make_lstm_actor_critic(2, 2, 8, key=key)
 
     config = TrainConfig(
-        ppo=PPOConfig(
+        learner=PPO(
             n_envs=4,
             rollout_length=8,
             total_steps=6 * ITERATION,
@@ -92,7 +87,7 @@ def small_setup():
         return eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=key)
 
     config = TrainConfig(
-        ppo=PPOConfig(n_envs=2, rollout_length=2, n_minibatches=1), progress=False
+        learner=PPO(n_envs=2, rollout_length=2, n_minibatches=1), progress=False
     )
     return env, networks, config
 
@@ -162,7 +157,7 @@ sys.path.insert(0, {tests!r})
 import jax
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 import eqx_ppo.checkpoint as ckpt
-from eqx_ppo.ppo import train_ppo
+from eqx_ppo.ppo import train
 from test_checkpoint import ppo_setup
 
 source, out = sys.argv[1], pathlib.Path(sys.argv[2])
@@ -170,7 +165,7 @@ env, networks, _ = ppo_setup()
 config = ckpt.read_header(source).config
 state = ckpt.load_checkpoint(source, env=env, networks=networks, config=config)
 logs = []
-result = train_ppo(env, networks, config, initial_state=state,
+result = train(env, networks, config, initial_state=state,
                    log_fn=lambda m, s: logs.append([s, m]))
 ckpt.save_checkpoint(out, result.training_state, config=config, step=result.total_steps)
 (out / "logs.json").write_text(json.dumps(logs))
@@ -181,7 +176,7 @@ ckpt.save_checkpoint(out, result.training_state, config=config, step=result.tota
 def test_resume_in_new_process_is_bit_identical(tmp_path):
     env, networks, config = ppo_setup()
     logs = []
-    full = train_ppo(
+    full = train(
         env,
         networks,
         config,
@@ -217,7 +212,7 @@ def test_resume_in_new_process_is_bit_identical(tmp_path):
 def test_multi_seed_state_round_trips_and_resumes(tmp_path):
     env, networks, config = ppo_setup(n_seeds=2)
     logs = []
-    full = train_ppo(
+    full = train(
         env,
         networks,
         config,
@@ -237,7 +232,7 @@ def test_multi_seed_state_round_trips_and_resumes(tmp_path):
     state = ckpt.load_checkpoint(
         tmp_path / "step_000000128", env=env, networks=networks
     )
-    resumed = train_ppo(
+    resumed = train(
         env,
         networks,
         config,
@@ -254,11 +249,11 @@ def test_each_step_is_logged_before_it_is_checkpointed():
     env, networks, config = small_setup()
     config = dataclasses.replace(
         config,
-        ppo=dataclasses.replace(config.ppo, total_steps=24),
+        learner=dataclasses.replace(config.learner, total_steps=24),
         checkpoint_every_steps=8,
     )
     events = []
-    train_ppo(
+    train(
         env,
         networks,
         config,
@@ -278,8 +273,9 @@ def test_distillation_state_resumes_exactly(tmp_path):
     def student(key):
         return eqx_ppo.make_lstm_actor_critic(2, 2, 8, key=key)
 
-    config = DistillationTrainConfig(
-        distillation=DistillationConfig(
+    config = TrainConfig(
+        learner=Distillation(
+            teacher,
             n_envs=4,
             rollout_length=8,
             total_steps=4 * ITERATION,
@@ -291,26 +287,32 @@ def test_distillation_state_resumes_exactly(tmp_path):
         checkpoint_every_steps=2 * ITERATION,
         progress=False,
     )
-    full = train_distillation(
-        env,
-        teacher,
-        student,
-        config,
-        checkpoint_fn=ckpt.make_checkpoint_fn(tmp_path, config),
+    full = train(
+        env, student, config, checkpoint_fn=ckpt.make_checkpoint_fn(tmp_path, config)
     )
-    assert isinstance(ckpt.read_header(tmp_path).config, DistillationTrainConfig)
+    saved = ckpt.read_header(tmp_path).config
+    assert isinstance(saved.learner, Distillation)
+    # The header keeps the teacher's fingerprint, enough to refuse another one.
+    other = eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=jax.random.key(1))
+    with pytest.raises(ckpt.CheckpointError, match=r"learner\.teacher: saved"):
+        ckpt.load_checkpoint(
+            tmp_path,
+            env=env,
+            networks=student,
+            config=dataclasses.replace(
+                config, learner=dataclasses.replace(config.learner, teacher=other)
+            ),
+        )
     state = ckpt.load_checkpoint(
-        tmp_path / "step_000000064",
-        like=lambda c: init_distillation_state(env, teacher, student, c),
-        config=config,
+        tmp_path / "step_000000064", env=env, networks=student, config=config
     )
-    resumed = train_distillation(env, teacher, student, config, initial_state=state)
+    resumed = train(env, student, config, initial_state=state)
     assert_identical(resumed.training_state, full.training_state)
 
 
 def test_config_round_trips_through_json():
     config = TrainConfig(
-        ppo=PPOConfig(
+        learner=PPO(
             learning_rate=3e-4,
             clip_range=0.1,
             gradient_clipping=0.5,
@@ -327,17 +329,19 @@ def test_config_round_trips_through_json():
     data = json.loads(json.dumps(ckpt.config_to_dict(config)))
     back = ckpt.config_from_dict(data)
     assert ckpt.config_to_dict(back) == ckpt.config_to_dict(config)
-    assert back.ppo.logging_level == LoggingLevel.ALL
+    assert back.learner.logging_level == LoggingLevel.ALL
     assert back.eval.logging_level == LoggingLevel.NONE
-    assert back.ppo.logging_percentiles == (5, 50.5)
+    assert back.learner.logging_percentiles == (5, 50.5)
     # float32 coefficients survive exactly (3e-4 is not a float32 number).
-    assert back.ppo.learning_rate.dtype == jnp.float32
+    assert back.learner.learning_rate.dtype == jnp.float32
     assert (
-        np.asarray(back.ppo.learning_rate).tobytes()
-        == np.asarray(config.ppo.learning_rate).tobytes()
+        np.asarray(back.learner.learning_rate).tobytes()
+        == np.asarray(config.learner.learning_rate).tobytes()
     )
-    distill = DistillationTrainConfig(
-        distillation=DistillationConfig(
+    teacher = eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=jax.random.key(0))
+    distill = TrainConfig(
+        learner=Distillation(
+            teacher,
             n_envs=8,
             n_minibatches=2,
             learning_rate=1e-3,
@@ -347,7 +351,7 @@ def test_config_round_trips_through_json():
     assert (
         ckpt.config_from_dict(
             json.loads(json.dumps(ckpt.config_to_dict(distill)))
-        ).distillation.logging_level
+        ).learner.logging_level
         == LoggingLevel.LOSSES | LoggingLevel.GRAD_NORM
     )
     with pytest.raises(TypeError, match=r"render_kwargs\['size'\]"):
@@ -454,16 +458,16 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
     [
         (lambda h: h.pop("config"), r"field `config` is missing; it is malformed"),
         (
-            lambda h: h["config"]["ppo"]["logging_level"]["flags"].append("LOUD"),
-            r"config\.ppo\.logging_level: unknown LoggingLevel flag 'LOUD'",
+            lambda h: h["config"]["learner"]["logging_level"]["flags"].append("LOUD"),
+            r"config\.learner\.logging_level: unknown LoggingLevel flag 'LOUD'",
         ),
         (
-            lambda h: h["config"]["ppo"].update(n_envs=0),
-            r"config\.ppo: the saved PPOConfig is invalid: PPOConfig\(n_envs=0\)",
+            lambda h: h["config"]["learner"].update(n_envs=0),
+            r"config\.learner: the saved PPO is invalid: PPO\(n_envs=0\)",
         ),
         (
-            lambda h: h["config"]["ppo"].pop("_type"),
-            r"config\.ppo: a sub-config saved without its \"_type\"",
+            lambda h: h["config"]["learner"].pop("_type"),
+            r"config\.learner: a sub-config saved without its \"_type\"",
         ),
         (
             lambda h: next(s for s in h["leaves"] if "key_impl" in s).update(
@@ -541,7 +545,7 @@ def test_any_change_to_a_header_is_refused(saved, tmp_path):
     original = header.read_bytes()
     text = original.decode()
     config = json.loads(text)["config"]
-    lr, seed = config["ppo"]["learning_rate"], config["seed"]
+    lr, seed = config["learner"]["learning_rate"], config["seed"]
     edits = {
         "step": text.replace('"step": 7,', '"step": 8,'),
         "a learning-rate digit": text.replace(
@@ -642,9 +646,9 @@ def test_no_checkpoint_or_a_non_path_is_refused_by_name(tmp_path):
 def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
     path, state = copy(saved, tmp_path)
     env, networks, config = small_setup()
-    ppo = config.ppo
+    ppo = config.learner
     longer = TrainConfig(
-        ppo=PPOConfig(
+        learner=PPO(
             n_envs=2,
             rollout_length=2,
             n_minibatches=1,
@@ -656,7 +660,7 @@ def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
         ckpt.load_checkpoint(path, env=env, networks=networks, config=longer), state
     )
     faster = TrainConfig(
-        ppo=PPOConfig(
+        learner=PPO(
             n_envs=2,
             rollout_length=2,
             n_minibatches=1,
@@ -667,14 +671,14 @@ def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
     with pytest.raises(ckpt.CheckpointError) as refused:
         ckpt.load_checkpoint(path, env=env, networks=networks, config=faster)
     lines = str(refused.value).splitlines()
-    assert "  ppo.gradient_clipping: saved 0.5, given 1.0" in lines
+    assert "  learner.gradient_clipping: saved 0.5, given 1.0" in lines
     # Coefficients by their float32 values' shortest repr, as written.
-    assert "  ppo.learning_rate: saved 0.0001, given 0.001" in lines
+    assert "  learner.learning_rate: saved 0.0001, given 0.001" in lines
 
     # With a decaying schedule a longer run changes every learning rate.
     def linear(total_steps):
         return TrainConfig(
-            ppo=PPOConfig(
+            learner=PPO(
                 n_envs=2,
                 rollout_length=2,
                 n_minibatches=1,
@@ -684,7 +688,7 @@ def test_resume_config_must_not_change_the_optimisation(saved, tmp_path):
         )
 
     assert config_differences(linear(1000), linear(2000)) == [
-        "ppo.total_steps: saved 1000, given 2000"
+        "learner.total_steps: saved 1000, given 2000"
     ]
 
 

@@ -128,9 +128,9 @@ def _rows(path):
 
 
 def _killed_after(step, where):
-    """`train_ppo` as the CLI calls it, killed once `where` ("log" or
+    """`train` as the CLI calls it, killed once `where` ("log" or
     "checkpoint") has handled `step`."""
-    train_ppo = cli.train_ppo
+    real = cli.train
 
     def train(*args, log_fn, checkpoint_fn, **kwargs):
         def log(metrics, s):
@@ -143,7 +143,7 @@ def _killed_after(step, where):
             if where == "checkpoint" and s == step:
                 raise KeyboardInterrupt
 
-        return train_ppo(*args, log_fn=log, checkpoint_fn=save, **kwargs)
+        return real(*args, log_fn=log, checkpoint_fn=save, **kwargs)
 
     return train
 
@@ -159,7 +159,7 @@ def test_a_killed_run_resumes_with_the_logs_of_an_uninterrupted_one(
     flags += ["--eval-every", "640", "--no-progress"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(["train", "--out", str(straight), *flags]) == 0
-    monkeypatch.setattr(cli, "train_ppo", _killed_after(step, where))
+    monkeypatch.setattr(cli, "train", _killed_after(step, where))
     assert main(["train", "--out", str(killed), *flags]) == 130
     monkeypatch.undo()
     evals = [0, 640, 1280]
@@ -176,7 +176,7 @@ def test_a_killed_run_resumes_with_the_logs_of_an_uninterrupted_one(
 def test_ctrl_c_names_the_command_that_continues_the_run(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     flags = ["--steps", "1280", "--n-envs", "16", "--hidden", "8", "--no-progress"]
-    monkeypatch.setattr(cli, "train_ppo", _killed_after(640, "checkpoint"))
+    monkeypatch.setattr(cli, "train", _killed_after(640, "checkpoint"))
     assert main(["train", "--out", str(run), "--eval-every", "640", *flags]) == 130
     monkeypatch.undo()
     err = capsys.readouterr().err
@@ -271,8 +271,8 @@ def test_an_out_path_that_is_a_file_gets_one_line(tmp_path, capsys):
 @pytest.mark.parametrize(
     "flags, named",
     [
-        (["--n-envs", "30"], r"--n-envs 30: PPOConfig\(n_envs=30, n_minibatches=4\): "),
-        (["--lr", "nan"], r"--lr nan: PPOConfig\(learning_rate=nan\): must be finite"),
+        (["--n-envs", "30"], r"--n-envs 30: PPO\(n_envs=30, n_minibatches=4\): "),
+        (["--lr", "nan"], r"--lr nan: PPO\(learning_rate=nan\): must be finite"),
         (["--env", "nope"], r"--env nope: make\('nope'\): unknown env\."),
         (
             ["--env-kwarg", "bogus=1"],
@@ -455,7 +455,7 @@ def test_env_kwarg_values_may_hold_commas(tmp_path, monkeypatch, capsys):
     params = '{"gravity": 9.81, "masscart": 1.5}'
     argv = ["train", "--env", "gymnax:CartPole-v1", "--out", str(out)]
     argv += ["--env-kwarg", f"env_params={params}", "--no-progress"]
-    monkeypatch.setattr(cli, "train_ppo", _killed_after(0, "log"))
+    monkeypatch.setattr(cli, "train", _killed_after(0, "log"))
     assert main(argv) == 130
     run = json.loads((out / "run.json").read_text())
     assert run["env_kwargs"] == {"env_params": {"gravity": 9.81, "masscart": 1.5}}
@@ -549,7 +549,7 @@ def test_a_run_killed_at_step_0_resumes_with_step_0_logged_once(
     flags = ["--steps", "1280", *SMALL]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(["train", "--out", str(straight), *flags]) == 0
-    monkeypatch.setattr(cli, "train_ppo", _killed_after(0, where))
+    monkeypatch.setattr(cli, "train", _killed_after(0, where))
     assert main(["train", "--out", str(killed), *flags]) == 130
     monkeypatch.undo()
     assert [row["step"] for row in _rows(killed / "eval.jsonl")] == [0]
@@ -664,13 +664,13 @@ def test_a_full_disk_gets_one_line_and_the_run_resumes(
 
 
 def _stop(*args, **kwargs):
-    raise KeyboardInterrupt  # train_ppo, stopped before it trains
+    raise KeyboardInterrupt  # train, stopped before it trains
 
 
 def test_the_first_line_says_the_steps_that_will_be_trained(
     tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setattr(cli, "train_ppo", _stop)
+    monkeypatch.setattr(cli, "train", _stop)
     out = tmp_path / "run"
     assert main(["train", "--out", str(out), "--steps", "1000", *SMALL]) == 130
     assert capsys.readouterr().out.splitlines()[0] == (
@@ -692,7 +692,7 @@ def test_gymnax_cartpole_gets_its_own_defaults_unless_given(
     tmp_path, monkeypatch, capsys
 ):
     pytest.importorskip("gymnax")
-    monkeypatch.setattr(cli, "train_ppo", _stop)
+    monkeypatch.setattr(cli, "train", _stop)
     for given, lr in (([], 3e-3), (["--lr", "1e-3"], 1e-3)):
         out = tmp_path / f"run{lr}"
         argv = ["train", "--env", "gymnax:CartPole-v1", "--out", str(out), *given]

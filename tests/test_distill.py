@@ -10,13 +10,7 @@ import pytest
 
 import eqx_ppo
 import eqx_ppo.nn as nn
-from eqx_ppo.distill import (
-    DistillationConfig,
-    DistillationTrainConfig,
-    distill_init,
-    distill_step,
-    train_distillation,
-)
+from eqx_ppo import Distillation
 from eqx_ppo.envs import State
 from eqx_ppo.ppo import EvalConfig
 
@@ -42,7 +36,7 @@ def mlp(key, *, normalize_obs=False, hidden=(16,), action_size=2):
     )
 
 
-def config(**kw):
+def config(teacher, **kw):
     base = dict(
         n_envs=8,
         rollout_length=8,
@@ -52,8 +46,8 @@ def config(**kw):
         learning_rate=3e-3,
     )
     base.update(kw)
-    return DistillationTrainConfig(
-        distillation=DistillationConfig(**base),
+    return eqx_ppo.TrainConfig(
+        learner=Distillation(teacher, **base),
         eval=EvalConfig(enabled=False),
         progress=False,
         seed=4,
@@ -112,9 +106,9 @@ def test_loss_is_nll_of_teachers_raw_action(getkey):
     # With learning_rate=0 every minibatch sees the same parameters.
     env = ConstantEnv()
     teacher, student = mlp(getkey()), mlp(getkey())
-    dconfig = config(learning_rate=0.0).distillation
-    state = distill_init(env, teacher, student, dconfig, key=getkey())
-    new, metrics = eqx.filter_jit(distill_step)(env, teacher, dconfig, state)
+    learner = config(teacher, learning_rate=0.0).learner
+    state = eqx_ppo.init(env, student, learner, key=getkey())
+    new, metrics = eqx.filter_jit(eqx_ppo.step)(env, learner, state)
 
     obs = jnp.array([[1.0, -0.5]])
     t_metrics = nn.apply_batched(
@@ -144,9 +138,9 @@ def test_teacher_untouched_student_trained_and_statistics_updated(getkey):
     env = eqx_ppo.envs.make("move_to_center")
     teacher = mlp(getkey(), normalize_obs=True)
     before = jax.tree.map(lambda x: np.array(x) if eqx.is_array(x) else x, teacher)
-    cfg = config(total_steps=8 * 8 * 2)
+    cfg = config(teacher, total_steps=8 * 8 * 2)
     student = mlp(getkey(), normalize_obs=True)
-    result = train_distillation(env, teacher, student, cfg)
+    result = eqx_ppo.train(env, student, cfg)
     assert bool(eqx.tree_equal(teacher, before))
     trained = result.training_state.network
     assert not np.array_equal(
@@ -174,11 +168,10 @@ def test_student_converges_to_teacher(getkey):
     gap_before = action_gap(env, teacher, student, probe_key)
     logs = []
     # 120 iterations: at 40, 4 of 12 seeds still had gap_after > 0.25 * gap_before.
-    result = train_distillation(
+    result = eqx_ppo.train(
         env,
-        teacher,
         student,
-        config(total_steps=8 * 8 * 120),
+        config(teacher, total_steps=8 * 8 * 120),
         log_fn=lambda m, s: logs.append(m),
     )
     gap_after = action_gap(env, teacher, result.training_state.network, probe_key)
@@ -204,8 +197,8 @@ def test_recurrent_teacher_into_recurrent_student(getkey):
     student = lstm(getkey(), 16, 1.0)
     probe_key = getkey()
     before_t, before_s = rollout_actions(env, teacher, student, probe_key, length=5)
-    result = train_distillation(
-        env, teacher, student, config(rollout_length=10, total_steps=8 * 10 * 60)
+    result = eqx_ppo.train(
+        env, student, config(teacher, rollout_length=10, total_steps=8 * 10 * 60)
     )
     after_t, after_s = rollout_actions(
         env, teacher, result.training_state.network, probe_key, length=5
@@ -221,9 +214,9 @@ def test_recurrent_teacher_into_recurrent_student(getkey):
 def test_structure_mismatch_is_a_clear_error(getkey):
     env = eqx_ppo.envs.make("move_to_center")
     teacher = mlp(getkey())
-    dconfig = config().distillation
+    learner = config(teacher).learner
     with pytest.raises(ValueError, match="actions differ"):
-        distill_init(env, teacher, mlp(getkey(), action_size=3), dconfig, key=getkey())
+        eqx_ppo.init(env, mlp(getkey(), action_size=3), learner, key=getkey())
 
     k1, k2 = jax.random.split(getkey())
     gaussian = nn.PPOAdapter(
@@ -231,10 +224,10 @@ def test_structure_mismatch_is_a_clear_error(getkey):
         value=nn.Dense(2, 1, key=k2),
     )
     with pytest.raises(ValueError, match="samplers differ"):
-        distill_init(env, teacher, gaussian, dconfig, key=getkey())
+        eqx_ppo.init(env, gaussian, learner, key=getkey())
 
     with pytest.raises(TypeError, match="PPONetworkOutput"):
-        distill_init(env, teacher, nn.Dense(2, 4, key=k1), dconfig, key=getkey())
+        eqx_ppo.init(env, nn.Dense(2, 4, key=k1), learner, key=getkey())
 
 
 @pytest.mark.parametrize("n_logits", [3, 5])
@@ -251,62 +244,62 @@ def test_student_must_have_the_teachers_number_of_actions(getkey, n_logits):
         r"\[\('CategoricalSampler\(n_actions=4\)'.*student samplers \(kind, replay "
         rf"extras\): \[\('CategoricalSampler\(n_actions={n_logits}\)'",
     ):
-        train_distillation(
+        eqx_ppo.train(
             env,
-            discrete(getkey()),
             lambda key: discrete(key, n_logits),
-            config(n_envs=2, rollout_length=4, total_steps=8, n_minibatches=1),
+            config(
+                discrete(getkey()),
+                n_envs=2,
+                rollout_length=4,
+                total_steps=8,
+                n_minibatches=1,
+            ),
         )
 
 
-def test_config_errors():
+def test_config_errors(getkey):
+    teacher = mlp(getkey())
     with pytest.raises(ValueError, match="divisible by n_minibatches"):
-        DistillationConfig(n_envs=10, n_minibatches=4)
+        Distillation(teacher, n_envs=10, n_minibatches=4)
     with pytest.raises(ValueError, match="learning_rate"):
-        DistillationConfig(learning_rate=-1.0)
-    with pytest.raises((ValueError, TypeError), match="lr_schedule"):
-        DistillationConfig(lr_schedule="step")
-    with pytest.raises(ValueError, match="n_seeds"):
-        DistillationTrainConfig(n_seeds=0)
-
-
-def test_config_fields_are_keyword_only(unchecked):
-    # Positionally, 64 used to land on the first field of the optimiser's
-    # part (the learning rate), without a word.
+        Distillation(teacher, learning_rate=-1.0)
+    with pytest.raises(TypeError, match="lr_schedule"):
+        Distillation(teacher, lr_schedule="step")
     with pytest.raises(TypeError, match="positional argument"):
-        DistillationConfig(64)
-    assert DistillationConfig(n_envs=64).n_envs == 64
+        Distillation(teacher, 64)
+    assert Distillation(teacher, n_envs=64).n_envs == 64
+    assert Distillation(teacher).gradient_clipping is None
 
 
-@pytest.mark.parametrize("config", [eqx_ppo.PPOConfig, DistillationConfig])
-def test_iteration_settings_are_checked_alike(config):
-    name = config.__name__
-    with pytest.raises(ValueError, match=rf"{name}\(n_envs=True\): n_envs must be"):
-        config(n_envs=True)
-    with pytest.raises(ValueError, match=rf"{name}\(n_envs=10.*e\.g\. n_envs=8"):
-        config(n_envs=10, n_minibatches=4)
-    with pytest.raises(ValueError, match=rf"{name}\(weight_decay=-1.0\): must be >= 0"):
-        config(weight_decay=-1.0)
-    # Under the runtime type checker the Literal hint may fire first.
-    with pytest.raises((ValueError, TypeError), match="reset_mode"):
-        config(reset_mode="never")
+@pytest.mark.parametrize("learner", ["PPO", "Distillation"])
+def test_iteration_settings_are_checked_alike(getkey, learner):
+    teacher = mlp(getkey())
+    build = eqx_ppo.PPO if learner == "PPO" else lambda **kw: Distillation(teacher, **kw)
+    with pytest.raises(TypeError, match="n_envs"):
+        build(n_envs=True)
+    with pytest.raises(ValueError, match=rf"{learner}\(n_envs=10.*e\.g\. n_envs=8"):
+        build(n_envs=10, n_minibatches=4)
+    with pytest.raises(ValueError, match=rf"{learner}\(weight_decay=-1.0\): must be"):
+        build(weight_decay=-1.0)
+    with pytest.raises(TypeError, match="reset_mode"):
+        build(reset_mode="never")
 
 
 def test_a_multi_seed_or_non_finite_teacher_is_named(getkey):
     env = eqx_ppo.envs.make("move_to_center")
     two_seeds = eqx.filter_vmap(mlp)(jax.random.split(getkey(), 2))
-    with pytest.raises(ValueError, match=r"train_distillation\(teacher=.*select_seed"):
-        train_distillation(env, two_seeds, mlp, config())
-    with pytest.raises(ValueError, match=r"distill_init\(student=.*select_seed"):
-        distill_init(env, mlp(getkey()), two_seeds, config().distillation, key=getkey())
+    with pytest.raises((ValueError, TypeError), match=r"`teacher` has a leading axis of 2"):
+        eqx_ppo.train(env, mlp, config(two_seeds))
+    with pytest.raises((ValueError, TypeError), match=r"`networks` has a leading axis of 2"):
+        eqx_ppo.train(env, two_seeds, config(mlp(getkey())))
 
     teacher = mlp(getkey())
     kernel = lambda t: t.layers[0].action.layers[-2].kernel  # noqa: E731
     diverged = eqx.tree_at(kernel, teacher, kernel(teacher).at[0, 0].set(jnp.nan))
     with pytest.raises(
-        ValueError, match=r"train_distillation\(teacher=...\): .*NaN or inf \(teacher"
+        ValueError, match=r"Distillation\(teacher=...\): .*NaN or inf \(teacher"
     ):
-        train_distillation(env, diverged, mlp, config())
+        config(diverged)
 
 
 @pytest.mark.parametrize("who", ["teacher", "student"])
@@ -314,47 +307,32 @@ def test_an_observation_mismatch_names_the_network(getkey, who):
     env = eqx_ppo.envs.make("move_to_center")  # observations of size 2
     networks = {"teacher": mlp(getkey()), "student": mlp(getkey())}
     networks[who] = eqx_ppo.make_mlp_actor_critic(3, 2, [8], [8], key=getkey())
-    with pytest.raises(
-        ValueError, match=rf"train_distillation\({who}=...\): the {who} cannot take"
-    ):
-        distill_init(
-            env,
-            networks["teacher"],
-            networks["student"],
-            config().distillation,
-            key=getkey(),
+    with pytest.raises(ValueError, match=rf"Distillation: the {who} cannot take"):
+        eqx_ppo.init(
+            env, networks["student"], config(networks["teacher"]).learner, key=getkey()
         )
 
 
-def test_distill_step_names_a_state_it_cannot_step(getkey):
+def test_step_names_a_state_of_another_teacher(getkey):
     env = eqx_ppo.envs.make("move_to_center")
-    dconfig = config(n_envs=4, n_minibatches=1).distillation
     lstm = eqx_ppo.make_lstm_actor_critic(2, 2, 8, key=getkey())
-    state = distill_init(env, lstm, mlp(getkey()), dconfig, key=getkey())
-    with pytest.raises(
-        ValueError, match=r"distill_step\(state=...\): .*another teacher"
-    ):
-        distill_step(env, mlp(getkey()), dconfig, state)
+
+    def learner(teacher):
+        return config(teacher, n_envs=4, n_minibatches=1).learner
+
+    state = eqx_ppo.init(env, mlp(getkey()), learner(lstm), key=getkey())
+    with pytest.raises(ValueError, match=r"step\(state=...\): .*another distillation"):
+        eqx_ppo.step(env, learner(mlp(getkey())), state)
     wider = eqx_ppo.make_lstm_actor_critic(2, 2, 16, key=getkey())
-    with pytest.raises(ValueError, match="another teacher"):
-        distill_step(env, wider, dconfig, state)
-    ppo_state = eqx_ppo.ppo_init(
-        env, mlp(getkey()), eqx_ppo.PPOConfig(n_envs=4, n_minibatches=1), key=getkey()
+    with pytest.raises(ValueError, match="another network or learner"):
+        eqx_ppo.step(env, learner(wider), state)
+    ppo_state = eqx_ppo.init(
+        env, mlp(getkey()), eqx_ppo.PPO(n_envs=4, n_minibatches=1), key=getkey()
     )
-    with pytest.raises(TypeError, match="not a distillation state"):
-        distill_step(env, lstm, dconfig, ppo_state)
+    with pytest.raises(ValueError, match="another network or learner"):
+        eqx_ppo.step(env, learner(lstm), ppo_state)
     # The state's own teacher passes, also inside a vmap over seeds.
-    states = eqx.filter_vmap(lambda k: distill_init(env, lstm, mlp(k), dconfig, key=k))(
-        jax.random.split(getkey(), 2)
-    )
-    eqx.filter_vmap(lambda s: distill_step(env, lstm, dconfig, s))(states)
-
-
-def test_init_distillation_state_names_a_bare_config(getkey, unchecked):
-    env = eqx_ppo.envs.make("move_to_center")
-    with pytest.raises(
-        TypeError, match=r"init_distillation_state\(config=.*DistillationTrainConfig"
-    ):
-        eqx_ppo.init_distillation_state(
-            env, mlp(getkey()), mlp(getkey()), config().distillation
-        )
+    states = eqx.filter_vmap(
+        lambda k: eqx_ppo.init(env, mlp(k), learner(lstm), key=k)
+    )(jax.random.split(getkey(), 2))
+    eqx.filter_vmap(lambda s: eqx_ppo.step(env, learner(lstm), s))(states)

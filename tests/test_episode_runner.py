@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import eqx_ppo
-from eqx_ppo.ppo import SaveAt, run_episodes, start_episodes
+from eqx_ppo.ppo._rollout import SaveAt, run_episodes, start_episodes
 from eqx_ppo.ppo._rollout import env_keys
 
 ENV = eqx_ppo.envs.make("move_to_center")

@@ -275,7 +275,7 @@ def test_mlp_actor_critic_errors(getkey, kwargs, error, match):
 @pytest.mark.parametrize("discrete", [False, True])
 @pytest.mark.parametrize("weight", [-1.0, float("nan")])
 def test_entropy_weight_is_checked_when_built_under_jit(discrete, weight):
-    """`train_ppo` runs the factory under `filter_jit`; the check still fires."""
+    """`train` runs the factory under `filter_jit`; the check still fires."""
     sampler = "CategoricalSampler" if discrete else "NormalTanhSampler"
 
     @eqx.filter_jit

@@ -12,7 +12,7 @@ import eqx_ppo
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo._loss import value_loss
-from eqx_ppo.ppo._train import _nonfinite_fix
+from eqx_ppo.ppo._guard import _problem
 
 
 def _count(state, kind) -> np.ndarray:
@@ -31,7 +31,7 @@ def _adam_count(state) -> np.ndarray:
 
 def _config(**kw):
     base = dict(n_envs=16, rollout_length=10, n_minibatches=4, n_epochs=4)
-    return eqx_ppo.PPOConfig(**{**base, **kw})
+    return eqx_ppo.PPO(**{**base, **kw})
 
 
 def _net(key):
@@ -43,12 +43,12 @@ ENV = envs.make("move_to_center")
 
 def _step(config):
     key = jax.random.key(0)
-    state = eqx_ppo.ppo_init(ENV, _net(key), config, key=key)
-    return eqx.filter_jit(eqx_ppo.ppo_step)(ENV, config, state)
+    state = eqx_ppo.init(ENV, _net(key), config, key=key)
+    return eqx.filter_jit(eqx_ppo.step)(ENV, config, state)
 
 
 def test_defaults_clip_gradients_and_check_finite():
-    config = eqx_ppo.PPOConfig()
+    config = eqx_ppo.PPO()
     assert config.gradient_clipping == 0.5
     assert config.check_finite
     assert config.target_kl is None and config.value_clip_range is None
@@ -81,7 +81,7 @@ def test_skipped_updates_still_advance_the_learning_rate_schedule():
     # One iteration of 4 updates (2 epochs x 2 minibatches); the tiny target
     # stops it early, yet the schedule reaches its end, as it would without
     # the early stop.
-    config = eqx_ppo.PPOConfig(
+    config = eqx_ppo.PPO(
         n_envs=4,
         rollout_length=4,
         total_steps=16,
@@ -144,7 +144,7 @@ class _NaNEnv(eqx.Module):
 def _train(env, network, n_seeds=1, **ppo):
     """Train 3 iterations, checkpointing after each; the steps checkpointed."""
     config = eqx_ppo.TrainConfig(
-        ppo=_config(total_steps=16 * 10 * 3, **ppo),
+        learner=_config(total_steps=16 * 10 * 3, **ppo),
         eval=eqx_ppo.EvalConfig(enabled=False),
         n_seeds=n_seeds,
         checkpoint_every_steps=160,
@@ -152,7 +152,7 @@ def _train(env, network, n_seeds=1, **ppo):
     )
     saved = []
     try:
-        eqx_ppo.train_ppo(
+        eqx_ppo.train(
             env, network, config, checkpoint_fn=lambda s, step: saved.append(step)
         )
     except FloatingPointError as e:
@@ -165,7 +165,8 @@ def _train(env, network, n_seeds=1, **ppo):
 def test_nonfinite_observation_names_the_env_and_stops_before_checkpointing():
     with pytest.raises(
         FloatingPointError,
-        match=r"Non-finite observation from env \d+ at iteration 1;.*check it",
+        match=r"Non-finite observation from env \d+, returned by env\.step at "
+        r"iteration 1;.*Check the env",
     ):
         _train(_NaNEnv("obs", bad_x=0.5), _net)
 
@@ -173,7 +174,8 @@ def test_nonfinite_observation_names_the_env_and_stops_before_checkpointing():
 def test_nonfinite_reward_names_the_env_and_seed():
     with pytest.raises(
         FloatingPointError,
-        match=r"Non-finite reward from env \d+ \(seed index \d\) at iteration 1",
+        match=r"Non-finite reward from env \d+, returned by env\.step \(seed index "
+        r"\d\) at iteration 1",
     ):
         _train(_NaNEnv("reward", bad_x=0.5), _net, n_seeds=2)
 
@@ -202,7 +204,8 @@ def _kinked(key):
 def test_nonfinite_parameters_with_a_finite_loss_are_named():
     with pytest.raises(
         FloatingPointError,
-        match=r"Non-finite updated parameters at iteration 1;.*optimiser step",
+        match=r"Non-finite optimiser update \(parameters or Adam state\) at "
+        r"iteration 1;.*optimiser step",
     ):
         _train(ENV, _kinked, n_epochs=1, n_minibatches=1)
 
@@ -215,24 +218,40 @@ def test_nonfinite_loss_is_named():
         _train(ENV, _kinked)
 
 
+def _fix(what, learner):
+    """The fix `_problem` gives for a non-finite loss or update with finite,
+    moderate inputs."""
+    flags = {
+        "debug/obs_env": -1,
+        "debug/obs_from_reset": False,
+        "debug/reward_env": -1,
+        "debug/obs_max": 1.0,
+        "debug/reward_max": 1.0,
+        "debug/finite_loss": what != "loss",
+        "debug/finite_update": False,
+    }
+    return _problem(flags, learner)[1]
+
+
 def test_the_nonfinite_fix_speaks_of_the_learners_own_settings():
-    ppo = _nonfinite_fix("loss", eqx_ppo.PPOConfig())
+    ppo = _fix("loss", eqx_ppo.PPO())
     assert ppo.endswith("keep `gradient_clipping` on, or set `target_kl`.")
     # Distillation has no target_kl, and no gradient clipping by default.
-    distill = _nonfinite_fix("loss", eqx_ppo.DistillationConfig())
+    teacher = eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=jax.random.key(0))
+    distill = _fix("loss", eqx_ppo.Distillation(teacher))
     assert distill.endswith("lower `learning_rate`, set `gradient_clipping`.")
-    unclipped = eqx_ppo.PPOConfig(gradient_clipping=None)
-    assert "set `gradient_clipping`." in _nonfinite_fix("parameters", unclipped)
+    unclipped = eqx_ppo.PPO(gradient_clipping=None)
+    assert "set `gradient_clipping`." in _fix("parameters", unclipped)
 
 
 def test_finite_run_logs_no_check_flags():
     logged = []
     config = eqx_ppo.TrainConfig(
-        ppo=_config(total_steps=320),
+        learner=_config(total_steps=320),
         eval=eqx_ppo.EvalConfig(enabled=False),
         progress=False,
     )
-    eqx_ppo.train_ppo(ENV, _net, config, log_fn=lambda m, step: logged.append(m))
+    eqx_ppo.train(ENV, _net, config, log_fn=lambda m, step: logged.append(m))
     assert len(logged) == 2 and "losses/actor/mean" in logged[0]
     assert not [k for m in logged for k in m if k.startswith("debug/")]
 

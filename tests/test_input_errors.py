@@ -22,20 +22,20 @@ from eqx_ppo.distill import (
 )
 from eqx_ppo.ppo import (
     EvalConfig,
-    PPOConfig,
+    PPO,
     TrainConfig,
     eval_rollout,
     init_state,
-    ppo_init,
+    init,
     ppo_run,
-    ppo_step,
-    train_ppo,
+    step,
+    train,
 )
 from eqx_ppo.ppo._validate import check_initial_state
 
 ENV = envs.make("move_to_center")
-CONFIG = PPOConfig(n_envs=4, rollout_length=4, total_steps=32, n_minibatches=1)
-TRAIN = TrainConfig(ppo=CONFIG, progress=False)
+CONFIG = PPO(n_envs=4, rollout_length=4, total_steps=32, n_minibatches=1)
+TRAIN = TrainConfig(learner=CONFIG, progress=False)
 
 
 def mlp(key, hidden=(8,)):
@@ -57,7 +57,7 @@ def test_non_finite_coefficients_are_rejected(name, value):
     with pytest.raises(
         ValueError, match=rf"PPOConfig\({name}={value}\): must be finite, got {value}"
     ):
-        PPOConfig(**{name: value})
+        PPO(**{name: value})
 
 
 @pytest.mark.parametrize(
@@ -76,8 +76,8 @@ def test_non_finite_coefficients_are_rejected(name, value):
 def test_coefficients_out_of_range_are_shown_as_written(name, value, bound):
     # Stored as float32; the message shows -0.1, not -0.10000000149011612.
     with pytest.raises(ValueError) as error:
-        PPOConfig(**{name: value})
-    assert str(error.value) == f"PPOConfig({name}={value}): must be {bound}."
+        PPO(**{name: value})
+    assert str(error.value) == f"PPO({name}={value}): must be {bound}."
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_optimizer_settings_that_are_not_numbers_are_named(unchecked, name, valu
         match=rf"PPOConfig\({name}={value!r}\): expected a number or None, got "
         rf"{type(value).__name__}\. Fix",
     ):
-        PPOConfig(**{name: value})
+        PPO(**{name: value})
 
 
 @pytest.mark.parametrize("config", [PPOConfig, EvalConfig], ids=lambda c: c.__name__)
@@ -128,7 +128,7 @@ def test_reward_scaling_must_be_positive(value):
     with pytest.raises(
         ValueError, match=rf"PPOConfig\(reward_scaling={value}\): must be > 0\.0\."
     ):
-        PPOConfig(reward_scaling=value)
+        PPO(reward_scaling=value)
 
 
 def test_non_finite_distillation_learning_rate_is_rejected():
@@ -159,8 +159,8 @@ def test_percentiles_must_be_in_0_100(config, percentiles, seen):
     [
         (
             {"ppo": {"n_envs": 8}},
-            r"TrainConfig\(ppo=\{'n_envs': 8\}\): expected PPOConfig, got dict\. "
-            r"Fix: TrainConfig\(ppo=PPOConfig\(\*\*d\)\) for a dict `d`",
+            r"TrainConfig\(learner=\{'n_envs': 8\}\): expected PPOConfig, got dict\. "
+            r"Fix: TrainConfig\(learner=PPOConfig\(\*\*d\)\) for a dict `d`",
         ),
         (
             {"eval": {"n_envs": 8}},
@@ -202,10 +202,10 @@ def test_callbacks_are_checked_before_training(unchecked, name, call):
 
     with pytest.raises(
         TypeError,
-        match=rf"train_ppo\({name}='log'\): expected a function or None, got str\. "
+        match=rf"train\({name}='log'\): expected a function or None, got str\. "
         rf"Fix: pass a function called as `{call}`",
     ):
-        train_ppo(ENV, networks, TRAIN, **{name: "log"})
+        train(ENV, networks, TRAIN, **{name: "log"})
     assert built == []  # nothing was initialised, traced or run
 
 
@@ -259,13 +259,13 @@ def state():
         ),
         (
             mlp,
-            TrainConfig(ppo=PPOConfig(n_envs=8, n_minibatches=1), progress=False),
+            TrainConfig(learner=PPO(n_envs=8, n_minibatches=1), progress=False),
             r"the state's env_state and carries hold 4 envs, but the config's "
             r"n_envs is 8\. Fix: resume with n_envs=4",
         ),
         (
             mlp,
-            TrainConfig(ppo=CONFIG, n_seeds=2, progress=False),
+            TrainConfig(learner=CONFIG, n_seeds=2, progress=False),
             r"the state has no seed axis .*but config\.n_seeds=2 expects a seed "
             r"axis of 2\. Fix: set n_seeds",
         ),
@@ -274,9 +274,9 @@ def state():
 )
 def test_initial_state_must_match_networks_and_config(state, networks, config, match):
     with pytest.raises(
-        ValueError, match=rf"train_ppo\(initial_state=\.\.\.\): {match}"
+        ValueError, match=rf"train\(initial_state=\.\.\.\): {match}"
     ):
-        train_ppo(ENV, networks, config, initial_state=state)
+        train(ENV, networks, config, initial_state=state)
 
 
 def test_initial_state_seed_axis_must_match(state):
@@ -286,24 +286,24 @@ def test_initial_state_seed_axis_must_match(state):
     with pytest.raises(
         ValueError, match=r"has a seed axis of 2 .*n_seeds=1 expects no seed axis"
     ):
-        train_ppo(ENV, mlp, TRAIN, initial_state=two_seeds)
+        train(ENV, mlp, TRAIN, initial_state=two_seeds)
 
 
 def test_matching_initial_state_passes_the_check(state):
     fresh = lambda: init_state(ENV, mlp, TRAIN)  # noqa: E731
-    check_initial_state("train_ppo", state, fresh)
+    check_initial_state("train", state, fresh)
     legacy = eqx.tree_at(lambda s: s.key, state, jax.random.key_data(state.key))
-    check_initial_state("train_ppo", legacy, fresh)
+    check_initial_state("train", legacy, fresh)
 
 
 def test_training_from_a_state_leaves_the_callers_state_usable():
-    """The compiled chunks donate their input; `train_ppo` hands them a copy
+    """The compiled chunks donate their input; `train` hands them a copy
     of `initial_state`, so one loaded state can start several runs."""
     state = init_state(ENV, mlp, TRAIN)
-    first = train_ppo(ENV, mlp, TRAIN, initial_state=state)
+    first = train(ENV, mlp, TRAIN, initial_state=state)
     arrays = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
     assert arrays and not any(x.is_deleted() for x in arrays)
-    second = train_ppo(ENV, mlp, TRAIN, initial_state=state)
+    second = train(ENV, mlp, TRAIN, initial_state=state)
     for a, b in zip(
         jax.tree.leaves(eqx.filter(first.training_state, eqx.is_array)),
         jax.tree.leaves(eqx.filter(second.training_state, eqx.is_array)),
@@ -315,23 +315,23 @@ def test_training_from_a_state_leaves_the_callers_state_usable():
 
 
 def test_a_state_trained_past_total_steps_is_refused():
-    trained = train_ppo(ENV, mlp, TRAIN).training_state  # 32 env steps
+    trained = train(ENV, mlp, TRAIN).training_state  # 32 env steps
     shorter = dataclasses.replace(
-        TRAIN, ppo=dataclasses.replace(CONFIG, total_steps=16)
+        TRAIN, learner=dataclasses.replace(CONFIG, total_steps=16)
     )
     with pytest.raises(
         ValueError,
-        match=r"train_ppo\(initial_state=...\): the state has trained 32 env "
+        match=r"train\(initial_state=...\): the state has trained 32 env "
         r"steps, more than total_steps=16\. Fix: .*total_steps >= 32",
     ):
-        train_ppo(ENV, mlp, shorter, initial_state=trained)
-    finished = train_ppo(ENV, mlp, TRAIN, initial_state=trained)
+        train(ENV, mlp, shorter, initial_state=trained)
+    finished = train(ENV, mlp, TRAIN, initial_state=trained)
     assert finished.total_steps == 32 and finished.final_metrics == {}
 
 
 def test_a_state_kept_from_checkpoint_fn_is_refused_by_name():
     kept = []
-    train_ppo(
+    train(
         ENV,
         mlp,
         dataclasses.replace(TRAIN, checkpoint_every_steps=16),
@@ -339,10 +339,10 @@ def test_a_state_kept_from_checkpoint_fn_is_refused_by_name():
     )
     with pytest.raises(
         ValueError,
-        match=r"train_ppo\(initial_state=...\): initial_state\.\S+ has been "
+        match=r"train\(initial_state=...\): initial_state\.\S+ has been "
         r"deleted.*jax\.device_get",
     ):
-        train_ppo(ENV, mlp, TRAIN, initial_state=kept[0])
+        train(ENV, mlp, TRAIN, initial_state=kept[0])
 
 
 class StepState(eqx.Module):
@@ -407,9 +407,9 @@ ENV_ERRORS = [
     "env, match", ENV_ERRORS, ids=["obs", "reward", "done", "info"]
 )
 def test_env_step_shapes_are_checked_in_the_rollout(getkey, env, match):
-    state = ppo_init(env, mlp(getkey()), CONFIG, key=getkey())
+    state = init(env, mlp(getkey()), CONFIG, key=getkey())
     with pytest.raises(ValueError, match=match):
-        eqx.filter_eval_shape(ppo_step, env, CONFIG, state)
+        eqx.filter_eval_shape(step, env, CONFIG, state)
 
 
 @pytest.mark.parametrize(
@@ -451,8 +451,8 @@ def _wrong_signature(size, *, key):
     ids=["no-key", "other-parameters", "not-a-network"],
 )
 def test_network_factory_must_be_key_to_network(networks, match):
-    with pytest.raises(TypeError, match=rf"train_ppo\(networks=\.\.\.\): {match}"):
-        train_ppo(ENV, networks, TRAIN)
+    with pytest.raises(TypeError, match=rf"train\(networks=\.\.\.\): {match}"):
+        train(ENV, networks, TRAIN)
 
 
 def test_student_factory_is_checked_alike(getkey):
@@ -481,8 +481,8 @@ def test_student_factory_is_checked_alike(getkey):
 def test_keys_must_be_prng_keys(unchecked, getkey, key, seen):
     net = mlp(getkey())
     fix = r"\. Fix: pass a single key, e\.g\. key=jax\.random\.key\(seed\)"
-    with pytest.raises(TypeError, match=rf"ppo_init\({seen}{fix}"):
-        ppo_init(ENV, net, CONFIG, key=key)
+    with pytest.raises(TypeError, match=rf"init\({seen}{fix}"):
+        init(ENV, net, CONFIG, key=key)
     with pytest.raises(TypeError, match=rf"eval_rollout\({seen}{fix}"):
         eval_rollout(ENV, net, key, n_envs=4, max_episode_length=3)
 
@@ -493,7 +493,7 @@ def test_keys_must_be_prng_keys(unchecked, getkey, key, seen):
     ids=["PRNGKey", "numpy-uint32[2]"],
 )
 def test_legacy_uint32_keys_are_accepted(unchecked, getkey, key):
-    state = ppo_init(ENV, mlp(getkey()), CONFIG, key=key)
+    state = init(ENV, mlp(getkey()), CONFIG, key=key)
     assert state.key.shape == (2,)
 
 
@@ -501,18 +501,18 @@ def test_train_keys_are_checked(unchecked, getkey):
     config = dataclasses.replace(TRAIN, n_seeds=2)
     keys = jax.random.split(getkey(), 3)
     with pytest.raises(
-        ValueError, match=r"train_ppo\(key=<3 keys>\): .* needs n_seeds=3, .* Fix"
+        ValueError, match=r"train\(key=<3 keys>\): .* needs n_seeds=3, .* Fix"
     ):
-        train_ppo(ENV, mlp, config, key=keys)
-    with pytest.raises(TypeError, match=r"train_ppo\(key=0\): expected a PRNG key"):
-        train_ppo(ENV, mlp, config, key=0)
+        train(ENV, mlp, config, key=keys)
+    with pytest.raises(TypeError, match=r"train\(key=0\): expected a PRNG key"):
+        train(ENV, mlp, config, key=0)
 
 
 def test_a_batch_of_seed_keys_may_be_legacy_key_data(unchecked, getkey):
     config = dataclasses.replace(TRAIN, n_seeds=2)
     typed = jax.random.split(getkey(), 2)
     legacy = jax.random.key_data(typed)  # uint32[2, 2], as PRNGKey(...) splits
-    run = functools.partial(train_ppo, ENV, mlp, config)
+    run = functools.partial(train, ENV, mlp, config)
     from_typed, from_legacy = run(key=typed), run(key=legacy)
     assert jax.tree.all(
         jax.tree.map(
@@ -523,7 +523,7 @@ def test_a_batch_of_seed_keys_may_be_legacy_key_data(unchecked, getkey):
     )
     with pytest.raises(
         TypeError,
-        match=r"train_ppo\(key=key<fry>\[2, 2\]\): .*Fix: pass a single key, e\.g\. "
+        match=r"train\(key=key<fry>\[2, 2\]\): .*Fix: pass a single key, e\.g\. "
         r"key=jax\.random\.key\(seed\) \(or one key per seed, \[n_seeds\], e\.g\. "
         r"jax\.random\.split\(key, n_seeds\)\)",
     ):
@@ -554,7 +554,7 @@ def test_a_network_for_another_obs_size_names_the_fix(getkey):
         r"env's\)\. The sizes differ: build the network for one env's observation "
         r"\(obs_size=env\.observation_size\)",
     ):
-        train_ppo(ENV, factory, TRAIN)
+        train(ENV, factory, TRAIN)
 
 
 @pytest.mark.parametrize(
@@ -646,7 +646,7 @@ class _TwoChoices(envs.AbstractEnv):
 def test_dict_discrete_actions_are_checked_key_by_key():
     env = envs.EpisodeWrapper(_TwoChoices(), 4)
     config = TrainConfig(
-        ppo=PPOConfig(n_envs=2, rollout_length=4, total_steps=16, n_minibatches=1),
+        learner=PPO(n_envs=2, rollout_length=4, total_steps=16, n_minibatches=1),
         eval=EvalConfig(every_steps=16, n_envs=2, max_episode_length=4),
         progress=False,
     )
@@ -654,14 +654,14 @@ def test_dict_discrete_actions_are_checked_key_by_key():
     def networks(key, sizes=env.n_actions):
         return make_mlp_actor_critic(3, sizes, [8], [8], discrete=True, key=key)
 
-    assert train_ppo(env, networks, config).total_steps == 16
+    assert train(env, networks, config).total_steps == 16
     wrong = functools.partial(networks, sizes={"a": 3, "b": 4})
     with pytest.raises(
         ValueError,
         match=r"CategoricalSampler\['b'\] has 4 actions but env\.n_actions\['b'\] "
         r"= 2\. Fix",
     ):
-        train_ppo(env, wrong, config)
+        train(env, wrong, config)
 
 
 @pytest.mark.parametrize(
@@ -686,7 +686,7 @@ def test_actions_that_do_not_fit_a_continuous_env_name_the_fix(discrete, size, f
         match=r"The network's actions do not match the env's action_size\.\n"
         rf"  network actions \(per env\): .*\n  env\.action_size: 2\nFix: {fix}",
     ):
-        train_ppo(ENV, networks, TRAIN)
+        train(ENV, networks, TRAIN)
 
 
 def discrete_mlp(key, n_logits=4):
@@ -697,7 +697,7 @@ def discrete_mlp(key, n_logits=4):
 def test_categorical_samplers_must_match_env_n_actions(getkey, n_logits):
     env = envs.make("repeat_first")  # n_actions=4
     config = TrainConfig(
-        ppo=PPOConfig(
+        learner=PPO(
             n_envs=2, rollout_length=4, total_steps=8, n_minibatches=1, n_epochs=1
         ),
         eval=EvalConfig(every_steps=8, n_envs=2, max_episode_length=4),
@@ -710,7 +710,7 @@ def test_categorical_samplers_must_match_env_n_actions(getkey, n_logits):
         r"\(4\), discrete=True"
     )
     with pytest.raises(ValueError, match=match):
-        train_ppo(env, factory, config)
+        train(env, factory, config)
     evaluate = functools.partial(eval_rollout, n_envs=2, max_episode_length=4)
     with pytest.raises(ValueError, match=match):
         eqx.filter_eval_shape(evaluate, env, factory(getkey()), getkey())
@@ -745,19 +745,19 @@ def test_rollout_sizes_must_be_positive_ints(unchecked, getkey, rollout, kwargs,
 
 @pytest.mark.parametrize("n_minibatches", [1, 4])
 def test_step_config_must_match_the_states_n_envs(getkey, n_minibatches):
-    built = PPOConfig(n_envs=2, rollout_length=4, n_minibatches=1)
-    state = ppo_init(ENV, mlp(getkey()), built, key=getkey())
-    config = PPOConfig(n_envs=4, rollout_length=4, n_minibatches=n_minibatches)
+    built = PPO(n_envs=2, rollout_length=4, n_minibatches=1)
+    state = init(ENV, mlp(getkey()), built, key=getkey())
+    config = PPO(n_envs=4, rollout_length=4, n_minibatches=n_minibatches)
     with pytest.raises(
         ValueError,
         match=r"step\(state=\.\.\.\): the state holds 2 envs but config\.n_envs = "
         r"4\. Fix: use the config the state was built with \(n_envs=2\)",
     ):
-        eqx.filter_eval_shape(ppo_step, ENV, config, state)
+        eqx.filter_eval_shape(step, ENV, config, state)
 
 
 def test_ppo_run_iterations_must_be_non_negative(getkey):
-    state = ppo_init(ENV, mlp(getkey()), CONFIG, key=getkey())
+    state = init(ENV, mlp(getkey()), CONFIG, key=getkey())
     with pytest.raises(
         ValueError,
         match=r"ppo_run\(n_iterations=-1\): n_iterations must be an int >= 0, got "
@@ -788,9 +788,9 @@ def test_train_ppo_takes_a_train_config(unchecked, config, fix):
     name = type(config).__name__
     with pytest.raises(
         TypeError,
-        match=rf"train_ppo\(config={name}\(\.\.\.\)\): {fix}TrainConfig\(ppo=",
+        match=rf"train\(config={name}\(\.\.\.\)\): {fix}TrainConfig\(learner=",
     ):
-        train_ppo(ENV, mlp, config)
+        train(ENV, mlp, config)
 
 
 @pytest.mark.parametrize(
@@ -833,7 +833,7 @@ def test_network_arguments_must_be_networks(unchecked, getkey, state, kind):
     bad, net, key = make(state), mlp(getkey()), getkey()
     sizes = {"n_envs": 2, "max_episode_length": 3}
     calls = [
-        ("ppo_init", "network", lambda: ppo_init(ENV, bad, CONFIG, key=key)),
+        ("init", "network", lambda: init(ENV, bad, CONFIG, key=key)),
         ("eval_rollout", "network", lambda: eval_rollout(ENV, bad, key, **sizes)),
         (
             "record_activations_rollout",
@@ -886,10 +886,10 @@ def test_a_mesh_with_an_explicit_axis_is_refused_by_name():
     mesh = jax.make_mesh((1,), ("env",))
     with pytest.raises(
         ValueError,
-        match=r"train_ppo\(mesh=\.\.\.\): the axis 'env' has type Explicit; eqx_ppo "
+        match=r"train\(mesh=\.\.\.\): the axis 'env' has type Explicit; eqx_ppo "
         r"places arrays itself and needs Auto\. Fix: eqx_ppo\.make_mesh\(devices\)",
     ):
-        train_ppo(ENV, mlp, TRAIN, mesh=mesh)
+        train(ENV, mlp, TRAIN, mesh=mesh)
 
 
 def lstm(key):
@@ -956,8 +956,8 @@ def test_with_recording_needs_a_network(unchecked, net, fix):
 @pytest.mark.parametrize(
     "make, name",
     [
-        (lambda v: PPOConfig(normalize_advantages=v), "PPOConfig(normalize_advantages"),
-        (lambda v: PPOConfig(combine_advantages=v), "PPOConfig(combine_advantages"),
+        (lambda v: PPO(normalize_advantages=v), "PPO(normalize_advantages"),
+        (lambda v: PPO(combine_advantages=v), "PPO(combine_advantages"),
         (
             lambda v: DistillationConfig(check_finite=v),
             "DistillationConfig(check_finite",
@@ -1101,8 +1101,8 @@ def test_env_arguments_must_be_envs(unchecked, getkey, state, kind):
     carry = eqx_ppo.ppo.start_episodes(ENV, net, key, 2)
     sizes = {"n_envs": 2, "max_episode_length": 3}
     calls = [
-        ("train_ppo", "env", lambda: train_ppo(bad, mlp, TRAIN)),
-        ("train_ppo", "eval_env", lambda: train_ppo(ENV, mlp, TRAIN, eval_env=bad)),
+        ("train", "env", lambda: train(bad, mlp, TRAIN)),
+        ("train", "eval_env", lambda: train(ENV, mlp, TRAIN, eval_env=bad)),
         ("train", "env", lambda: train(bad, mlp, PPO(CONFIG), TRAIN, key=key)),
         (
             "train_distillation",
@@ -1110,14 +1110,14 @@ def test_env_arguments_must_be_envs(unchecked, getkey, state, kind):
             lambda: train_distillation(bad, net, mlp, DISTILL),
         ),
         ("init", "env", lambda: init(bad, net, PPO(CONFIG), key=key)),
-        ("ppo_init", "env", lambda: ppo_init(bad, net, CONFIG, key=key)),
+        ("init", "env", lambda: init(bad, net, CONFIG, key=key)),
         (
             "distill_init",
             "env",
             lambda: distill_init(bad, net, net, DISTILL.distillation, key=key),
         ),
         ("step", "env", lambda: step(bad, PPO(CONFIG), state)),
-        ("step", "env", lambda: ppo_step(bad, CONFIG, state)),
+        ("step", "env", lambda: step(bad, CONFIG, state)),
         ("eval_rollout", "env", lambda: eval_rollout(bad, net, key, **sizes)),
         (
             "record_activations_rollout",
@@ -1162,8 +1162,8 @@ def test_an_env_following_the_protocol_need_not_subclass(getkey):
 
         def step(self, state, action): ...
 
-    check_env("train_ppo", "env", BraxLike())
-    check_env("train_ppo", "env", envs.EpisodeWrapper(BraxLike(), 5))
+    check_env("train", "env", BraxLike())
+    check_env("train", "env", envs.EpisodeWrapper(BraxLike(), 5))
 
     # A plain dataclass compares by value but cannot be hashed, which the
     # compiled programs' static arguments need.
@@ -1171,14 +1171,14 @@ def test_an_env_following_the_protocol_need_not_subclass(getkey):
     class Unhashable(BraxLike):
         target: float = 0.5
 
-    with pytest.raises(TypeError, match=r"train_ppo\(env=\.\.\.\):.*must be hashable"):
-        check_env("train_ppo", "env", Unhashable())
+    with pytest.raises(TypeError, match=r"train\(env=\.\.\.\):.*must be hashable"):
+        check_env("train", "env", Unhashable())
 
     @dataclasses.dataclass(frozen=True)
     class Frozen(BraxLike):
         target: float = 0.5
 
-    check_env("train_ppo", "env", Frozen())
+    check_env("train", "env", Frozen())
 
 
 @pytest.mark.parametrize(
@@ -1277,7 +1277,7 @@ def test_a_custom_layer_breaking_the_contract_is_named(getkey, layer, error, mat
             ),
         ]
     )
-    config = eqx_ppo.PPOConfig(n_envs=2, rollout_length=4, n_minibatches=1)
+    config = eqx_ppo.PPO(n_envs=2, rollout_length=4, n_minibatches=1)
     with pytest.raises(error, match=match):
-        state = eqx_ppo.ppo_init(env, network, config, key=getkey())
-        eqx.filter_jit(eqx_ppo.ppo_step)(env, config, state)
+        state = eqx_ppo.init(env, network, config, key=getkey())
+        eqx.filter_jit(eqx_ppo.step)(env, config, state)

@@ -17,7 +17,7 @@ import eqx_ppo
 from benchmarks.stability import CASES, collapsed_seeds, curves, two_arm_network
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
-from eqx_ppo.ppo import rollout
+from eqx_ppo.ppo._rollout import rollout
 from eqx_ppo.ppo._rollout import StepCarry
 from tests._helpers import SEED_OFFSET
 
@@ -36,7 +36,7 @@ def _train(
 ):
     """Final eval results of `n_seeds` seeds trained in one vmapped program."""
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=n_envs,
             rollout_length=ppo.pop("rollout_length", 20),
             total_steps=steps,
@@ -54,7 +54,7 @@ def _train(
         n_seeds=n_seeds,
         progress=False,
     )
-    return eqx_ppo.train_ppo(env, networks, config).eval_history[-1]
+    return eqx_ppo.train(env, networks, config).eval_history[-1]
 
 
 def _finals(record, key="eval/episode_reward/mean"):
@@ -187,10 +187,10 @@ def test_counter_carry_resets_with_env():
         metrics["eval/episode_reward/mean"], metrics["eval/lifespan/mean"], rtol=1e-6
     )
     # And through training-time auto-reset: every step of every episode scores.
-    state = eqx_ppo.ppo_init(
+    state = eqx_ppo.init(
         env,
         net,
-        eqx_ppo.PPOConfig(n_envs=16, rollout_length=30, n_minibatches=1),
+        eqx_ppo.PPO(n_envs=16, rollout_length=30, n_minibatches=1),
         key=jax.random.key(1),
     )
     _, data = rollout(

@@ -12,7 +12,7 @@ import pytest
 import eqx_ppo
 from eqx_ppo import LoggingLevel
 from eqx_ppo.logging import CSVLogger, JSONLLogger, combine_loggers, reduce_metric
-from eqx_ppo.ppo._train import _CompileTimer
+from eqx_ppo.ppo._host import CompileTimer as _CompileTimer
 
 
 def test_reduce_metric_names_and_values():
@@ -85,7 +85,7 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
     env = eqx_ppo.envs.make("move_to_center")
     videos, logged = [], []
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=8,
             rollout_length=10,
             total_steps=160,
@@ -101,7 +101,7 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
         ),
         progress=False,
     )
-    eqx_ppo.train_ppo(
+    eqx_ppo.train(
         env,
         lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k),
         config,
@@ -139,11 +139,11 @@ def test_video_fn_gets_rendered_frames_and_throughput_is_logged():
 def test_advantages_are_logged_as_the_surrogate_weighs_them_and_eval_has_a_rate():
     env = eqx_ppo.envs.make("move_to_center")
     logged = []
-    eqx_ppo.train_ppo(
+    eqx_ppo.train(
         env,
         lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k),
         eqx_ppo.TrainConfig(
-            ppo=eqx_ppo.PPOConfig(
+            learner=eqx_ppo.PPO(
                 n_envs=8,
                 rollout_length=10,
                 total_steps=160,
@@ -172,7 +172,7 @@ def test_throughput_leaves_out_the_time_spent_compiling():
     # A network size no other test compiles: the first chunk compiles (~3 s)
     # and runs (~50 ms, as each later chunk); its rate must be one of running.
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=64,
             rollout_length=32,
             total_steps=64 * 32 * 40,
@@ -184,7 +184,7 @@ def test_throughput_leaves_out_the_time_spent_compiling():
         progress=False,
     )
     rates = []
-    eqx_ppo.train_ppo(
+    eqx_ppo.train(
         eqx_ppo.envs.make("move_to_center"),
         lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
         config,
@@ -294,7 +294,8 @@ class _FakeBar:
 
     def __init__(self, *, total, initial, unit, unit_scale, desc):
         self.total, self.n, self.unit, self.descs = total, initial, unit, [desc]
-        self.postfixes = []
+        self.postfixes, self.rates = [], []
+        self.start_t = 0.0  # tqdm's clock: the driver moves it past compile time
         _FakeBar.made.append(self)
 
     def update(self, n):
@@ -306,6 +307,9 @@ class _FakeBar:
     def set_postfix(self, **kwargs):
         self.postfixes.append(kwargs)
 
+    def set_postfix_str(self, text, refresh=True):
+        self.rates.append(text)
+
     def close(self):
         pass
 
@@ -316,7 +320,7 @@ def test_progress_bar_counts_env_steps_of_all_seeds_and_says_compiling(monkeypat
     monkeypatch.setattr(tqdm.auto, "tqdm", _FakeBar)
     _FakeBar.made.clear()
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=4, rollout_length=5, total_steps=50, n_minibatches=2
         ),  # 50 steps round up to 3 iterations of 20
         eval=eqx_ppo.EvalConfig(every_steps=20, n_envs=2, max_episode_length=5),
@@ -324,7 +328,7 @@ def test_progress_bar_counts_env_steps_of_all_seeds_and_says_compiling(monkeypat
         progress=True,
     )
     env = eqx_ppo.envs.make("move_to_center")
-    eqx_ppo.train_ppo(
+    eqx_ppo.train(
         env, lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=k), config
     )
     [bar] = _FakeBar.made
@@ -332,6 +336,10 @@ def test_progress_bar_counts_env_steps_of_all_seeds_and_says_compiling(monkeypat
     assert bar.total == bar.n == 3 * 20 * 2  # the real total, both seeds
     assert bar.descs[0] == "compiling" and bar.descs[-1] == "train"
     assert all(set(p) == {"eval_return"} for p in bar.postfixes)
+    # Elapsed time, rate and estimate leave the compilation out: the clock
+    # moved forward by the seconds spent compiling the first chunk.
+    assert bar.start_t > 0.1
+    assert bar.rates and all(r.endswith("steps/s now") for r in bar.rates)
 
 
 def test_combine_loggers_refuses_what_cannot_log(unchecked, tmp_path):

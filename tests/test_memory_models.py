@@ -17,7 +17,7 @@ HIDDEN = 6
 
 def _config(total_steps=32, n_seeds=2):
     return eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=4, rollout_length=8, total_steps=total_steps, n_minibatches=2
         ),
         eval=eqx_ppo.EvalConfig(enabled=False),
@@ -40,7 +40,7 @@ def _networks(cell):
 def test_cell_trains_over_seeds_resumes_and_records(cell, tmp_path):
     env = eqx_ppo.envs.make("recall")
     networks = _networks(cell)
-    result = eqx_ppo.train_ppo(env, networks, _config())
+    result = eqx_ppo.train(env, networks, _config())
     state = result.training_state
     assert state.steps.shape == (2,) and int(state.steps[0]) == 32
     params = eqx.filter(state.network, eqx_ppo.nn.trainable(state.network))
@@ -57,9 +57,9 @@ def test_cell_trains_over_seeds_resumes_and_records(cell, tmp_path):
     )
     config = dataclasses.replace(
         _config(n_seeds=1),
-        ppo=dataclasses.replace(_config().ppo, total_steps=64),
+        learner=dataclasses.replace(_config().learner, total_steps=64),
     )
-    resumed = eqx_ppo.train_ppo(env, networks, config, initial_state=loaded)
+    resumed = eqx_ppo.train(env, networks, config, initial_state=loaded)
     assert int(resumed.training_state.steps) == 64
 
     activations, _ = eqx_ppo.record_activations_rollout(

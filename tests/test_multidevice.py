@@ -38,7 +38,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jax.tree_util import Partial
 from eqx_ppo import LoggingLevel as L
-from eqx_ppo.ppo import PPOConfig, TrainConfig, EvalConfig, ppo_init, ppo_step
+from eqx_ppo.ppo import PPOConfig, TrainConfig, EvalConfig, init, step
 from eqx_ppo.ppo._sharding import make_mesh, shard_state, shard_step
 
 
@@ -112,11 +112,11 @@ def test_sharded_step_matches_one_device():
         """
         mesh = make_mesh()
         assert mesh.size == 4
-        config = PPOConfig(n_envs=16, rollout_length=6, n_epochs=2, n_minibatches=2,
+        config = PPO(n_envs=16, rollout_length=6, n_epochs=2, n_minibatches=2,
                            learning_rate=1e-2, logging_level=EVERY_LOG,
                            logging_percentiles=(10, 50, 90))
-        state = ppo_init(ENV, lstm(jax.random.key(1)), config, key=jax.random.key(0))
-        sharded = eqx.filter_jit(shard_step(Partial(ppo_step, ENV, config), mesh))
+        state = init(ENV, lstm(jax.random.key(1)), config, key=jax.random.key(0))
+        sharded = eqx.filter_jit(shard_step(Partial(step, ENV, config), mesh))
         four, four_metrics = sharded(shard_state(state, mesh))
 
         # One device, given the minibatches the four devices use: global
@@ -131,7 +131,7 @@ def test_sharded_step_matches_one_device():
             return jnp.concatenate(local, axis=1)
 
         eqx_ppo.ppo._step._permutations = blockwise
-        one, one_metrics = eqx.filter_jit(ppo_step)(ENV, config, state)
+        one, one_metrics = eqx.filter_jit(step)(ENV, config, state)
         eqx_ppo.ppo._step._permutations = original
 
         # Every leaf (parameters, Adam moments, normaliser statistics, env
@@ -142,10 +142,10 @@ def test_sharded_step_matches_one_device():
         assert len(four_metrics) > 30
 
         # The collectives of one iteration, with the default logging.
-        config = PPOConfig(n_envs=16, rollout_length=6, n_epochs=2, n_minibatches=2)
-        state = shard_state(ppo_init(ENV, lstm(jax.random.key(1)), config,
+        config = PPO(n_envs=16, rollout_length=6, n_epochs=2, n_minibatches=2)
+        state = shard_state(init(ENV, lstm(jax.random.key(1)), config,
                                      key=jax.random.key(0)), mesh)
-        hlo = (eqx.filter_jit(shard_step(Partial(ppo_step, ENV, config), mesh))
+        hlo = (eqx.filter_jit(shard_step(Partial(step, ENV, config), mesh))
                .lower(state).compile().compiled.as_text())
         print("all-reduce ops per iteration:", hlo.count("all-reduce("))
         print("all-gather ops per iteration:", hlo.count("all-gather("))
@@ -165,10 +165,10 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
         mesh = make_mesh()
         env_spec, replicated = NamedSharding(mesh, P("env")), NamedSharding(mesh, P())
         config = TrainConfig(
-            ppo=PPOConfig(n_envs=8, rollout_length=4, total_steps=64, n_minibatches=2),
+            learner=PPO(n_envs=8, rollout_length=4, total_steps=64, n_minibatches=2),
             eval=EvalConfig(enabled=False), progress=False)
         saved = []
-        result = eqx_ppo.train_ppo(ENV, lstm, config, mesh=mesh,
+        result = eqx_ppo.train(ENV, lstm, config, mesh=mesh,
                                    checkpoint_fn=lambda s, step: saved.append(s))
         state = result.training_state
         for x in jax.tree.leaves((state.env_state, state.carry)):
@@ -199,9 +199,9 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
         assert {s.data.shape for s in data.obs.addressable_shards} == {(4, 2, 2)}
 
         # n_envs must split into n_devices * n_minibatches local minibatches.
-        bad = TrainConfig(ppo=PPOConfig(n_envs=12, n_minibatches=2), progress=False)
+        bad = TrainConfig(learner=PPO(n_envs=12, n_minibatches=2), progress=False)
         try:
-            eqx_ppo.train_ppo(ENV, lstm, bad, mesh=mesh)
+            eqx_ppo.train(ENV, lstm, bad, mesh=mesh)
         except ValueError as e:
             message = str(e)
         else:
@@ -209,7 +209,7 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
         assert "n_envs=12" in message and "4 * 2 = 8" in message, message
         assert "Fix" in message
         try:
-            eqx_ppo.train_ppo(ENV, lstm, config, mesh=jax.sharding.Mesh(
+            eqx_ppo.train(ENV, lstm, config, mesh=jax.sharding.Mesh(
                 np.asarray(jax.devices()).reshape(2, 2), ("a", "b")))
         except ValueError as e:
             assert "'env'" in str(e), e
@@ -225,19 +225,19 @@ def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
         from eqx_ppo.distill import (DistillationConfig, DistillationTrainConfig,
                                      train_distillation)
         mesh = make_mesh()
-        ppo = PPOConfig(n_envs=8, rollout_length=5, total_steps=8 * 5 * 3,
+        ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 3,
                         n_epochs=1, n_minibatches=1, learning_rate=1e-2,
                         logging_level=EVERY_LOG)
-        config = TrainConfig(ppo=ppo, seed=3, n_seeds=2, progress=False,
+        config = TrainConfig(learner=ppo, seed=3, n_seeds=2, progress=False,
             eval=EvalConfig(every_steps=80, n_envs=4, max_episode_length=6))
         # Seeds x envs: each device holds 2 envs of each of 2 seeds.
-        multi = eqx_ppo.train_ppo(ENV, mlp, config, mesh=mesh)
+        multi = eqx_ppo.train(ENV, mlp, config, mesh=mesh)
         obs = multi.training_state.env_state.obs
         assert obs.sharding == NamedSharding(mesh, P(None, "env")), obs.sharding
         assert {s.data.shape for s in obs.addressable_shards} == {(2, 2, 2)}
         for i in range(2):
-            single = eqx_ppo.train_ppo(ENV, mlp, TrainConfig(
-                ppo=ppo, seed=3 + i, progress=False, eval=config.eval))
+            single = eqx_ppo.train(ENV, mlp, TrainConfig(
+                learner=ppo, seed=3 + i, progress=False, eval=config.eval))
             assert_close(eqx_ppo.select_seed(multi.training_state, i),
                          single.training_state)
             for k, v in single.final_metrics.items():
@@ -270,11 +270,11 @@ def test_checkpoint_from_four_devices_resumes_on_one_and_two(tmp_path):
         """
         import sys
         directory = sys.argv[1]
-        ppo = PPOConfig(n_envs=8, rollout_length=5, total_steps=8 * 5 * 3,
+        ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 3,
                         n_epochs=1, n_minibatches=1, learning_rate=1e-2)
-        config = TrainConfig(ppo=ppo, eval=EvalConfig(enabled=False),
+        config = TrainConfig(learner=ppo, eval=EvalConfig(enabled=False),
                              checkpoint_every_steps=80, progress=False)
-        full = eqx_ppo.train_ppo(
+        full = eqx_ppo.train(
             ENV, mlp, config, mesh=make_mesh(),
             checkpoint_fn=eqx_ppo.make_checkpoint_fn(directory, config, keep=None))
         path = [p for p in eqx_ppo.list_checkpoints(directory)
@@ -283,7 +283,7 @@ def test_checkpoint_from_four_devices_resumes_on_one_and_two(tmp_path):
             state = eqx_ppo.load_checkpoint(path, env=ENV, networks=mlp,
                                             config=config)
             mesh = None if devices is None else make_mesh(devices)
-            resumed = eqx_ppo.train_ppo(ENV, mlp, config, initial_state=state,
+            resumed = eqx_ppo.train(ENV, mlp, config, initial_state=state,
                                         mesh=mesh)
             assert resumed.total_iterations == 1
             assert_close(resumed.training_state, full.training_state)
@@ -294,7 +294,7 @@ def test_checkpoint_from_four_devices_resumes_on_one_and_two(tmp_path):
         # A host copy (NumPy leaves), as checkpoint_fn is told to keep, resumes
         # on a mesh too.
         host_copy = jax.device_get(state)
-        resumed = eqx_ppo.train_ppo(ENV, mlp, config, initial_state=host_copy,
+        resumed = eqx_ppo.train(ENV, mlp, config, initial_state=host_copy,
                                     mesh=make_mesh())
         assert_close(resumed.training_state, full.training_state)
         """,
@@ -307,13 +307,13 @@ def test_four_devices_learn_move_to_center():
         """
         steps = 100_000
         config = TrainConfig(
-            ppo=PPOConfig(n_envs=64, rollout_length=20, total_steps=steps,
+            learner=PPO(n_envs=64, rollout_length=20, total_steps=steps,
                           learning_rate=3e-3, n_minibatches=4),
             eval=EvalConfig(every_steps=steps, n_envs=64, max_episode_length=20,
                             logging_percentiles=None),
             seed=int(os.environ.get("EQX_PPO_TEST_SEED_OFFSET", "0")), n_seeds=4,
             progress=False)
-        result = eqx_ppo.train_ppo(
+        result = eqx_ppo.train(
             ENV, lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [32, 32], [32, 32],
                                                          key=k),
             config, mesh=make_mesh())
@@ -333,12 +333,12 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                            num_processes=2, process_id=process_id)
 assert jax.device_count() == 4 and jax.local_device_count() == 2
-ppo = PPOConfig(n_envs=8, rollout_length=5, total_steps=8 * 5 * 2,
+ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 2,
                 n_epochs=2, n_minibatches=2, learning_rate=1e-2)
-config = TrainConfig(ppo=ppo, checkpoint_every_steps=80, progress=False,
+config = TrainConfig(learner=ppo, checkpoint_every_steps=80, progress=False,
                      eval=EvalConfig(every_steps=80, n_envs=4, max_episode_length=6))
 logged = []
-result = eqx_ppo.train_ppo(
+result = eqx_ppo.train(
     ENV, mlp, config, mesh=make_mesh(),
     log_fn=lambda m, s: logged.append(s),
     checkpoint_fn=eqx_ppo.make_checkpoint_fn(directory / "multi", config, keep=None))
@@ -356,11 +356,11 @@ print("process", process_id, "done")
 _SINGLE_PROCESS = """
 import sys, pathlib
 directory = pathlib.Path(sys.argv[1])
-ppo = PPOConfig(n_envs=8, rollout_length=5, total_steps=8 * 5 * 2,
+ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 2,
                 n_epochs=2, n_minibatches=2, learning_rate=1e-2)
-config = TrainConfig(ppo=ppo, progress=False,
+config = TrainConfig(learner=ppo, progress=False,
                      eval=EvalConfig(every_steps=80, n_envs=4, max_episode_length=6))
-result = eqx_ppo.train_ppo(ENV, mlp, config, mesh=make_mesh())
+result = eqx_ppo.train(ENV, mlp, config, mesh=make_mesh())
 multi = eqx_ppo.load_checkpoint(directory / "multi", env=ENV, networks=mlp)
 # Two processes of two devices train exactly like one process of four.
 assert_close(multi, result.training_state)

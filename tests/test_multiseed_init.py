@@ -3,7 +3,7 @@
 On a 2-core CPU, `jax.nn.initializers.orthogonal` under `vmap` became one
 batched QR per recurrent kernel; XLA:CPU ran two of them at once on its
 two-thread intra-op pool, each waiting for sub-tasks on that same pool, and
-`train_ppo(..., TrainConfig(n_seeds=4))` with an LSTM(256) hung forever in
+`train(..., TrainConfig(n_seeds=4))` with an LSTM(256) hung forever in
 its init. `eqx_ppo.nn.orthogonal` loops over the batch instead.
 """
 
@@ -23,14 +23,14 @@ _HANG_REPRO = textwrap.dedent(
 
     env = eqx_ppo.envs.make("recall")
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=8, rollout_length=16, total_steps=128, n_minibatches=1
         ),
         eval=eqx_ppo.EvalConfig(enabled=False),
         n_seeds=4,
         progress=False,
     )
-    result = eqx_ppo.train_ppo(
+    result = eqx_ppo.train(
         env,
         lambda k: eqx_ppo.make_lstm_actor_critic(2, 1, lstm_size=256, key=k),
         config,
@@ -101,8 +101,13 @@ def test_initialisation_compiles_once_per_shape():
     """A second run with the same env, factory and config reuses the compiled
     initialisation: the factory is traced once, whatever the key."""
     import eqx_ppo
+    from eqx_ppo.ppo._train import _init_seeds, _seed_keys
 
     traces = []
+
+    def initial(config, key=None):
+        init_keys, train_keys, _ = _seed_keys(key, config)
+        return _init_seeds(env, networks, config.learner, init_keys, train_keys)
 
     def networks(key):
         traces.append(1)
@@ -111,14 +116,14 @@ def test_initialisation_compiles_once_per_shape():
     env = eqx_ppo.envs.make("move_to_center")
     for n_seeds in (1, 3):
         config = eqx_ppo.TrainConfig(
-            ppo=eqx_ppo.PPOConfig(n_envs=4, rollout_length=4, total_steps=16),
+            learner=eqx_ppo.PPO(n_envs=4, rollout_length=4, total_steps=16),
             n_seeds=n_seeds,
             progress=False,
         )
         traces.clear()
-        first = eqx_ppo.ppo.init_state(env, networks, config)
-        eqx_ppo.ppo.init_state(env, networks, config, key=jax.random.key(7))
-        again = eqx_ppo.ppo.init_state(env, networks, config)
+        first = initial(config)
+        initial(config, key=jax.random.key(7))
+        again = initial(config)
         assert len(traces) == 1, n_seeds
         assert all(
             bool(np.array_equal(a, b))

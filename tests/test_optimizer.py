@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo import PPOConfig
-from eqx_ppo.ppo import make_optimizer
+from eqx_ppo import PPO
+from eqx_ppo.ppo._step import make_optimizer
 
 
 def _first_and_last_step(config):
@@ -16,7 +16,7 @@ def _first_and_last_step(config):
     state = opt.init(params)
     n_updates = config.n_iterations * config.n_epochs * config.n_minibatches
     sizes = []
-    # optax needs standard promotion, as in the engine (see ppo_step).
+    # optax needs standard promotion, as in the engine (see step).
     with jax.numpy_dtype_promotion("standard"):
         for i in range(n_updates):
             updates, state = opt.update({"w": jnp.ones(())}, state, params)
@@ -46,19 +46,19 @@ base = dict(
     ],
 )
 def test_learning_rate_schedules(schedule, last_fraction):
-    first, last = _first_and_last_step(PPOConfig(**base, lr_schedule=schedule))
+    first, last = _first_and_last_step(PPO(**base, lr_schedule=schedule))
     assert first == pytest.approx(0.1, rel=1e-4)
     assert last == pytest.approx(0.1 * last_fraction, rel=1e-3)
 
 
 def test_weight_decay_true_is_optaxs_default_and_false_is_none():
     # nnx-ppo's reading: `True` is `optax.adamw`'s default decay.
-    assert PPOConfig(**base, weight_decay=True).weight_decay == 1e-4
-    assert PPOConfig(**base, weight_decay=False).weight_decay is None
+    assert PPO(**base, weight_decay=True).weight_decay == 1e-4
+    assert PPO(**base, weight_decay=False).weight_decay is None
 
 
 def test_gradient_clipping_and_weight_decay():
-    opt = make_optimizer(PPOConfig(**base, gradient_clipping=0.5, weight_decay=0.1))
+    opt = make_optimizer(PPO(**base, gradient_clipping=0.5, weight_decay=0.1))
     params = {"w": jnp.full((4,), 2.0)}
     state = opt.init(params)
     with jax.numpy_dtype_promotion("standard"):

@@ -120,7 +120,7 @@ def _random_policy(key):
 
 def test_a_tiny_training_run_with_evaluation(env, getkey):
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2, n_epochs=1
         ),
         eval=eqx_ppo.EvalConfig(
@@ -128,7 +128,7 @@ def test_a_tiny_training_run_with_evaluation(env, getkey):
         ),
         progress=False,
     )
-    result = eqx_ppo.train_ppo(env, _random_policy, config, key=getkey())
+    result = eqx_ppo.train(env, _random_policy, config, key=getkey())
     assert result.total_steps == 64
     assert all(np.isfinite(v) for v in result.final_metrics.values())
     evaluation = result.eval_history[-1]

@@ -12,17 +12,15 @@ from eqx_ppo.envs import State
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo import (
     EvalConfig,
-    PPOConfig,
+    PPO,
     TrainConfig,
-    ppo_init,
-    ppo_run,
-    ppo_step,
+    init,
+    step,
     replay,
-    rollout,
-    train_ppo,
+    train,
 )
 from eqx_ppo.ppo._loss import ppo_loss
-from eqx_ppo.ppo._rollout import StepCarry
+from eqx_ppo.ppo._rollout import StepCarry, rollout
 from tests._helpers import assert_ulp_close
 
 
@@ -105,11 +103,11 @@ def small_config(**kw):
         learning_rate=1e-3,
     )
     base.update(kw)
-    return PPOConfig(**base)
+    return PPO(**base)
 
 
 def _rollout(net, config, key):
-    state = ppo_init(RandomEndEnv(), net, config, key=key)
+    state = init(RandomEndEnv(), net, config, key=key)
     carry, data = rollout(
         RandomEndEnv(),
         net,
@@ -262,13 +260,13 @@ def test_step_compiles_once_and_coefficients_do_not_retrace(getkey):
 
     @eqx.filter_jit
     @eqx.debug.assert_max_traces(max_traces=1)
-    def step(config, state):
-        return ppo_step(env, config, state)
+    def once(config, state):
+        return step(env, config, state)
 
     config = small_config()
-    state = ppo_init(env, net, config, key=getkey())
-    state, m1 = step(config, state)
-    state, m2 = step(small_config(learning_rate=3e-4, clip_range=0.1), state)
+    state = init(env, net, config, key=getkey())
+    state, m1 = once(config, state)
+    state, m2 = once(small_config(learning_rate=3e-4, clip_range=0.1), state)
     assert int(state.iteration) == 2
     assert int(state.steps) == 2 * config.steps_per_iteration
     assert np.isfinite(float(m2["losses/actor/mean"]))
@@ -282,8 +280,8 @@ def test_vmap_over_learning_rate_equals_separate_runs(getkey):
 
     def run(lr):
         config = small_config(learning_rate=lr)
-        state = ppo_init(env, net, config, key=key)
-        return ppo_step(env, config, state)[0].network
+        state = init(env, net, config, key=key)
+        return step(env, config, state)[0].network
 
     batched = eqx.filter_jit(eqx.filter_vmap(run))(lrs)
     for i, lr in enumerate(lrs):
@@ -301,8 +299,8 @@ def test_statistics_are_not_trained_but_updated(getkey):
     k1, k2 = jax.random.split(getkey())
     net = nn.Sequential([nn.Normalizer(1), make_net(k1, stateful=False)])
     config = small_config()
-    state = ppo_init(env, net, config, key=k2)
-    new, _ = eqx.filter_jit(ppo_step)(env, config, state)
+    state = init(env, net, config, key=k2)
+    new, _ = eqx.filter_jit(step)(env, config, state)
     # The optimiser state covers only trainable leaves: no statistics in it.
     # Adam runs on all parameters flattened into one vector: mu and nu hold
     # exactly the trainable entries.
@@ -320,20 +318,20 @@ def test_statistics_are_not_trained_but_updated(getkey):
 @pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
 def test_train_ppo_multi_seed_equals_single_runs(getkey):
     config = TrainConfig(
-        ppo=small_config(),
+        learner=small_config(),
         eval=EvalConfig(every_steps=10**6, n_envs=4, max_episode_length=8),
         seed=3,
         n_seeds=2,
         progress=False,
     )
-    multi = train_ppo(RandomEndEnv(), make_net, config)
+    multi = train(RandomEndEnv(), make_net, config)
     assert multi.total_steps == 3 * 96
     assert len(multi.eval_history[-1]["eval/episode_reward/mean"]) == 2
     for i in range(2):
-        single = train_ppo(
+        single = train(
             RandomEndEnv(),
             make_net,
-            TrainConfig(ppo=config.ppo, eval=config.eval, seed=3 + i, progress=False),
+            TrainConfig(learner=config.learner, eval=config.eval, seed=3 + i, progress=False),
         )
         for a, b in zip(
             jax.tree.leaves(eqx.filter(multi.training_state.network, eqx.is_array)),
@@ -349,12 +347,12 @@ def test_train_ppo_multi_seed_equals_single_runs(getkey):
 def test_driver_calls_events_at_their_cadence(getkey):
     logged, saved = [], []
     config = TrainConfig(
-        ppo=small_config(total_steps=96 * 7),
+        learner=small_config(total_steps=96 * 7),
         eval=EvalConfig(every_steps=96 * 3, n_envs=4, max_episode_length=8),
         checkpoint_every_steps=96 * 2,
         progress=False,
     )
-    result = train_ppo(
+    result = train(
         RandomEndEnv(),
         make_net,
         config,
@@ -369,42 +367,42 @@ def test_driver_calls_events_at_their_cadence(getkey):
 
 def test_config_errors():
     with pytest.raises(ValueError, match="n_envs must be divisible by n_minibatches"):
-        PPOConfig(n_envs=10, n_minibatches=4)
+        PPO(n_envs=10, n_minibatches=4)
     with pytest.raises(ValueError, match="discounting_factor"):
-        PPOConfig(discounting_factor=1.5)
+        PPO(discounting_factor=1.5)
     # Under the test suite's runtime type checker the Literal hint fires first.
     with pytest.raises((ValueError, TypeError), match="truncation"):
-        PPOConfig(truncation="ignore")
+        PPO(truncation="ignore")
     with pytest.raises(ValueError, match="n_envs"):
-        PPOConfig(n_envs=0)
+        PPO(n_envs=0)
 
 
-def test_a_state_the_step_cannot_take_is_named(getkey, unchecked):
+def test_a_state_the_step_cannot_take_is_named(getkey):
     env = envs.make("move_to_center")
     config = small_config(n_envs=4)
-    step = eqx.filter_jit(ppo_step)
+    jitted = eqx.filter_jit(step)
 
-    def init(key, config=config):
-        return ppo_init(
+    def fresh(key, config=config):
+        return init(
             env, make_mlp_actor_critic(2, 2, [4], [4], key=key), config, key=key
         )
 
-    state = init(getkey())
+    state = fresh(getkey())
     # Three seeds, and as many seeds as envs (once a key-split error).
     for n_seeds in (3, 4):
-        stacked = eqx.filter_vmap(init)(jax.random.split(getkey(), n_seeds))
-        with pytest.raises(ValueError, match=rf"seed axis of {n_seeds}.*select_seed"):
-            step(env, config, stacked)
-    with pytest.raises(TypeError, match=r"expected a TrainingState, got tuple"):
-        step(env, config, step(env, config, state))
+        stacked = eqx.filter_vmap(fresh)(jax.random.split(getkey(), n_seeds))
+        with pytest.raises(ValueError, match=rf"of {n_seeds} seeds.*select_seed"):
+            jitted(env, config, stacked)
+    with pytest.raises(TypeError, match=r"parameter .?state"):
+        jitted(env, config, jitted(env, config, state))
     for other in (
         small_config(n_envs=4, gradient_clipping=None),
         small_config(n_envs=4, weight_decay=0.1),
     ):
         with pytest.raises(ValueError, match="optimiser state is not the one"):
-            step(env, other, state)
+            jitted(env, other, state)
     # The state's own config passes, as does one that only logs differently.
-    step(env, small_config(n_envs=4, logging_level=LoggingLevel.NONE), state)
+    jitted(env, small_config(n_envs=4, logging_level=LoggingLevel.NONE), state)
 
 
 def test_value_structure_mismatch_is_reported(getkey):
@@ -418,11 +416,11 @@ def test_value_structure_mismatch_is_reported(getkey):
             return s.replace(reward={"a": s.reward, "b": s.reward})
 
     with pytest.raises(ValueError, match="one value head per reward key"):
-        ppo_init(DictRewardEnv(), make_net(getkey()), small_config(), key=getkey())
-        eqx.filter_jit(ppo_step)(
+        init(DictRewardEnv(), make_net(getkey()), small_config(), key=getkey())
+        eqx.filter_jit(step)(
             DictRewardEnv(),
             small_config(),
-            ppo_init(DictRewardEnv(), make_net(getkey()), small_config(), key=getkey()),
+            init(DictRewardEnv(), make_net(getkey()), small_config(), key=getkey()),
         )
 
 
@@ -434,12 +432,12 @@ def test_non_finite_loss_stops_training_naming_the_iteration(getkey):
 
     saved = []
     config = TrainConfig(
-        ppo=small_config(check_finite=True),
+        learner=small_config(check_finite=True),
         eval=EvalConfig(enabled=False),
         progress=False,
     )
     with pytest.raises(FloatingPointError, match="iteration 1"):
-        train_ppo(
+        train(
             NaNEnv(), make_net, config, checkpoint_fn=lambda s, t: saved.append(t)
         )
     assert saved == [0]
@@ -450,9 +448,9 @@ def test_action_size_mismatch_is_reported_at_trace_time(getkey, action_size):
     env = envs.make("move_to_center")
     net = make_mlp_actor_critic(2, action_size, [8], [8], key=getkey())
     config = small_config(n_envs=4, n_minibatches=1)
-    state = ppo_init(env, net, config, key=getkey())
+    state = init(env, net, config, key=getkey())
     with pytest.raises(ValueError, match="env.action_size: 2") as info:
-        eqx.filter_jit(ppo_step)(env, config, state)
+        eqx.filter_jit(step)(env, config, state)
     assert f"({action_size},)" in str(info.value)
 
 
@@ -462,29 +460,36 @@ def test_dict_actions_pass_the_action_check(getkey):
         env.observation_size, env.action_size, [8], [8], key=getkey()
     )
     config = small_config(n_envs=4, n_minibatches=1)
-    state, _ = eqx.filter_jit(ppo_step)(
-        env, config, ppo_init(env, net, config, key=getkey())
+    state, _ = eqx.filter_jit(step)(
+        env, config, init(env, net, config, key=getkey())
     )
     assert int(state.iteration) == 1
 
 
-def test_ppo_run_is_a_scan_of_ppo_step_and_vmaps_over_lr(getkey):
+def test_a_scan_of_step_vmaps_over_the_learning_rate(getkey):
     env = RandomEndEnv()
     net = make_net(getkey())
     key = getkey()
 
     def whole_run(lr):
         config = small_config(learning_rate=lr)
-        return ppo_run(env, config, ppo_init(env, net, config, key=key), 2)
+        dynamic, static = eqx.partition(init(env, net, config, key=key), eqx.is_array)
+
+        def body(d, _):
+            new, metrics = step(env, config, eqx.combine(d, static))
+            return eqx.filter(new, eqx.is_array), metrics
+
+        dynamic, metrics = jax.lax.scan(body, dynamic, length=2)
+        return eqx.combine(dynamic, static), metrics
 
     lrs = jnp.array([1e-3, 1e-2])
     states, metrics = eqx.filter_jit(eqx.filter_vmap(whole_run))(lrs)
     assert metrics["losses/actor/mean"].shape == (2, 2)
     config = small_config(learning_rate=lrs[1])
-    state = ppo_init(env, net, config, key=key)
-    step = eqx.filter_jit(ppo_step)
+    state = init(env, net, config, key=key)
+    jitted = eqx.filter_jit(step)
     for _ in range(2):
-        state, last = step(env, config, state)
+        state, last = jitted(env, config, state)
     np.testing.assert_allclose(
         metrics["losses/actor/mean"][1, -1],
         last["losses/actor/mean"],

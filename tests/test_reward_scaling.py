@@ -1,4 +1,4 @@
-"""`PPOConfig(reward_scaling=...)` scales rewards in the loss: the same updates
+"""`PPO(reward_scaling=...)` scales rewards in the loss: the same updates
 as scaling them in the env, evaluation in env units, and no recompiling."""
 
 import dataclasses
@@ -20,7 +20,7 @@ def networks(key):
 
 def config(**ppo):
     return eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=8, rollout_length=5, total_steps=120, n_minibatches=2, **ppo
         ),
         eval=eqx_ppo.EvalConfig(every_steps=120, n_envs=4, max_episode_length=20),
@@ -30,8 +30,8 @@ def config(**ppo):
 
 @pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
 def test_config_scaling_equals_env_scaling_and_evaluates_in_env_units():
-    in_loss = eqx_ppo.train_ppo(ENV, networks, config(reward_scaling=10.0))
-    in_env = eqx_ppo.train_ppo(
+    in_loss = eqx_ppo.train(ENV, networks, config(reward_scaling=10.0))
+    in_env = eqx_ppo.train(
         envs.RewardScalingWrapper(ENV, 10.0), networks, config(), eval_env=ENV
     )
     # The loss sees the same float32 rewards either way.
@@ -49,15 +49,15 @@ def test_config_scaling_equals_env_scaling_and_evaluates_in_env_units():
 
 def test_sweeping_reward_scaling_does_not_recompile():
     traces = []
-    ppo = config().ppo
-    state = eqx_ppo.ppo_init(
+    ppo = config().learner
+    state = eqx_ppo.init(
         ENV, networks(jax.random.key(0)), ppo, key=jax.random.key(1)
     )
 
     @eqx.filter_jit
     def step(c, s):
         traces.append(1)
-        return eqx_ppo.ppo_step(ENV, c, s)
+        return eqx_ppo.step(ENV, c, s)
 
     for scale in (1.0, 10.0, 0.1):
         step(dataclasses.replace(ppo, reward_scaling=scale), state)

@@ -218,7 +218,7 @@ COEFFICIENT_LAYERS = [
 @pytest.mark.parametrize("make, field", COEFFICIENT_LAYERS)
 @pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, np.float64(-1.0)])
 def test_concrete_coefficients_are_checked_inside_a_trace(make, field, value):
-    """A factory run under `filter_jit` (as `train_ppo` runs it) still checks them."""
+    """A factory run under `filter_jit` (as `train` runs it) still checks them."""
     where = rf"{type(make(0.0)).__name__}\({field}\)"
     message = rf"`{where}={value}` must be finite and >= 0"
     with pytest.raises(ValueError, match=message):
@@ -402,7 +402,7 @@ def test_weight_decay_leaves_the_entropy_weight_alone():
     import eqx_ppo
 
     config = eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=4,
             rollout_length=4,
             total_steps=32,
@@ -414,7 +414,7 @@ def test_weight_decay_leaves_the_entropy_weight_alone():
         eval=eqx_ppo.EvalConfig(enabled=False),
         progress=False,
     )
-    result = eqx_ppo.train_ppo(
+    result = eqx_ppo.train(
         eqx_ppo.envs.make("move_to_center"),
         lambda key: eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=key),
         config,
@@ -448,7 +448,7 @@ def test_a_log_likelihood_per_action_dimension_is_named(getkey, action_size):
         ),
         value=Dense(action_size, 1, key=k2),
     )
-    config = eqx_ppo.PPOConfig(n_envs=4, rollout_length=4, n_minibatches=1)
-    state = eqx_ppo.ppo_init(env, network, config, key=getkey())
+    config = eqx_ppo.PPO(n_envs=4, rollout_length=4, n_minibatches=1)
+    state = eqx_ppo.init(env, network, config, key=getkey())
     with pytest.raises(ValueError, match=r"loglikelihoods has shape \(\d,\) per env"):
-        eqx.filter_jit(eqx_ppo.ppo_step)(env, config, state)
+        eqx.filter_jit(eqx_ppo.step)(env, config, state)

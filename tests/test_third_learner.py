@@ -1,4 +1,4 @@
-"""A third algorithm is one file: a config, a learner, and the shared driver.
+"""A third algorithm is one file: a learner with its settings, on the shared driver.
 
 The learner here is advantage actor-critic (A2C: the policy gradient with a
 learned baseline, no ratio clipping), written only against the public engine.
@@ -18,23 +18,13 @@ from tests._helpers import SEED_OFFSET
 
 
 @eqx_ppo.register_config
-class A2CConfig(eqx_ppo.LearnerConfig):
+class A2C(eqx_ppo.AbstractLearner):
     gamma: jax.Array = eqx.field(
-        converter=lambda v: jnp.asarray(v, jnp.float32), default=0.9
+        converter=lambda v: jnp.asarray(v, jnp.float32), default=0.9, kw_only=True
     )
     value_weight: jax.Array = eqx.field(
-        converter=lambda v: jnp.asarray(v, jnp.float32), default=0.5
+        converter=lambda v: jnp.asarray(v, jnp.float32), default=0.5, kw_only=True
     )
-
-
-@eqx_ppo.register_config
-@dataclasses.dataclass(frozen=True)
-class A2CTrainConfig(eqx_ppo.DriverConfig):
-    a2c: A2CConfig = dataclasses.field(default_factory=A2CConfig)
-
-
-class A2C(eqx_ppo.AbstractLearner):
-    config: A2CConfig
 
     def acting(self, network, obs):
         del obs
@@ -51,14 +41,14 @@ class A2C(eqx_ppo.AbstractLearner):
             jax.lax.stop_gradient(rep.next_values),
             data.done,
             data.truncated,
-            gamma=self.config.gamma,
+            gamma=self.gamma,
             lambda_=1.0,
         )
         policy = -jnp.mean(sum(jax.tree.leaves(rep.output.loglikelihoods)) * advantages)
         value = 0.5 * jnp.mean(
             jnp.square(values - jax.lax.stop_gradient(values + advantages))
         )
-        total = policy + self.config.value_weight * value + jnp.mean(rep.regularization)
+        total = policy + self.value_weight * value + jnp.mean(rep.regularization)
         return total, {"loss/total": total, "losses/value": value}
 
 
@@ -70,8 +60,8 @@ def networks(key):
 
 
 def config(total_steps=4096, n_seeds=4):
-    return A2CTrainConfig(
-        a2c=A2CConfig(
+    return eqx_ppo.TrainConfig(
+        learner=A2C(
             n_envs=32,
             rollout_length=8,
             total_steps=total_steps,
@@ -91,7 +81,7 @@ def config(total_steps=4096, n_seeds=4):
 def test_a_third_learner_trains_on_the_shared_driver():
     run = config()
     key = jax.random.key(SEED_OFFSET)
-    first = eqx_ppo.train(ENV, networks, A2C(run.a2c), run, key=key)
+    first = eqx_ppo.train(ENV, networks, run, key=key)
     returns = np.asarray(first.eval_history[-1]["eval/episode_reward/mean"])
     before = np.asarray(first.eval_history[0]["eval/episode_reward/mean"])
     assert returns.shape == (4,)
@@ -107,21 +97,20 @@ def test_a_third_learner_trains_on_the_shared_driver():
 def test_a_third_learners_checkpoint_resumes(tmp_path):
     run = config(total_steps=512, n_seeds=1)
     eqx_ppo.train(
-        ENV,
-        networks,
-        A2C(run.a2c),
-        run,
-        checkpoint_fn=eqx_ppo.make_checkpoint_fn(tmp_path, run),
+        ENV, networks, run, checkpoint_fn=eqx_ppo.make_checkpoint_fn(tmp_path, run)
     )
     header = eqx_ppo.read_header(tmp_path)
     assert header.config == run
     state = eqx_ppo.load_checkpoint(
         tmp_path,
-        like=lambda c: eqx_ppo.init_states(ENV, networks, A2C(c.a2c), c),
+        env=ENV,
+        networks=networks,
         config=dataclasses.replace(run, progress=True),
     )
-    longer = dataclasses.replace(run, a2c=dataclasses.replace(run.a2c, total_steps=768))
-    result = eqx_ppo.train(ENV, networks, A2C(longer.a2c), longer, initial_state=state)
+    longer = dataclasses.replace(
+        run, learner=dataclasses.replace(run.learner, total_steps=768)
+    )
+    result = eqx_ppo.train(ENV, networks, longer, initial_state=state)
     assert int(result.training_state.steps) == 768
 
 
@@ -137,15 +126,19 @@ class _Forgetful(A2C):
         return total, {"losses/value": metrics["losses/value"]}
 
 
+def _settings(learner):
+    return {f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)}
+
+
 @pytest.mark.parametrize(
     ("returns", "match"),
     [
         ("scalar", r"_Forgetful\.loss returned \w+; expected \(loss, metrics\)"),
-        ("no_total", r"_Forgetful\.loss returned .*without \['loss/total'\]"),
+        ("no_total", r"_Forgetful\.loss returned tuple.*\['loss/total'\]"),
     ],
 )
 def test_a_loss_that_breaks_the_contract_is_named(returns, match):
-    learner = _Forgetful(config().a2c, returns=returns)
+    learner = _Forgetful(**_settings(config().learner), returns=returns)
     state = eqx_ppo.init(
         ENV, networks(jax.random.key(0)), learner, key=jax.random.key(1)
     )

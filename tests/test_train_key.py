@@ -1,4 +1,4 @@
-"""`train_ppo(key=...)` and `train_distillation(key=...)`: randomness enters as a
+"""`train(key=...)`, of PPO and distillation alike: randomness enters as a
 key; `TrainConfig.seed` stays the default."""
 
 import dataclasses
@@ -10,11 +10,6 @@ import numpy as np
 import pytest
 
 import eqx_ppo
-from eqx_ppo.distill import (
-    DistillationConfig,
-    DistillationTrainConfig,
-    train_distillation,
-)
 from tests._helpers import assert_ulp_close
 
 ENV = eqx_ppo.envs.make("move_to_center")
@@ -26,7 +21,7 @@ def networks(key):
 
 def config(seed=0, n_seeds=1, evaluate=False):
     return eqx_ppo.TrainConfig(
-        ppo=eqx_ppo.PPOConfig(
+        learner=eqx_ppo.PPO(
             n_envs=4, rollout_length=4, total_steps=32, n_minibatches=2, n_epochs=1
         ),
         eval=eqx_ppo.EvalConfig(
@@ -53,8 +48,8 @@ def data(x):
 
 
 def test_key_equals_the_seed_it_replaces():
-    by_seed = eqx_ppo.train_ppo(ENV, networks, config(seed=5, evaluate=True))
-    by_key = eqx_ppo.train_ppo(
+    by_seed = eqx_ppo.train(ENV, networks, config(seed=5, evaluate=True))
+    by_key = eqx_ppo.train(
         ENV, networks, config(seed=0, evaluate=True), key=jax.random.key(5)
     )
     # Same program, same keys: bit-identical state and eval metrics.
@@ -63,16 +58,16 @@ def test_key_equals_the_seed_it_replaces():
 
 
 def test_a_batch_of_keys_gives_one_per_seed():
-    by_seed = eqx_ppo.train_ppo(ENV, networks, config(seed=5, n_seeds=2))
+    by_seed = eqx_ppo.train(ENV, networks, config(seed=5, n_seeds=2))
     keys = jax.numpy.stack([jax.random.key(5), jax.random.key(6)])
-    by_keys = eqx_ppo.train_ppo(ENV, networks, config(n_seeds=2), key=keys)
+    by_keys = eqx_ppo.train(ENV, networks, config(n_seeds=2), key=keys)
     assert same(by_seed.training_state, by_keys.training_state)
 
 
 def test_one_key_is_split_over_seeds():
     key = jax.random.key(3)
-    result = eqx_ppo.train_ppo(ENV, networks, config(n_seeds=2), key=key)
-    first = eqx_ppo.train_ppo(ENV, networks, config(), key=jax.random.split(key, 2)[0])
+    result = eqx_ppo.train(ENV, networks, config(n_seeds=2), key=key)
+    first = eqx_ppo.train(ENV, networks, config(), key=jax.random.split(key, 2)[0])
     seeds = result.training_state
     assert not same(
         eqx_ppo.select_seed(seeds.network, 0), eqx_ppo.select_seed(seeds.network, 1)
@@ -90,15 +85,11 @@ def test_one_key_is_split_over_seeds():
 
 
 @pytest.mark.parametrize("index", [True, 1.0, np.float32(1), jnp.array(1.0)])
-def test_select_seed_refuses_an_index_that_is_not_an_integer(unchecked, index):
+def test_select_seed_refuses_an_index_that_is_not_an_integer(index):
     # `True` would pass `operator.index` and then add an axis instead of
     # picking seed 1; a float would fail inside NumPy or JAX indexing.
     tree = {"w": jnp.arange(6.0).reshape(2, 3)}
-    with pytest.raises(
-        TypeError,
-        match=r"select_seed\(seed_index=.*\): a seed's index is an integer, "
-        r"not a \w+\. Fix: pass an int",
-    ):
+    with pytest.raises(TypeError, match=r"parameter '?seed_index"):
         eqx_ppo.select_seed(tree, index)
     picked = eqx_ppo.select_seed(tree, np.int64(1))
     np.testing.assert_array_equal(picked["w"], [3.0, 4.0, 5.0])
@@ -106,7 +97,7 @@ def test_select_seed_refuses_an_index_that_is_not_an_integer(unchecked, index):
 
 def test_select_seed_refuses_a_seed_out_of_range_or_a_single_seed_tree():
     key = jax.random.key(3)
-    seeds = eqx_ppo.train_ppo(ENV, networks, config(n_seeds=2), key=key).training_state
+    seeds = eqx_ppo.train(ENV, networks, config(n_seeds=2), key=key).training_state
     assert same(
         eqx_ppo.select_seed(seeds.network, -1), eqx_ppo.select_seed(seeds.network, 1)
     )
@@ -124,7 +115,7 @@ def test_select_seed_refuses_a_seed_out_of_range_or_a_single_seed_tree():
 
 
 def test_select_seed_of_a_train_result_is_that_seeds_result(unchecked):
-    result = eqx_ppo.train_ppo(
+    result = eqx_ppo.train(
         ENV, networks, config(n_seeds=2, evaluate=True), key=jax.random.key(4)
     )
     assert len(result.eval_history) == 2
@@ -145,16 +136,16 @@ def test_select_seed_of_a_train_result_is_that_seeds_result(unchecked):
     with pytest.raises(IndexError, match=r"out of range for 2 seeds"):
         eqx_ppo.select_seed(result, 2)
     # It used to return anything without array leaves unchanged.
-    with pytest.raises(ValueError, match=r"a dict with no array leaves"):
+    with pytest.raises(ValueError, match=r"share no leading seed axis"):
         eqx_ppo.select_seed(result.final_metrics, 0)
 
 
 def test_analysis_of_a_multi_seed_network_asks_for_one_seed():
-    stacked = eqx_ppo.train_ppo(
+    stacked = eqx_ppo.train(
         ENV, networks, config(n_seeds=2), key=jax.random.key(6)
     ).training_state.network
     sizes = {"n_envs": 2, "max_episode_length": 3}
-    for where, call in (
+    for _, call in (
         ("eval_rollout", lambda net, k: eqx_ppo.eval_rollout(ENV, net, k, **sizes)),
         (
             "record_activations_rollout",
@@ -163,9 +154,8 @@ def test_analysis_of_a_multi_seed_network_asks_for_one_seed():
     ):
         with pytest.raises(
             ValueError,
-            match=rf"{where}\(network=\.\.\.\): the network's weights have a "
-            r"leading axis \(a Dense kernel of shape \(2, 2, 8\)\): a network from a "
-            r"run with TrainConfig\(n_seeds=2\)\. Fix: pick one seed",
+            match=r"Every array of `network` has a leading axis of 2: a network from "
+            r"a run with TrainConfig\(n_seeds=2\)\? Fix: pick one seed",
         ):
             call(stacked, jax.random.key(0))
         # One seed, or a vmap over the seeds, is what it asks for.
@@ -176,18 +166,18 @@ def test_analysis_of_a_multi_seed_network_asks_for_one_seed():
 
 def test_distillation_takes_a_key():
     teacher = networks(jax.random.key(0))
-    dconfig = DistillationTrainConfig(
-        distillation=DistillationConfig(
+    dconfig = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.Distillation(
+            teacher,
             n_envs=4, rollout_length=4, total_steps=32, n_minibatches=2, n_epochs=1
         ),
         eval=eqx_ppo.EvalConfig(enabled=False),
         seed=5,
         progress=False,
     )
-    by_seed = train_distillation(ENV, teacher, networks, dconfig)
-    by_key = train_distillation(
+    by_seed = eqx_ppo.train(ENV, networks, dconfig)
+    by_key = eqx_ppo.train(
         ENV,
-        teacher,
         networks,
         dataclasses.replace(dconfig, seed=0),
         key=jax.random.key(5),

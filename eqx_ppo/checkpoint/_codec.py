@@ -19,6 +19,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from ..nn._module import AbstractStatefulModule
+
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupted or does not match."""
@@ -120,7 +122,7 @@ def _encode(value: Any, path: str) -> Any:
         return out
     if isinstance(value, enum.Flag) and _TYPES.get(kind) is type(value):
         return {"_type": kind, "flags": [f.name for f in value]}
-    if isinstance(value, eqx.Module):
+    if isinstance(value, AbstractStatefulModule):
         return {"_type": "pytree", "sha256": _fingerprint(value)}
     if isinstance(value, jax.Array | np.ndarray | np.generic):
         if np.ndim(value) != 0 or isinstance(value, jax.core.Tracer):

@@ -10,6 +10,7 @@ problem raises a `FloatingPointError` naming the cause and its fix, before
 the state is returned or checkpointed.
 """
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -75,7 +76,7 @@ def flags(
     }
 
 
-def _problem(f: dict[str, np.ndarray], learner: Any) -> tuple[str, str] | None:
+def _problem(f: dict[str, Any], learner: Any) -> tuple[str, str] | None:
     """What went wrong in one iteration's flags, and the fix."""
     env_fix = (
         "Check the env (run it with `jax.config.update('jax_debug_nans', True)` "
@@ -111,7 +112,8 @@ def _problem(f: dict[str, np.ndarray], learner: Any) -> tuple[str, str] | None:
         else "keep `gradient_clipping` on"
     )
     if what == "loss":
-        stop = ", or set `target_kl`" if hasattr(learner, "target_kl") else ""
+        has_kl = "target_kl" in {f.name for f in dataclasses.fields(learner)}
+        stop = ", or set `target_kl`" if has_kl else ""
         return what, (
             "The observations and rewards were finite, so the update diverged: "
             f"lower `learning_rate`, {clipping}{stop}."

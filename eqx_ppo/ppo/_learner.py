@@ -26,6 +26,7 @@ from beartype.vale import Is
 from jaxtyping import Array, Float, PyTree
 
 from .._typecheck import Int, Scalar, check_range, checked, float32, optional_float32
+from ..checkpoint import register_config
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule, State
 from ._loss import ppo_loss
@@ -51,8 +52,8 @@ def _weight_decay(value: Number | bool | None) -> Number | None:
 
 def setting(
     default: Any,
-    low: float | None = None,
-    high: float | None = None,
+    low: float | int | None = None,
+    high: float | int | None = None,
     *,
     open_low: bool = False,
     **kwargs: Any,
@@ -64,7 +65,11 @@ def setting(
 
 
 def coefficient(
-    default: float | None, low: float | None = None, high: float | None = None, *, open_low: bool = False
+    default: float | None,
+    low: float | int | None = None,
+    high: float | int | None = None,
+    *,
+    open_low: bool = False,
 ) -> Any:
     """A traced float32 learner field (`None` switches an optional one off)."""
     converter = float32 if default is not None else optional_float32
@@ -221,6 +226,7 @@ class AbstractLearner(eqx.Module):
         return True
 
 
+@register_config
 @checked
 class PPO(AbstractLearner):
     """Proximal policy optimisation: the clipped surrogate with GAE advantages.

@@ -21,6 +21,7 @@ from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, checked_output, reset_where
 from ._sharding import shard_env_keys
 from ._validate import (
+    seed_axis_hint,
     check_actions,
     check_network_output,
     check_samplers,
@@ -359,6 +360,22 @@ def eval_rollout(
     [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
     check_env(env)
+    with seed_axis_hint(network):
+        return _eval_metrics(
+            env, network, key, n_envs, max_episode_length, logging_level, logging_percentiles
+        )
+
+
+def _eval_metrics(
+    env: Any,
+    network: AbstractStatefulModule,
+    key: PRNGKeyArray,
+    n_envs: int,
+    max_episode_length: int,
+    logging_level: LoggingLevel,
+    logging_percentiles: tuple[int | float, ...] | None,
+) -> dict[str, Array]:
+    """`eval_rollout`'s episodes and metrics."""
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,
@@ -434,7 +451,8 @@ def record_activations_rollout(
 
     check_env(env)
     recorder = eqx.nn.inference_mode(with_recording(network))
-    steps = _single_episodes(
-        env, recorder, key, n_envs, max_episode_length, SaveAt(activations=True)
-    )
+    with seed_axis_hint(network):
+        steps = _single_episodes(
+            env, recorder, key, n_envs, max_episode_length, SaveAt(activations=True)
+        )
     return steps.activations, steps.finished

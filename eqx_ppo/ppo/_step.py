@@ -24,11 +24,12 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from .._typecheck import checked
 from ..envs._env import check_env
 from ..logging import LoggingLevel, reduce_metric
-from ..nn._module import AbstractStatefulModule, State, trainable
+from ..nn._module import AbstractStatefulModule, State, trainable, tree_spec
 from . import _guard
 from ._learner import AbstractLearner, Minibatch
 from ._rollout import StepCarry, Transition, env_keys, rollout
 from ._sharding import gather_envs, pmean
+from ._validate import seed_axis_hint
 
 
 class TrainingState(eqx.Module):
@@ -165,7 +166,8 @@ def init(
     with `network` on `env`.
     """
     check_env(env)
-    return fresh_state(env, network, learner, key)
+    with seed_axis_hint(network):
+        return fresh_state(env, network, learner, key)
 
 
 def _permutations(
@@ -273,11 +275,12 @@ def step(
     devices, statistics are updated from every device's extras, and metrics
     are whole-batch values, so the replicated results agree on every device.
     """
-    _check_state(learner, state, axis_name)
+    acting = learner.acting(state.network, state.env_state.obs)
+    _check_state(learner, acting, state, axis_name)
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
     carry, data = rollout(
         env,
-        learner.acting(state.network, state.env_state.obs),
+        acting,
         StepCarry(state.env_state, state.carry),
         rollout_key,
         length=learner.rollout_length,
@@ -327,9 +330,11 @@ def step(
     return new_state, metrics
 
 
-def _check_state(learner: AbstractLearner, state: TrainingState, axis_name: str | None) -> None:
+def _check_state(
+    learner: AbstractLearner, acting: AbstractStatefulModule, state: TrainingState, axis_name: str | None
+) -> None:
     """Raise unless `state` is one seed's state of `learner.n_envs` envs (this
-    device's share under `axis_name`), at trace time."""
+    device's share under `axis_name`) whose carries fit `acting`, at trace time."""
     n_envs = jnp.shape(state.env_state.done)[-1]
     if axis_name is not None:
         n_envs *= jax.lax.axis_size(axis_name)
@@ -340,6 +345,25 @@ def _check_state(learner: AbstractLearner, state: TrainingState, axis_name: str 
             + f", but the learner runs one seed of n_envs={learner.n_envs}. Fix: "
             "use the learner the state was built with; `eqx.filter_vmap` the step "
             "over a stack of seeds, or take one with `eqx_ppo.select_seed(state, i)`."
+        )
+    params = eqx.filter(state.network, trainable(state.network))
+    opt_state = eqx.filter_eval_shape(make_optimizer(learner).init, params)
+    if jax.tree.structure(opt_state) != jax.tree.structure(state.opt_state):
+        raise ValueError(
+            "step(state=...): the state's optimiser state is not the one the "
+            f"learner's optimiser (gradient_clipping={learner.gradient_clipping}, "
+            f"weight_decay={learner.weight_decay}, lr_schedule="
+            f"{learner.lr_schedule!r}) builds: a state built with another learner. "
+            "Fix: step it with the learner it was built with."
+        )
+    carry = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.carry)
+    expected = eqx.filter_eval_shape(acting.initial_state)
+    if tree_spec(carry) != tree_spec(expected):
+        raise ValueError(
+            f"step(state=...): the state's carries (one env's) are {tree_spec(carry)}, "
+            f"but the acting module's are {tree_spec(expected)}: a state built with "
+            "another network or learner (e.g. another distillation teacher). Fix: "
+            "step it with the learner and network it was built with."
         )
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array, Key
 
-from .._typecheck import checked
+from .._typecheck import Index, checked
 from ..checkpoint import register_template
 from ..envs._env import check_env
 from ..logging import LoggingLevel
@@ -38,7 +38,7 @@ from ._learner import AbstractLearner
 from ._rollout import eval_rollout
 from ._sharding import check_mesh, is_main_process, on_mesh, shard_state, to_local
 from ._step import TrainingState, fresh_state, schedule_horizon, step
-from ._validate import check_initial_state
+from ._validate import check_initial_state, seed_axis_hint
 
 NetworkOrFactory = AbstractStatefulModule | Callable[[Key[Array, ""]], AbstractStatefulModule]
 Metrics = dict[str, Any]
@@ -70,7 +70,7 @@ class TrainResult:
 
 
 @checked
-def select_seed(tree: Any, seed_index: int | Array) -> Any:
+def select_seed(tree: Any, seed_index: Index) -> Any:
     """Seed `seed_index`'s slice of a multi-seed result (state, network, ...):
     every array leaf loses its leading seed axis. A [`eqx_ppo.TrainResult`][]
     gives that seed's own result, its metrics' per-seed lists replaced by the
@@ -96,7 +96,10 @@ def select_seed(tree: Any, seed_index: int | Array) -> Any:
         n_seeds, index = sizes[0][0], operator.index(seed_index)
         if not -n_seeds <= index < n_seeds:
             # JAX indexing would clamp it to the last seed.
-            raise IndexError(f"select_seed(seed_index={index}): out of range for {n_seeds} seeds.")
+            raise IndexError(
+                f"select_seed(seed_index={index}): out of range for {n_seeds} seeds. "
+                f"Fix: pass 0 <= seed_index < {n_seeds}."
+            )
     return jax.tree.map(lambda x: x[seed_index] if eqx.is_array(x) else x, tree)
 
 
@@ -143,7 +146,7 @@ def _initial_states(env: Any, networks: NetworkOrFactory, config: TrainConfig) -
     them: the template `load_checkpoint(env=, networks=)` builds."""
     init_keys, train_keys, _ = _seed_keys(None, config)
     states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
-    return states if config.n_seeds > 1 else jax.tree.map(lambda x: x[0], states)
+    return states if config.n_seeds > 1 else jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, states)
 
 
 register_template(TrainConfig, lambda config, env, networks: _initial_states(env, networks, config))
@@ -303,7 +306,8 @@ def train(
         check_mesh(mesh, learner.n_envs, learner.n_minibatches)
     init_keys, train_keys, eval_keys = _seed_keys(key, config)
     if initial_state is None:
-        states = _init_seeds(env, networks, learner, init_keys, train_keys)
+        with seed_axis_hint(networks, "networks"):
+            states = _init_seeds(env, networks, learner, init_keys, train_keys)
     else:
         states = _resume(env, networks, learner, config, initial_state, init_keys, train_keys)
     if mesh is not None:
@@ -327,7 +331,12 @@ def _resume(env, networks, learner, config, state, init_keys, train_keys):
     state's shapes; a copy, since the chunks donate their input."""
     fresh = eqx.filter_eval_shape(_init_seeds, env, networks, learner, init_keys, train_keys)
     if config.n_seeds == 1:
-        fresh = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), fresh)
+        fresh = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+            if isinstance(x, jax.ShapeDtypeStruct)
+            else x,
+            fresh,
+        )
     check_initial_state(state, fresh)
     done = int(np.max(jax.device_get(state.iteration)))
     if done > learner.n_iterations:
@@ -345,7 +354,9 @@ def _resume(env, networks, learner, config, state, init_keys, train_keys):
             "total_steps. Fix: resume with the total_steps the state was trained for."
         )
     copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-    return jax.tree.map(lambda x: x[None], copy) if config.n_seeds == 1 else copy
+    if config.n_seeds > 1:
+        return copy
+    return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, copy)
 
 
 class _Driver(NamedTuple):

@@ -6,9 +6,10 @@ run resumes. Messages follow the library's style: what was expected, what
 was seen, `Fix: ...`.
 """
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -43,16 +44,16 @@ def check_network_output(output: Any, reward: Any) -> None:
     # A sampler that left its action axis unsummed would otherwise broadcast
     # against the advantages in the loss, into a wrong surrogate.
     n_envs = jnp.shape(jax.tree.leaves(reward)[0])[:1]
-    tree = {"loglikelihoods": output.loglikelihoods, "value_estimates": output.value_estimates}
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if jnp.shape(x) != n_envs:
-            raise ValueError(
-                f"The network's {jax.tree_util.keystr(path)[2:-2]}... has shape "
-                f"{jnp.shape(x)[1:]} per env; expected one number per env "
-                "(shape ()). Fix: a sampler's log_likelihood must sum over "
-                "its action's dimensions (e.g. jnp.sum(log_probs)), and a "
-                "value head must output one number per reward key."
-            )
+    for name in ("loglikelihoods", "value_estimates"):
+        for path, x in jax.tree_util.tree_flatten_with_path(getattr(output, name))[0]:
+            if jnp.shape(x) != n_envs:
+                raise ValueError(
+                    f"The network's {name}{jax.tree_util.keystr(path)} has shape "
+                    f"{jnp.shape(x)[1:]} per env; expected one number per env "
+                    "(shape ()). Fix: a sampler's log_likelihood must sum over "
+                    "its action's dimensions (e.g. jnp.sum(log_probs)), and a "
+                    "value head must output one number per reward key."
+                )
 
 
 def check_samplers(env: Any, network: AbstractStatefulModule) -> None:
@@ -107,12 +108,6 @@ def check_actions(env: Any, actions: PyTree[Array]) -> None:
             "the network samples discrete actions, but the env is continuous (it "
             "has no n_actions): build it with discrete=False (a Gaussian sampler)"
         )
-    elif len(got) == len(want) and all(g[1:] == w for g, w in zip(got, want, strict=True)):
-        fix = (
-            f"every action has a leading axis of {got[0][0]}: a network from a run "
-            f"with TrainConfig(n_seeds={got[0][0]})? Pick one seed, "
-            "eqx_ppo.select_seed(network, i), or vmap over the seeds"
-        )
     else:
         fix = (
             "build the network with the env's action_size (for dict actions, a "
@@ -124,6 +119,26 @@ def check_actions(env: Any, actions: PyTree[Array]) -> None:
         f"  env.action_size: {env.action_size}\n"
         f"Fix: {fix}."
     )
+
+
+@contextlib.contextmanager
+def seed_axis_hint(network: Any, name: str = "network") -> Iterator[None]:
+    """Add a hint to an error raised while `network` runs if it looks like a
+    stack of seeds' networks: every array leaf, its scalars (coefficients,
+    counts) included, has one leading axis of the same size."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        arrays = [x for x in jax.tree.leaves(network) if eqx.is_array(x)]
+        sizes = {x.shape[0] if x.ndim else 0 for x in arrays}
+        if arrays and len(sizes) == 1 and sizes != {0}:
+            (n,) = sizes
+            error.add_note(
+                f"Every array of `{name}` has a leading axis of {n}: a network from a "
+                f"run with TrainConfig(n_seeds={n})? Fix: pick one seed, "
+                f"eqx_ppo.select_seed({name}, i), or vmap over the seeds."
+            )
+        raise
 
 
 def _per_env(tree: PyTree[Array]) -> dict[str, tuple[tuple[int, ...], Any]]:
