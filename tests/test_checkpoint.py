@@ -956,3 +956,14 @@ def test_a_config_dict_with_a_type_key_is_refused_at_save(saved, tmp_path):
     ):
         ckpt.save_checkpoint(tmp_path, state, config=config, step=1)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_state_holding_nan_is_never_saved(saved, tmp_path):
+    _, state = saved
+    poisoned = jax.tree.map(
+        lambda x: x.at[0].set(jnp.nan) if eqx.is_inexact_array(x) and x.ndim else x,
+        state,
+    )
+    with pytest.raises(FloatingPointError, match=r"holds NaN or inf.*never written"):
+        ckpt.save_checkpoint(tmp_path, poisoned, config=None, step=1)
+    assert ckpt.latest_checkpoint(tmp_path) is None

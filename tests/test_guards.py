@@ -1,6 +1,8 @@
 """The stability guards: gradient clipping by default, the target-KL early stop,
 value-loss clipping, and non-finite values that stop training by name."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -259,3 +261,144 @@ def test_finite_run_logs_no_check_flags():
 def test_check_finite_false_trains_on():
     saved = _train(_NaNEnv("reward", bad_x=0.5), _net, check_finite=False)
     assert saved == [0, 160, 320, 480]
+
+
+class _Poisoned(eqx.Module):
+    """move_to_center whose step `at_step` (counted by the env itself), or whose
+    reset, returns a NaN (or `value`) observation in env 0's first entry."""
+
+    at_step: int = eqx.field(static=True, default=-1)
+    in_reset: bool = eqx.field(static=True, default=False)
+    value: float = eqx.field(static=True, default=float("nan"))
+
+    def reset(self, key):
+        state = ENV.reset(key)
+        state = state.replace(info={**state.info, "t": jnp.zeros((), jnp.int32)})
+        if self.in_reset:
+            return state.replace(obs=state.obs.at[0].set(self.value))
+        return state
+
+    def step(self, state, action):
+        out = ENV.step(state, action)
+        t = state.info["t"] + 1
+        out = out.replace(info={**out.info, "t": t})
+        return out.replace(obs=jnp.where(t == self.at_step, out.obs.at[0].set(self.value), out.obs))
+
+    observation_size = 2
+    action_size = 2
+
+
+def _tiny_run(env, tmp_path=None, **kw):
+    """8 envs x 4 steps per iteration; the issue's reproduction. Returns the
+    saved steps."""
+    saved = []
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(
+            n_envs=8,
+            rollout_length=4,
+            total_steps=320,
+            n_minibatches=2,
+            n_epochs=1,
+            **kw,
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        checkpoint_every_steps=32,
+        progress=False,
+    )
+
+    def checkpoint(state, step):
+        assert all(
+            np.isfinite(np.asarray(x)).all()
+            for x in jax.tree.leaves(eqx.filter(state, eqx.is_inexact_array))
+        ), f"non-finite state checkpointed at step {step}"
+        saved.append(step)
+
+    eqx_ppo.train(env, _net, config, checkpoint_fn=checkpoint)
+    return saved
+
+
+@pytest.mark.parametrize("at_step", [15, 16])
+def test_a_nan_observation_is_named_also_on_the_rollouts_last_step(at_step):
+    # Step 16 is the last of iteration 4, the observation the value bootstraps
+    # from: it used to be blamed on the optimiser. (Episodes end at step 20.)
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Non-finite observation from env 0, returned by env\.step at "
+        r"iteration 4;",
+    ):
+        _tiny_run(_Poisoned(at_step=at_step))
+
+
+def test_a_nan_observation_from_reset_is_named_and_never_checkpointed():
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Non-finite observation from env\.reset at the start of the run "
+        r"\(env 0\); training stopped before anything was checkpointed",
+    ):
+        _tiny_run(_Poisoned(in_reset=True))
+
+
+def test_huge_finite_observations_are_named_as_an_overflow():
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Non-finite (loss|optimiser update).*observations are finite but "
+        r"reach 1e\+25.*scale the env's observations down",
+    ):
+        _tiny_run(_Poisoned(at_step=3, value=1e25))
+
+
+def test_a_huge_reward_scaling_is_named_as_an_overflow():
+    with pytest.raises(
+        FloatingPointError,
+        match=r"rewards times reward_scaling reach .*e\+\d\d.*lower `reward_scaling`",
+    ):
+        _tiny_run(ENV, reward_scaling=1e30)
+
+
+def test_an_overflowing_adam_state_stops_training():
+    # No clipping and a huge rate: the parameters or Adam's second moments
+    # overflow, and the Adam state is checked with the parameters.
+    with pytest.raises(
+        FloatingPointError, match=r"Non-finite (loss|optimiser update)"
+    ):
+        _tiny_run(ENV, learning_rate=1e8, gradient_clipping=None)
+
+
+def test_an_eval_env_returning_nan_stops_training():
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(n_envs=8, rollout_length=4, total_steps=64, n_minibatches=2),
+        eval=eqx_ppo.EvalConfig(every_steps=32, n_envs=4, max_episode_length=5),
+        progress=False,
+    )
+    with pytest.raises(
+        FloatingPointError, match=r"Non-finite evaluation metrics.*eval env returned NaN"
+    ):
+        eqx_ppo.train(ENV, _net, config, eval_env=_NaNEnv("reward", bad_x=-2.0))
+
+
+def test_resuming_a_decaying_schedule_with_another_total_is_refused():
+    learner = eqx_ppo.PPO(
+        n_envs=8, rollout_length=4, total_steps=64, n_minibatches=2, lr_schedule="linear"
+    )
+    config = eqx_ppo.TrainConfig(
+        learner=learner, eval=eqx_ppo.EvalConfig(enabled=False), progress=False
+    )
+    state = eqx_ppo.train(ENV, _net, config).training_state
+    longer = eqx_ppo.TrainConfig(
+        learner=dataclasses.replace(learner, total_steps=128),
+        eval=config.eval,
+        progress=False,
+    )
+    with pytest.raises(
+        ValueError, match=r"linear learning-rate schedule runs over 16 updates.*over 32"
+    ):
+        eqx_ppo.train(ENV, _net, longer, initial_state=state)
+
+
+@pytest.mark.parametrize("seed", [2**32, -1])
+def test_a_seed_beyond_32_bits_is_refused(seed):
+    # jax.random.key(2**32) is jax.random.key(0): the runs were identical.
+    with pytest.raises(ValueError, match=r"TrainConfig\(seed="):
+        eqx_ppo.TrainConfig(seed=seed)
+    with pytest.raises(ValueError, match=r"TrainConfig\(seed="):
+        eqx_ppo.TrainConfig(seed=2**32 - 2, n_seeds=3)

@@ -13,6 +13,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import numpy as np
 
 from ._codec import CheckpointError
 from ._files import removed_while_reading
@@ -92,10 +93,19 @@ def _holds_arrays(x: Any) -> bool:
 
 
 def check_saveable(state: Any) -> None:
-    """Raise a `TypeError` naming the first leaf of `state` that is not a pytree
-    but holds arrays: serialising writes arrays and scalars only, so that
-    leaf's arrays (e.g. all of a `TrainResult`) would be lost without a word."""
+    """Raise naming the first leaf of `state` that holds NaN or inf (a
+    `FloatingPointError`), or that is not a pytree but holds arrays (a
+    `TypeError`: serialising writes arrays and scalars only, so that leaf's
+    arrays, e.g. all of a `TrainResult`, would be lost without a word)."""
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if eqx.is_inexact_array(x) and not np.isfinite(np.asarray(x)).all():
+            # A checkpoint is what a run resumes from: it must never hold NaN.
+            raise FloatingPointError(
+                f"save_checkpoint(state=...): leaf {jax.tree_util.keystr(path)} "
+                "holds NaN or inf, and a checkpoint is never written with "
+                "non-finite values. Fix: save an earlier state (training with "
+                "check_finite=True stops before one is produced)."
+            )
         if not eqx.is_array_like(x) and _holds_arrays(x):
             where = f"leaf {jax.tree_util.keystr(path)}" if path else "the state"
             raise TypeError(

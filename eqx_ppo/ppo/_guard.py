@@ -144,12 +144,16 @@ def raise_if_nonfinite(
             )
 
 
-def check_host_values(tree: PyTree, what: str, fix: str) -> None:
-    """Raise a `FloatingPointError` if a host-side tree holds NaN or inf."""
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+def check_host_values(tree: PyTree, what: str, unit: str, fix: str) -> None:
+    """Raise a `FloatingPointError` if a host-side tree holds NaN or inf,
+    naming the first bad index of its leading axis (`unit`: "env", "seed")."""
+    for x in jax.tree.leaves(tree):
         x = np.asarray(x)
-        if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
-            raise FloatingPointError(
-                f"Non-finite {what} ({jax.tree_util.keystr(path) or 'value'}); "
-                f"training stopped before anything was checkpointed. {fix}"
-            )
+        if not np.issubdtype(x.dtype, np.inexact) or np.isfinite(x).all():
+            continue
+        bad = ~np.isfinite(x.reshape(x.shape[0], -1)).all(axis=1) if x.ndim else [True]
+        where = f" ({unit} {int(np.argmax(bad))})" if x.ndim else ""
+        raise FloatingPointError(
+            f"Non-finite {what}{where}; training stopped before anything was "
+            f"checkpointed. {fix}"
+        )

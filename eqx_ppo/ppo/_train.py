@@ -392,9 +392,11 @@ class _Driver(NamedTuple):
         progress = Progress(self.config.progress and main, iteration * spi * n_seeds, schedule.total * spi * n_seeds)
         if iteration == 0:
             if learner.check_finite:
+                obs = jax.tree.map(lambda x: x[0], self.local(states.env_state.obs))
                 _guard.check_host_values(
-                    self.local(states.env_state.obs),
+                    obs,
                     "observation from env.reset at the start of the run",
+                    "env",
                     "Check the env's reset.",
                 )
             self.events(states, 0, {}, history, progress)
@@ -432,7 +434,12 @@ class _Driver(NamedTuple):
                 metrics = _evaluate(self.eval_env, self.local(states.network), self.eval_keys, self.config.eval)
                 metrics = to_host(jax.device_get(metrics), self.config.n_seeds)
             if self.learner.check_finite:
-                _guard.check_host_values(metrics, "evaluation metrics", "The eval env returned NaN or inf: check it.")
+                _guard.check_host_values(
+                    metrics,
+                    "evaluation metrics",
+                    "seed",
+                    "The eval env returned NaN or inf: check it.",
+                )
             history.append({"step": step_count, **metrics})
             if throughput:
                 eval_steps = self.config.eval.n_envs * self.config.eval.max_episode_length
