@@ -51,13 +51,13 @@ from .checkpoint import register_config
 from .envs._env import check_env
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
+from .nn._errors import tree_spec
+from .nn._keys import check_key
 from .nn._module import (
     AbstractLayerWrapper,
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
-    check_key,
-    tree_spec,
 )
 from .ppo._config import (
     DriverConfig,

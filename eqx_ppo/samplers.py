@@ -27,13 +27,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .nn._module import (
-    AbstractStatefulModule,
-    StatefulModuleOutput,
-    check_coefficient,
-    coefficient,
-    split_key,
-)
+from .nn._filters import check_coefficient, coefficient
+from .nn._keys import split_key
+from .nn._module import AbstractStatefulModule, StatefulModuleOutput
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)

@@ -20,7 +20,8 @@ from eqx_ppo.nn import (
     StatefulModuleOutput,
     reset_where,
 )
-from eqx_ppo.nn._module import route_keys, split_key, zero_loss
+from eqx_ppo.nn._keys import route_keys, split_key
+from eqx_ppo.nn._module import zero_loss
 
 
 class Affine(AbstractStatefulModule):

@@ -9,7 +9,7 @@ import pytest
 from eqx_ppo.nn._containers import Sequential
 from eqx_ppo.nn._conv import Conv2d, PixelScale, make_cnn_encoder
 from eqx_ppo.nn._dense import Dense
-from eqx_ppo.nn._module import trainable
+from eqx_ppo.nn._filters import trainable
 from eqx_ppo.nn._utils import Flattener
 from tests._helpers import assert_ulp_close
 

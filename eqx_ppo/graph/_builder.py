@@ -11,7 +11,8 @@ from jaxtyping import Array, PRNGKeyArray
 
 from .._activation_key import ACTIVATION_KEY
 from ..nn._dense import Dense, check_int, check_size, get_activation
-from ..nn._module import AbstractStatefulModule, check_key, split_key
+from ..nn._keys import check_key, split_key
+from ..nn._module import AbstractStatefulModule
 from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
 
 Activation = str | Callable[[Array], Array] | None

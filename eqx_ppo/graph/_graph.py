@@ -9,11 +9,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._activation_key import ACTIVATION_KEY
+from ..nn._keys import route_keys
 from ..nn._module import (
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
-    route_keys,
     zero_loss,
 )
 

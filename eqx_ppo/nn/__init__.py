@@ -30,6 +30,15 @@ from ._factories import (
     make_mlp_actor_critic as make_mlp_actor_critic,
     make_recurrent_actor_critic as make_recurrent_actor_critic,
 )
+from ._filters import (
+    AbstractStatistics as AbstractStatistics,
+    coefficient as coefficient,
+    trainable as trainable,
+)
+from ._keys import (
+    route_keys as route_keys,
+    route_sequence_keys as route_sequence_keys,
+)
 from ._linear_recurrent import (
     LRU as LRU,
     MinGRU as MinGRU,
@@ -39,17 +48,12 @@ from ._module import (
     AbstractReplayEnvs as AbstractReplayEnvs,
     AbstractStatefulModule as AbstractStatefulModule,
     AbstractStatelessLayer as AbstractStatelessLayer,
-    AbstractStatistics as AbstractStatistics,
     SequenceOutput as SequenceOutput,
     State as State,
     StatefulModuleOutput as StatefulModuleOutput,
     apply_batched as apply_batched,
-    coefficient as coefficient,
     reset_where as reset_where,
-    route_keys as route_keys,
-    route_sequence_keys as route_sequence_keys,
     scan_sequence as scan_sequence,
-    trainable as trainable,
 )
 from ._normalizer import (
     Normalizer as Normalizer,

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Key, PRNGKeyArray
 
+from ._keys import route_keys, route_sequence_keys
 from ._module import (
     AbstractReplayEnvs,
     AbstractStatefulModule,
@@ -39,8 +40,6 @@ from ._module import (
     StatefulModuleOutput,
     check_env_batch,
     checked_output,
-    route_keys,
-    route_sequence_keys,
     zero_loss,
 )
 

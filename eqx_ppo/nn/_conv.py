@@ -17,7 +17,8 @@ from jaxtyping import Array, Float, PRNGKeyArray, Shaped
 
 from ._containers import Sequential
 from ._dense import Dense, Initializer, check_size, get_activation, init_param
-from ._module import AbstractStatefulModule, AbstractStatelessLayer, check_key
+from ._keys import check_key
+from ._module import AbstractStatefulModule, AbstractStatelessLayer
 from ._utils import Flattener
 
 Padding = str | int

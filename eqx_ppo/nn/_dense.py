@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._module import AbstractStatelessLayer, check_key, input_shape_fix
+from ._errors import input_shape_fix
+from ._keys import check_key
+from ._module import AbstractStatelessLayer
 
 Initializer = Callable[..., Array]
 """A `jax.nn.initializers`-style callable `(key, shape, dtype) -> array`."""

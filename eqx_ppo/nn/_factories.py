@@ -41,8 +41,9 @@ from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
 from ._conv import check_pixel_scale, make_cnn_encoder
 from ._dense import Dense, check_size, get_activation
+from ._keys import check_key
 from ._linear_recurrent import LRU, MinGRU
-from ._module import AbstractStatefulModule, check_key
+from ._module import AbstractStatefulModule
 from ._normalizer import Normalizer
 from ._recurrent import GRU, LSTM
 from ._utils import Flattener, Splitter

@@ -37,11 +37,11 @@ from jax import custom_batching
 from jaxtyping import Array, Bool, Float, Inexact, Key, PRNGKeyArray
 
 from ._dense import Initializer, check_size
+from ._keys import check_key
 from ._module import (
     AbstractReplayEnvs,
     SequenceOutput,
     check_env_batch,
-    check_key,
     merge_envs,
     split_envs,
 )

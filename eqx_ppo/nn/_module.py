@@ -39,17 +39,14 @@ scan) may override both.
 """
 
 import abc
-import dataclasses
-import math
-import reprlib
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
+
+from ._errors import array_spec, carry_spec, tree_spec
 
 State = PyTree
 """A per-env carry: any pytree of arrays, `()` for stateless layers."""
@@ -334,135 +331,9 @@ class AbstractLayerWrapper(AbstractStatefulModule):
         )
 
 
-class AbstractStatistics(eqx.Module):
-    """Marks arrays that are never trained (e.g. a normaliser's running moments).
-
-    [`eqx_ppo.nn.trainable`][] excludes every array inside a subclass, so the
-    optimiser, gradient norms and weight logging skip them.
-    """
-
-
-def _is_statistics(node: Any) -> bool:
-    return isinstance(node, AbstractStatistics)
-
-
-def coefficient(**kwargs: Any) -> Any:
-    """A field for a layer's coefficient, e.g. an entropy or KL weight.
-
-    The value is stored as a float32 array: a pytree leaf, so changing it
-    does not recompile and a sweep can `vmap` over it, but
-    [`eqx_ppo.nn.trainable`][] leaves it out, so the optimiser never moves it.
-    `eqx.tree_at` skips the conversion: replace it with an array,
-    `jnp.float32(0.02)`, not a Python float (which `eqx.filter_jit` would
-    treat as a static value, compiling once per value).
-    A concrete value stays concrete even when the layer is built inside a
-    trace (a factory under `eqx.filter_jit`), so it is still checked there.
-    """
-    return eqx.field(
-        converter=_concrete_float32,
-        metadata={"coefficient": True},
-        **kwargs,
-    )
-
-
-def _concrete_float32(x: Any) -> Array:
-    """`jnp.asarray(x, float32)`, evaluated now unless `x` is itself traced."""
-    with jax.ensure_compile_time_eval():
-        return jnp.asarray(x, jnp.float32)
-
-
-def check_coefficient(where: str, value: Any) -> None:
-    """Raise if a concrete coefficient is negative, infinite or NaN (traced
-    values pass)."""
-    if not isinstance(value, jax.core.Tracer) and not 0 <= float(value) < math.inf:
-        raise ValueError(f"`{where}={value}` must be finite and >= 0.")
-
-
-def coefficient_names(node: Any) -> tuple[str, ...]:
-    """The names of a module's `coefficient` fields; `()` for anything else."""
-    if not isinstance(node, eqx.Module):
-        return ()
-    fields = dataclasses.fields(node)
-    return tuple(f.name for f in fields if f.metadata.get("coefficient", False))
-
-
-def trainable(model: PyTree) -> PyTree[bool]:
-    """A filter spec selecting the trainable leaves of `model`.
-
-    Trainable means: a floating-point array not inside an
-    [`eqx_ppo.nn.AbstractStatistics`][] and not a
-    [`coefficient`][eqx_ppo.nn.coefficient] field. Use it with `eqx.partition`:
-
-    ```python
-    params, static = eqx.partition(model, eqx_ppo.nn.trainable(model))
-    ```
-    """
-
-    def special(node: Any) -> bool:
-        return _is_statistics(node) or bool(coefficient_names(node))
-
-    def mark(node: Any) -> Any:
-        if _is_statistics(node):
-            return jax.tree.map(lambda _: False, node)
-        names = coefficient_names(node)
-        if names:
-            spec = jax.tree.map(
-                mark, node, is_leaf=lambda x: x is not node and special(x)
-            )
-            return eqx.tree_at(
-                lambda s: [getattr(s, n) for n in names],
-                spec,
-                replace=[False] * len(names),
-            )
-        return eqx.is_inexact_array(node)
-
-    return jax.tree.map(mark, model, is_leaf=special)
-
-
 def zero_loss() -> Float[Array, ""]:
     """The regularisation loss of a layer that adds none."""
     return jnp.zeros((), jnp.float32)
-
-
-def input_shape_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str:
-    """How to fix a layer's input of shape `got` where one env's `want` is
-    expected: vmap if `got` is a batch of `want`, otherwise match the sizes."""
-    if len(got) > len(want) and got[len(got) - len(want) :] == want:
-        return (
-            "Layers work on a single env: vmap over the env axis, or use "
-            "`eqx_ppo.nn.apply_batched`."
-        )
-    if len(got) < len(want):
-        return (
-            "The input has fewer axes than one env's: vmap and `apply_batched` "
-            "take the leading axis as the env axis, so give them a batch [B, ...]; "
-            "otherwise build the network for one env's observation "
-            "(obs_size=env.observation_size)."
-        )
-    return (
-        "The sizes differ: build the network for one env's observation "
-        "(obs_size=env.observation_size), or the layer for its input."
-    )
-
-
-def array_spec(x: Any) -> str:
-    """`float32[8, 2]` for an array or a `jax.ShapeDtypeStruct`, else the type."""
-    if eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct):
-        return f"{x.dtype}{list(x.shape)}"
-    return type(x).__name__
-
-
-def tree_spec(tree: Any) -> str:
-    """`{'h': 'float32[8]'}`: `tree` with each array as its `array_spec`."""
-    return str(jax.tree.map(array_spec, tree))
-
-
-def _carry_spec(tree: Any) -> Any:
-    """What a scan's carry must keep from step to step: the structure and each
-    leaf's shape and dtype (not its weak type), as `jax.ShapeDtypeStruct`s."""
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree
-    )
 
 
 def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
@@ -477,7 +348,7 @@ def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
             "StatefulModuleOutput(next_state, output, regularization_loss, "
             "metrics, extras)."
         )
-    got, expected = _carry_spec(out.next_state), _carry_spec(state)
+    got, expected = carry_spec(out.next_state), carry_spec(state)
     if got != expected:
         raise ValueError(
             f"{name}.__call__ returned the next_state {tree_spec(got)} "
@@ -493,76 +364,6 @@ def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
             "(shape ()): sum or average it over the layer's units."
         )
     return out
-
-
-def check_key(
-    where: str, key: Any, several: str = "vmap over keys to use several"
-) -> None:
-    """Raise a `TypeError` unless `key` is one PRNG key: a typed key
-    (`jax.random.key`) or legacy raw key data (`jax.random.PRNGKey`, uint32).
-    `several` tells how `where` takes more than one key."""
-    if eqx.is_array(key):
-        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-            if key.shape == ():
-                return
-        elif key.dtype == np.uint32 and key.shape in ((2,), (4,)):
-            return
-        value, seen = array_spec(key), f"a {array_spec(key)} array"
-    else:
-        value, seen = reprlib.repr(key), type(key).__name__
-    raise TypeError(
-        f"{where}(key={value}): expected a PRNG key such as jax.random.key(0), got "
-        f"{seen}. Fix: pass a single key, e.g. key=jax.random.key(seed) "
-        f"({several})."
-    )
-
-
-def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:
-    """Split `key` among `n` children; `None` stays `None` (deterministic calls)."""
-    if key is None:
-        return [None] * n
-    return list(jax.random.split(key, n))
-
-
-def route_keys(
-    key: PRNGKeyArray | None, children: Sequence[AbstractStatefulModule]
-) -> list[PRNGKeyArray | None]:
-    """One key per child, for the children whose `uses_key` is set.
-
-    Children that use no key get `None`. A single user gets `key` itself; more
-    users get one split of it, in order. Every container routes keys this way,
-    so a network with one stochastic layer (e.g. its sampler) spends no key
-    splits at all.
-    """
-    users = [i for i, child in enumerate(children) if child.uses_key]
-    keys: list[PRNGKeyArray | None] = [None] * len(children)
-    if key is None or not users:
-        return keys
-    if len(users) == 1:
-        keys[users[0]] = key
-        return keys
-    for i, child_key in zip(users, jax.random.split(key, len(users)), strict=True):
-        keys[i] = child_key
-    return keys
-
-
-def route_sequence_keys(
-    keys: Key[Array, "*steps"] | None, children: Sequence[AbstractStatefulModule]
-) -> list[Key[Array, "*steps"] | None]:
-    """[`eqx_ppo.nn.route_keys`][] applied to every key of a `[T]` sequence
-    (or of a `[T, M]` batch of them).
-
-    A container's replay uses it to hand each child the keys its `__call__`
-    would have handed it, step by step.
-    """
-    if keys is None:
-        return [None] * len(children)
-    steps = jnp.shape(keys)
-    if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
-        steps = steps[:-1]  # legacy uint32 key data: [*steps, 2]
-    flat = keys.reshape(-1, *keys.shape[len(steps) :])
-    routed = jax.vmap(lambda k: route_keys(k, children))(flat)
-    return [None if k is None else k.reshape(*steps, *k.shape[1:]) for k in routed]
 
 
 def scan_sequence(
@@ -660,7 +461,7 @@ def reset_where(
 ) -> State:
     """One env's carry, reset if `done`: the rule the rollout and replay share."""
     fresh = module.reset_state(state)
-    got, expected = _carry_spec(fresh), _carry_spec(state)
+    got, expected = carry_spec(fresh), carry_spec(state)
     if got != expected:
         raise ValueError(
             f"{type(module).__name__}.reset_state (or that of a layer inside "

@@ -9,13 +9,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from ._module import (
-    AbstractDeterministicModule,
-    AbstractStatistics,
-    StatefulModuleOutput,
-    input_shape_fix,
-    zero_loss,
-)
+from ._errors import input_shape_fix
+from ._filters import AbstractStatistics
+from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
 
 
 def canonicalize(tree: Any) -> Any:

@@ -17,11 +17,11 @@ from ._dense import (
     init_param,
     orthogonal,
 )
+from ._keys import check_key
 from ._module import (
     AbstractDeterministicModule,
     State,
     StatefulModuleOutput,
-    check_key,
     zero_loss,
 )
 

@@ -9,13 +9,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from ._dense import Dense, check_size, check_vector
-from ._module import (
-    AbstractStatefulModule,
-    StatefulModuleOutput,
-    check_coefficient,
-    check_key,
-    coefficient,
-)
+from ._filters import check_coefficient, coefficient
+from ._keys import check_key
+from ._module import AbstractStatefulModule, StatefulModuleOutput
 
 AR1State = dict[str, Any]
 """An AR(1) bottleneck carry: `{"prev": <last sample [latent_size]>,

@@ -22,7 +22,7 @@ from .. import samplers
 from ..checkpoint import register_migration
 from ..checkpoint._leaves import structure
 from ..nn import _variational
-from ..nn._module import coefficient_names
+from ..nn._filters import coefficient_names
 from ._step import TrainingState as _Current
 
 

@@ -18,10 +18,10 @@ from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 from ..envs._env import check_env, reported_truncation
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
+from ..nn._keys import check_key
 from ..nn._module import (
     AbstractStatefulModule,
     State,
-    check_key,
     checked_output,
     reset_where,
 )

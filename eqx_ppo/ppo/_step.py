@@ -26,7 +26,9 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from ..envs._env import check_env
 from ..logging import LoggingLevel, reduce_metric
-from ..nn._module import AbstractStatefulModule, State, check_key, trainable
+from ..nn._filters import trainable
+from ..nn._keys import check_key
+from ..nn._module import AbstractStatefulModule, State
 from ._config import LearnerConfig, PPOConfig
 from ._learner import PPO, AbstractLearner, Minibatch, check_learner
 from ._rollout import StepCarry, Transition, env_keys, rollout

@@ -32,7 +32,8 @@ from jaxtyping import Array, Key, PRNGKeyArray
 from ..checkpoint import register_template
 from ..envs._env import check_env
 from ..logging import LoggingLevel
-from ..nn._module import AbstractStatefulModule, check_key
+from ..nn._keys import check_key
+from ..nn._module import AbstractStatefulModule
 from ._config import DriverConfig, LearnerConfig, PPOConfig, TrainConfig
 from ._learner import PPO, AbstractLearner, check_learner
 from ._rollout import eval_rollout

@@ -22,8 +22,9 @@ import numpy as np
 from jaxtyping import Array, PyTree
 
 from ..nn._dense import Dense
+from ..nn._errors import array_spec
 from ..nn._linear_recurrent import MinGRU
-from ..nn._module import AbstractStatefulModule, array_spec
+from ..nn._module import AbstractStatefulModule
 from ..nn._recurrent import GRU, LSTM
 
 _CALLBACK_CALLS = {
