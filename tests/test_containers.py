@@ -322,7 +322,7 @@ def test_named_containers_take_their_children_by_name(unchecked, cls):
 
 
 def test_sequential_validates_its_layers():
-    with pytest.raises(ValueError, match="at least one layer"):
+    with pytest.raises(ValueError, match="at least one child"):
         Sequential([])
     with pytest.raises(TypeError, match="AbstractStatefulModule"):
         Sequential([affine(1.0), jnp.tanh])

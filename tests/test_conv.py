@@ -182,15 +182,17 @@ def test_grads_finite_for_every_kernel(getkey, small_encoder):
     assert len(jax.tree.leaves(params)) == 6  # two convs and a Dense, with biases
 
 
-def test_replay_sequence_equals_loop(getkey, small_encoder):
-    n_steps = 4
-    xs = jax.random.normal(getkey(), (n_steps, 12, 12, 3))
-    state0 = small_encoder.initial_state()
-    done = jnp.zeros(n_steps, bool)
-    replay = eqx.filter_jit(small_encoder.replay_sequence)(state0, xs, None, None, done)
-    looped = jnp.stack([small_encoder(state0, x).output for x in xs])
+def test_replay_equals_loop(getkey, small_encoder):
+    n_steps, n_envs = 4, 2
+    xs = jax.random.normal(getkey(), (n_steps, n_envs, 12, 12, 3))
+    state0 = small_encoder.initialize_state(n_envs)
+    done = jnp.zeros((n_steps, n_envs), bool)
+    replay = eqx.filter_jit(small_encoder.replay)(state0, xs, None, None, done)
+    looped = jax.vmap(
+        jax.vmap(lambda x: small_encoder(small_encoder.initial_state(), x).output)
+    )(xs)
     assert_ulp_close(replay.output, looped)
-    assert replay.regularization_loss.shape == (n_steps,)
+    assert replay.regularization_loss.shape == (n_steps, n_envs)
     assert replay.last_state == state0
 
 

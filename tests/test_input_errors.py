@@ -579,15 +579,6 @@ def test_input_shape_errors_tell_a_batch_from_a_wrong_size(
         module(module.initial_state(), x, key=getkey())
 
 
-@pytest.mark.parametrize("state", [(), {0: ()}], ids=["tuple", "missing-layer"])
-def test_container_state_must_come_from_initialize_state(unchecked, getkey, state):
-    net = mlp(getkey())  # a Sequential of a normaliser and a PPOAdapter
-    with pytest.raises(
-        TypeError, match=r"`Sequential`: the state must be the dict .*initial_state\(\)"
-    ):
-        net(state, jnp.zeros(2), key=getkey())
-
-
 def test_record_activations_rollout_takes_keywords(getkey):
     from eqx_ppo import record_activations_rollout
 

@@ -45,7 +45,6 @@ from ._linear_recurrent import (
     linear_recurrence as linear_recurrence,
 )
 from ._module import (
-    AbstractReplayEnvs as AbstractReplayEnvs,
     AbstractStatefulModule as AbstractStatefulModule,
     AbstractStatelessLayer as AbstractStatelessLayer,
     SequenceOutput as SequenceOutput,
@@ -53,7 +52,6 @@ from ._module import (
     StatefulModuleOutput as StatefulModuleOutput,
     apply_batched as apply_batched,
     reset_where as reset_where,
-    scan_sequence as scan_sequence,
 )
 from ._normalizer import (
     Normalizer as Normalizer,

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
-from ._containers import AbstractChildDict
+from ._containers import PerStep, Run, _AbstractContainer
 from ._module import AbstractStatefulModule
 
 
@@ -61,7 +61,7 @@ def ppo_output(samples: Any, values: Any) -> PPONetworkOutput:
     )
 
 
-class PPOAdapter(AbstractChildDict):
+class PPOAdapter(_AbstractContainer):
     """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
 
     The `action` port must output a *sampler dict* `{"action", "log_likelihood"}`
@@ -97,7 +97,6 @@ class PPOAdapter(AbstractChildDict):
                     f"got {type(port).__name__}."
                 )
 
-    @property
     def _children(self) -> dict[str, AbstractStatefulModule]:
         return {"action": self.action, "value": self.value}
 
@@ -106,5 +105,5 @@ class PPOAdapter(AbstractChildDict):
     ) -> "PPOAdapter":
         return PPOAdapter(**children)
 
-    def _combine(self, outputs: dict[str, Any]) -> PPONetworkOutput:
-        return ppo_output(outputs["action"], outputs["value"])
+    def _route(self, run: Run, x: Any, per_step: PerStep) -> PPONetworkOutput:
+        return per_step(ppo_output)(run("action", x), run("value", x))

@@ -38,13 +38,7 @@ from jaxtyping import Array, Bool, Float, Inexact, Key, PRNGKeyArray
 
 from ._dense import Initializer, check_size
 from ._keys import check_key
-from ._module import (
-    AbstractReplayEnvs,
-    SequenceOutput,
-    check_env_batch,
-    merge_envs,
-    split_envs,
-)
+from ._module import SequenceOutput
 from ._recurrent import (
     _AbstractRecurrentCell,
     _init_input_weights,
@@ -268,7 +262,7 @@ def linear_recurrence(
 ) -> tuple[Inexact[Array, " time *state"], Inexact[Array, "*state"]]:
     """All states of `h_t = a_t * h_{t-1} + b_t` from `h0`, resetting on `done`.
 
-    As in [`eqx_ppo.nn.scan_sequence`][], `done[t]` replaces the state after
+    As in a module's `replay`, `done[t]` replaces the state after
     step `t` by `h_reset` before step `t + 1`. Returns the state after every
     step (before its reset: what step `t` outputs) and the carry after the
     last step (reset if that step was done).
@@ -347,7 +341,7 @@ def _check_radius(name: str, value: Any) -> None:
         )
 
 
-class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
+class _AbstractLinearRecurrence(_AbstractRecurrentCell):
     """What LRU and MinGRU share: one step and one replay of their update.
 
     A layer gives the update's coefficients `(a, b)` of one or all steps, in
@@ -385,7 +379,7 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
         h = _product(a, self._pack(state), pairs=self.pairs, conjugate=False) + b
         return self._unpack(h), self._output(h, x)
 
-    def replay_envs(
+    def replay(
         self,
         state0: Any,
         xs: Float[Array, "time env in_size"],
@@ -397,14 +391,14 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
         `linear_recurrence` does.
 
         Resets go to `initial_state()`, which is these layers' `reset_state`,
-        so the replay resets as the rollout and `scan_sequence` do. It equals
-        `scan_sequence` to float32 rounding, not bit for bit: the matmuls run
-        on `[T x M, in]` instead of one step's `[in]`.
+        so the replay resets as the rollout does. It equals the scan of
+        `__call__` to float32 rounding, not bit for bit: the matmuls run on
+        `[T x M, in]` instead of one step's `[in]`.
         """
-        check_env_batch(type(self).__name__, xs, extras, keys, done)
+        del extras, keys
         self._check_step(jax.tree.map(lambda s: s[0], state0), xs[0, 0])
-        n_envs = done.shape[1]
-        steps = merge_envs(xs)
+        n_steps, n_envs = done.shape
+        steps = xs.reshape(n_steps * n_envs, -1)
         a, b = (_by_env(c, n_envs) for c in self._coefficients(steps))
         reset = self._pack(self.initial_state())
         states, last = jax.vmap(
@@ -420,9 +414,12 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
             in_axes=(1, 1, 0, 1),
             out_axes=(1, 0),
         )(a, b, jax.vmap(self._pack)(state0), done)
+        output = self._output(
+            states.reshape(n_steps * n_envs, *states.shape[2:]), steps
+        )
         return SequenceOutput(
             jax.vmap(self._unpack)(last),
-            split_envs(self._output(merge_envs(states), steps), n_envs),
+            output.reshape(n_steps, n_envs, *output.shape[1:]),
             jnp.zeros(done.shape, jnp.float32),
         )
 
@@ -434,7 +431,7 @@ def _by_env(
     step, which stands for all of them, as `[1, M, ...]`."""
     if coefficient.shape[0] == 1:
         return jnp.broadcast_to(coefficient, (1, n_envs, *coefficient.shape[1:]))
-    return split_envs(coefficient, n_envs)
+    return coefficient.reshape(-1, n_envs, *coefficient.shape[1:])
 
 
 class LRU(_AbstractLinearRecurrence):

@@ -29,13 +29,13 @@ nnx-ppo recording workflow keeps its length.
 - `output.metrics`: a dict of arrays, logged under `net/<path>/...`.
 - `output.extras`: what the loss replay must get back; `None` if nothing.
 
-**Sequences.** `replay_sequence` replays one env's whole length-`T` rollout
-(leaves `[T, ...]`); the loss replays a minibatch of `M` envs with
-`replay_envs` (leaves `[T, M, ...]`). By default a layer without a carry runs
-once over all `T x M` steps, and a layer with a carry is scanned over time,
-env by env; containers replay child by child, so only their recurrent
-children are scanned, and a recurrence with a parallel form (an associative
-scan) may override both.
+**Replay.** The loss replays a minibatch of `M` envs' length-`T` rollouts
+with `replay` (carries `[M, ...]`, every other leaf `[T, M, ...]`). By default
+a module without a carry runs once over all `T x M` steps, and a module with
+a carry has its `__call__` scanned over time, vmapped over the envs;
+containers replay child by child, so only their recurrent children are
+scanned, and a recurrence with a parallel form (an associative scan)
+overrides it.
 """
 
 import abc
@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
-from ._errors import array_spec, carry_spec, tree_spec
+from ._errors import carry_spec, tree_spec
 
 State = PyTree
 """A per-env carry: any pytree of arrays, `()` for stateless layers."""
@@ -72,18 +72,19 @@ class StatefulModuleOutput(NamedTuple):
 
 
 class SequenceOutput(NamedTuple):
-    """What [`eqx_ppo.nn.AbstractStatefulModule.replay_sequence`][] returns.
+    """What [`eqx_ppo.nn.AbstractStatefulModule.replay`][] returns.
 
     **Fields:**
 
-    - `last_state`: the carry after the last step (reset if that step was done).
-    - `output`: the outputs of every step, leaves `[T, ...]`.
-    - `regularization_loss`: `Float[Array, "time"]`, one value per step.
+    - `last_state`: each env's carry after the last step (reset if that step
+      was done), leaves `[M, ...]`.
+    - `output`: the outputs of every step, leaves `[T, M, ...]`.
+    - `regularization_loss`: `Float[Array, "time env"]`, one value per step.
     """
 
     last_state: State
     output: Any
-    regularization_loss: Float[Array, " time"]
+    regularization_loss: Float[Array, "time env"]
 
 
 class AbstractStatefulModule(eqx.Module):
@@ -92,8 +93,7 @@ class AbstractStatefulModule(eqx.Module):
     Subclasses implement `__call__`; layers with a carry override
     `initial_state`; layers that keep running statistics override
     `update_statistics`; containers (and recurrences with a parallel form)
-    override `replay_sequence`, or subclass `AbstractReplayEnvs` and override
-    `replay_envs`. See the module docstring for the batching convention.
+    override `replay`. See the module docstring for the batching convention.
     """
 
     @abc.abstractmethod
@@ -128,36 +128,7 @@ class AbstractStatefulModule(eqx.Module):
         """
         return True
 
-    def replay_sequence(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
-    ) -> SequenceOutput:
-        """Replay one env's length-`T` sequence, as `T` calls of `__call__` would.
-
-        **Arguments:**
-
-        - `state0`: the carry before the first step.
-        - `xs`, `extras`: the inputs and the rollout's extras, leaves `[T, ...]`
-          (`extras=None` acts afresh at every step).
-        - `keys`: one key per step, `[T]`, or `None`.
-        - `done`: `[T]`; after a step with `done`, the carry is reset with
-          `reset_state`, exactly as the rollout reset it.
-
-        The default runs a module without a carry once over all `T` steps (one
-        batched call) and scans `__call__` over time otherwise. An override
-        must give the step-by-step values (to float rounding) and route keys
-        and extras exactly as `__call__` does; see the custom layer guide.
-        """
-        if not jax.tree.leaves(state0):
-            out = jax.vmap(lambda x, e, k: self(state0, x, e, key=k))(xs, extras, keys)
-            return SequenceOutput(state0, out.output, out.regularization_loss)
-        return scan_sequence(self, state0, xs, extras, keys, done)
-
-    def replay_envs(
+    def replay(
         self,
         state0: State,
         xs: Any,
@@ -165,28 +136,35 @@ class AbstractStatefulModule(eqx.Module):
         keys: Key[Array, "time env"] | None,
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
-        """Replay `M` envs' length-`T` sequences at once: what the loss calls.
+        """Replay `M` envs' length-`T` sequences, as `T` calls of `__call__` would.
 
-        The arguments and results are `replay_sequence`'s with an env axis:
-        carries `[M, ...]`, every other leaf `[T, M, ...]`.
+        **Arguments:**
 
-        The default replays a module without a carry as one sequence of all
-        `T x M` steps, since each step stands alone: XLA runs the matmuls of
-        one `[T x M, ...]` batch, and their weight gradients above all,
-        faster than those of a `[T, M, ...]` one. A module with a carry has
-        `replay_sequence` vmapped over the envs. Containers override it to
-        replay child by child, so each child chooses for itself.
+        - `state0`: each env's carry before the first step, leaves `[M, ...]`.
+        - `xs`, `extras`: the inputs and the rollout's extras, leaves
+          `[T, M, ...]` (`extras=None` acts afresh at every step).
+        - `keys`: each env's key at each step, `[T, M]`, or `None`.
+        - `done`: `[T, M]`; after a step with `done`, that env's carry is reset
+          with `reset_state`, exactly as the rollout reset it.
+
+        The default runs a module without a carry once over all `T x M` steps,
+        one batched call: XLA runs the matmuls of one `[T x M, ...]` batch, and
+        their weight gradients above all, faster than those of a `[T, M, ...]`
+        one. A module with a carry has its `__call__` scanned over time,
+        vmapped over the envs, as the rollout runs it. An override must give
+        these values (to float rounding) and route keys and extras exactly as
+        `__call__` does; see the custom layer guide.
         """
-        check_env_batch(type(self).__name__, xs, extras, keys, done)
         if jax.tree.leaves(state0):
-            return jax.vmap(
-                self.replay_sequence,
-                in_axes=(0, 1, 1, 1, 1),
-                out_axes=SequenceOutput(0, 1, 1),
-            )(state0, xs, extras, keys, done)
-        n_envs = jnp.shape(done)[1]
-        out = self.replay_sequence(state0, *merge_envs((xs, extras, keys, done)))
-        return SequenceOutput(state0, *split_envs(out[1:], n_envs))
+            return _scan(self, state0, xs, extras, keys, done)
+        n_envs = done.shape[1]
+        steps = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), (xs, extras, keys))
+        out = jax.vmap(lambda x, e, k: self(state0, x, e, key=k))(*steps)
+        output, loss = jax.tree.map(
+            lambda a: a.reshape(-1, n_envs, *a.shape[1:]),
+            (out.output, out.regularization_loss),
+        )
+        return SequenceOutput(state0, output, loss)
 
     def initial_state(self) -> State:
         """The carry of one env at the start of an episode."""
@@ -266,7 +244,7 @@ class AbstractLayerWrapper(AbstractStatefulModule):
 
     Everything else is `layer`'s: its key use, carry, resets and statistics
     (`update_statistics` returns the wrapper around the updated layer), and
-    its own (possibly parallel) `replay_sequence` and `replay_envs`. A replay
+    its own (possibly parallel) `replay`. A replay
     returns neither metrics nor extras, so `wrap_output` may change only
     those two.
     """
@@ -299,17 +277,7 @@ class AbstractLayerWrapper(AbstractStatefulModule):
     ) -> StatefulModuleOutput:
         return self.wrap_output(self.layer(state, x, extras, key=key))
 
-    def replay_sequence(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
-    ) -> SequenceOutput:
-        return self.layer.replay_sequence(state0, xs, extras, keys, done)
-
-    def replay_envs(
+    def replay(
         self,
         state0: State,
         xs: Any,
@@ -317,7 +285,7 @@ class AbstractLayerWrapper(AbstractStatefulModule):
         keys: Key[Array, "time env"] | None,
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
-        return self.layer.replay_envs(state0, xs, extras, keys, done)
+        return self.layer.replay(state0, xs, extras, keys, done)
 
     def initial_state(self) -> State:
         return self.layer.initial_state()
@@ -366,94 +334,25 @@ def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
     return out
 
 
-def scan_sequence(
+def _scan(
     module: AbstractStatefulModule,
     state0: State,
     xs: Any,
     extras: Any,
-    keys: Key[Array, " time"] | None,
-    done: Bool[Array, " time"],
+    keys: Key[Array, "time env"] | None,
+    done: Bool[Array, "time env"],
 ) -> SequenceOutput:
-    """`module`'s `__call__` scanned over a `[T]` sequence, resetting on `done`.
+    """`module`'s `__call__` scanned over time and vmapped over the envs, each
+    env's carry reset where it is done: the rollout's own computation."""
 
-    The reference every `replay_sequence` must agree with.
-    """
-
-    def step(carry, inputs):
+    def step(state, inputs):
         x, e, k, d = inputs
-        out = module(carry, x, e, key=k)
-        return reset_where(module, d, out.next_state), (
-            out.output,
-            out.regularization_loss,
-        )
+        out = jax.vmap(lambda s, x, e, k: module(s, x, e, key=k))(state, x, e, k)
+        next_state = jax.vmap(lambda d, s: reset_where(module, d, s))(d, out.next_state)
+        return next_state, (out.output, out.regularization_loss)
 
-    last, (outputs, regularization) = jax.lax.scan(
-        step, state0, (xs, extras, keys, done)
-    )
-    return SequenceOutput(last, outputs, regularization)
-
-
-def check_env_batch(where: str, xs: Any, extras: Any, keys: Any, done: Any) -> None:
-    """Raise at trace time unless `done` is a bool `[T, M]` array and every
-    leaf of `xs`, `extras` and `keys` starts with the same `[T, M]`."""
-    if jnp.ndim(done) != 2 or jnp.result_type(done) != jnp.bool_:
-        raise ValueError(
-            f"{where}.replay_envs(done={array_spec(done)}): expected a bool "
-            "[T, M] array, time first, then the envs. Fix: add the env axis "
-            "(`done[:, None]` for one env), or call `replay_sequence` for one "
-            "env's [T] sequence."
-        )
-    for name, tree in (("xs", xs), ("extras", extras), ("keys", keys)):
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-            if jnp.shape(leaf)[:2] != jnp.shape(done):
-                raise ValueError(
-                    f"{where}.replay_envs({name}{jax.tree_util.keystr(path)}="
-                    f"{array_spec(leaf)}): every leaf must start with done's "
-                    f"[T, M] = {list(jnp.shape(done))}. Fix: lay the minibatch "
-                    "out time first, then envs, as the rollout stores it."
-                )
-
-
-def merge_envs(tree: Any) -> Any:
-    """Leaves `[T, M, ...]` as one sequence `[T x M, ...]`."""
-    return jax.tree.map(lambda a: a.reshape(-1, *jnp.shape(a)[2:]), tree)
-
-
-def split_envs(tree: Any, n_envs: int) -> Any:
-    """Leaves `[T x M, ...]` back as `[T, M, ...]`."""
-    return jax.tree.map(lambda a: a.reshape(-1, n_envs, *jnp.shape(a)[1:]), tree)
-
-
-class AbstractReplayEnvs(AbstractStatefulModule):
-    """A module that implements `replay_envs`; its `replay_sequence` replays
-    one env as a batch of one."""
-
-    @abc.abstractmethod
-    def replay_envs(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, "time env"] | None,
-        done: Bool[Array, "time env"],
-    ) -> SequenceOutput:
-        """See [`eqx_ppo.nn.AbstractStatefulModule.replay_envs`][]."""
-
-    def replay_sequence(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
-    ) -> SequenceOutput:
-        """`replay_envs` of this one env."""
-        one_env = jax.tree.map(lambda a: a[:, None], (xs, extras, keys, done))
-        out = self.replay_envs(jax.tree.map(lambda a: a[None], state0), *one_env)
-        return SequenceOutput(
-            jax.tree.map(lambda a: a[0], out.last_state),
-            *jax.tree.map(lambda a: a[:, 0], out[1:]),
-        )
+    last, (outputs, losses) = jax.lax.scan(step, state0, (xs, extras, keys, done))
+    return SequenceOutput(last, outputs, losses)
 
 
 def reset_where(
