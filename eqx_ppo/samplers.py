@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .nn._filters import check_coefficient, coefficient
-from .nn._keys import split_key
 from .nn._module import AbstractStatefulModule, StatefulModuleOutput
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -297,10 +296,10 @@ class CategoricalSampler(_AbstractSampler):
             )
         split_at = [sum(sizes[:i]) for i in range(1, len(sizes))]
         log_probs = [jax.nn.log_softmax(group) for group in jnp.split(x, split_at)]
-        keys = split_key(key, len(sizes))
         if self.inference:
             sampled = [jnp.argmax(lp) for lp in log_probs]
         else:
+            keys = jax.random.split(key, len(sizes))
             sampled = [
                 jax.random.categorical(k, lp)
                 for k, lp in zip(keys, log_probs, strict=True)

@@ -133,7 +133,6 @@ def test_encoder_shapes(obs_shape, kind, flat, out_size):
     assert all(isinstance(layer, Conv2d) for layer in encoder.layers[:-2])
     assert isinstance(encoder[-2], Flattener) and isinstance(encoder[-1], Dense)
     assert encoder[-1].in_size == flat and encoder[-1].out_size == out_size
-    assert not encoder.uses_key
     out = eqx.filter_eval_shape(
         lambda net, x: net(net.initial_state(), x).output,
         encoder,

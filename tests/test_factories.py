@@ -1,5 +1,7 @@
 """Network factories: exact structure, inference mode, recurrence and errors."""
 
+import zlib
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -298,43 +300,35 @@ def test_lstm_actor_critic_errors(getkey):
         make_lstm_actor_critic(3, 0, 4, key=getkey(), discrete=True)
 
 
-def test_only_stochastic_layers_ask_for_a_key(getkey):
-    from eqx_ppo.nn import (
-        GRU,
-        Delay,
-        Filter,
-        NormalSampler,
-        Scale,
-        VariationalBottleneck,
-    )
+def test_deterministic_layers_ignore_the_key(getkey):
+    from eqx_ppo.nn import GRU, Delay, Filter, Scale
 
+    x = jnp.arange(3.0)
     deterministic = [
-        Dense(3, 2, key=getkey()),
-        LSTM(3, 4, key=getkey()),
-        GRU(3, 4, key=getkey()),
-        Normalizer(3),
-        Delay(jnp.zeros(3), 2),
-        Flattener(),
-        Splitter(a=1, b=2),
-        Filter({"a": "a"}),
-        Scale(2.0),
-        make_mlp(3, [4], 2, key=getkey()),
+        (Dense(3, 2, key=getkey()), x),
+        (LSTM(3, 4, key=getkey()), x),
+        (GRU(3, 4, key=getkey()), x),
+        (Normalizer(3), x),
+        (Delay(jnp.zeros(3), 2), x),
+        (Flattener(), {"a": x}),
+        (Splitter(a=1, b=2), x),
+        (Filter({"a": "a"}), {"a": x}),
+        (Scale(2.0), x),
+        (make_mlp(3, [4], 2, key=getkey()), x),
     ]
-    assert not any(layer.uses_key for layer in deterministic)
-    stochastic = [
-        NormalTanhSampler(0.0),
-        NormalSampler(0.0),
-        CategoricalSampler(0.0, 3),
-        VariationalBottleneck(3, 2, key=getkey()),
-        make_mlp_actor_critic(3, 2, [4], [4], key=getkey()),
-        make_lstm_actor_critic(3, 2, 4, key=getkey()),
-    ]
-    assert all(layer.uses_key for layer in stochastic)
+    for layer, inputs in deterministic:
+        state = layer.initial_state()
+        without = layer(state, inputs)
+        with_key = layer(state, inputs, key=getkey())
+        assert jax.tree.all(
+            jax.tree.map(jnp.array_equal, without.output, with_key.output)
+        ), type(layer).__name__
 
 
-def test_actor_critic_sampler_gets_the_call_key(getkey):
-    # The sampler is the network's only stochastic layer, so it draws from the
-    # key the network was called with: no splits anywhere on the way.
+def test_actor_critic_sampler_gets_its_own_fold_of_the_call_key(getkey):
+    # The sampler is child 2 of the actor, the adapter's "action" port, which
+    # is child 1 of the network: it draws from the call's key with those three
+    # folded in.
     net = make_mlp_actor_critic(3, 2, [4], [4], key=getkey())
     x, key = jax.random.normal(getkey(), (3,)), getkey()
     out = net(net.initial_state(), x, key=key)
@@ -342,5 +336,8 @@ def test_actor_critic_sampler_gets_the_call_key(getkey):
     actor = net.layers[1].action
     trunk = Sequential(actor.layers[:-1])
     params = trunk(trunk.initial_state(), normalized).output
-    sampled = actor.layers[-1]((), params, key=key).output["action"]
+    sampler_key = jax.random.fold_in(
+        jax.random.fold_in(jax.random.fold_in(key, 1), zlib.crc32(b"action")), 2
+    )
+    sampled = actor.layers[-1]((), params, key=sampler_key).output["action"]
     np.testing.assert_array_equal(out.output.actions, sampled)

@@ -492,9 +492,11 @@ def test_keys_must_be_prng_keys(unchecked, getkey, key, seen):
     [jax.random.PRNGKey(0), np.array([0, 1], np.uint32)],
     ids=["PRNGKey", "numpy-uint32[2]"],
 )
-def test_legacy_uint32_keys_are_accepted(unchecked, getkey, key):
-    state = ppo_init(ENV, mlp(getkey()), CONFIG, key=key)
-    assert state.key.shape == (2,)
+def test_raw_key_data_is_refused_with_the_fix(unchecked, getkey, key):
+    with pytest.raises(
+        TypeError, match=r"ppo_init\(key=uint32\[2\]\).*jax\.random\.wrap_key_data"
+    ):
+        ppo_init(ENV, mlp(getkey()), CONFIG, key=key)
 
 
 def test_train_keys_are_checked(unchecked, getkey):

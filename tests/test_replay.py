@@ -11,7 +11,6 @@ import pytest
 
 import eqx_ppo
 from eqx_ppo import nn
-from eqx_ppo.nn._keys import route_keys, route_sequence_keys
 from eqx_ppo.nn._module import reset_where
 from tests._helpers import assert_ulp_close
 
@@ -244,26 +243,6 @@ def test_replay_declares_a_time_then_env_batch(getkey):
         layer.replay(state0, xs, None, keys, done[:, 0])
     with pytest.raises(TypeError, match="keys"):
         layer.replay(state0, xs, None, keys[:, :2], done)
-
-
-def test_route_sequence_keys_routes_every_key_of_a_batch(getkey):
-    children = [
-        nn.NormalTanhSampler(0.01),
-        nn.Dense(2, 2, key=getkey()),
-        nn.VariationalBottleneck(2, 2, key=getkey()),
-    ]
-    keys = jax.random.split(getkey(), (T, 3))
-    routed = route_sequence_keys(keys, children)
-    assert routed[1] is None
-    for t in range(T):
-        for m in range(3):
-            expected = route_keys(keys[t, m], children)
-            for got, want in zip(routed, expected, strict=True):
-                if want is not None:
-                    assert got.shape == (T, 3)
-                    assert jnp.array_equal(
-                        jax.random.key_data(got[t, m]), jax.random.key_data(want)
-                    )
 
 
 def test_default_replay_is_one_batched_call_without_a_carry(getkey):

@@ -11,7 +11,7 @@ from jaxtyping import Array, PRNGKeyArray
 
 from .._activation_key import ACTIVATION_KEY
 from ..nn._dense import Dense, check_int, check_size, get_activation
-from ..nn._keys import check_key, split_key
+from ..nn._keys import check_key
 from ..nn._module import AbstractStatefulModule
 from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
 
@@ -233,7 +233,7 @@ class PopulationGraphBuilder:
             buffer_length[conn.spec.src] = max(
                 buffer_length[conn.spec.src], conn.spec.delay
             )
-        keys = split_key(key, len(self._connections))
+        keys = jax.random.split(key, len(self._connections))
         transforms = {
             conn.spec.name: self._build_transform(conn, k)
             for conn, k in zip(self._connections, keys, strict=True)

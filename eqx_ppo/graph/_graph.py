@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._activation_key import ACTIVATION_KEY
-from ..nn._keys import route_keys
+from ..nn._keys import child_key
 from ..nn._module import (
     AbstractStatefulModule,
     State,
@@ -92,9 +92,10 @@ class PopulationGraph(AbstractStatefulModule):
     transform's metrics under its connection's name, plus, when `record` is
     set, `{ACTIVATION_KEY: {population: activity}}` for every population.
     **Extras** are `{connection: extras}`, or `None` when no transform has any.
-    **Keys** go to the transforms that use one as in the named containers
-    ([`eqx_ppo.nn.route_keys`][], by sorted connection name), so each gets the
-    same noise eagerly, under `jit` and in the loss replay.
+    **Keys**: the transform of connection `name` gets
+    `jax.random.fold_in(key, crc32(name))`, as a named container's child
+    does, so each gets the same noise eagerly, under `jit` and in the loss
+    replay, whatever the other connections are.
 
     Do not construct it directly: call `PopulationGraphBuilder.finalize`.
 
@@ -155,10 +156,6 @@ class PopulationGraph(AbstractStatefulModule):
         }
         return dataclasses.replace(self, transforms=transforms)
 
-    @property
-    def uses_key(self) -> bool:
-        return any(t.uses_key for t in self.transforms.values())
-
     def __call__(
         self,
         state: GraphState,
@@ -173,16 +170,6 @@ class PopulationGraph(AbstractStatefulModule):
         whole observation, else a dict holding each input's `input_from` key.
         """
         populations = {pop.name: pop for pop in self.populations}
-        # By sorted name, as the named containers route keys: a dict's own
-        # order does not survive a pytree round trip (`jit`, `tree_map`).
-        names = sorted(self.transforms)
-        keys = dict(
-            zip(
-                names,
-                route_keys(key, [self.transforms[n] for n in names]),
-                strict=True,
-            )
-        )
         buffers = state["buffers"]
         activity: dict[str, Float[Array, " size"]] = {}
         next_transform_state: dict[str, State] = {}
@@ -205,7 +192,7 @@ class PopulationGraph(AbstractStatefulModule):
                     state["transforms"][conn.name],
                     source,
                     None if extras is None else extras[conn.name],
-                    key=keys[conn.name],
+                    key=child_key(key, conn.name),
                 )
                 next_transform_state[conn.name] = out.next_state
                 transform_extras[conn.name] = out.extras

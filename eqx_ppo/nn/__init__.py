@@ -35,10 +35,6 @@ from ._filters import (
     coefficient as coefficient,
     trainable as trainable,
 )
-from ._keys import (
-    route_keys as route_keys,
-    route_sequence_keys as route_sequence_keys,
-)
 from ._linear_recurrent import (
     LRU as LRU,
     MinGRU as MinGRU,

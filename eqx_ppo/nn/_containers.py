@@ -9,18 +9,16 @@ Every container routes the five per-call channels the same way:
 - `replay` routes a `[T, M]` batch child by child with the same code as a
   call routes one step, so in the loss replay only recurrent children are
   scanned over time, and the others run once over all the minibatch's steps.
-- `key` goes only to the children whose `uses_key` is set, by `route_keys`:
-  a single such child gets `key` itself, several get one split of it, in the
-  order the children are stored (positions for `Sequential`, sorted names for
-  the named containers), so each child sees the same noise whether it is
-  called eagerly, under `jit`, or in loss replay.
+- Child `i` of `Sequential` gets the key `jax.random.fold_in(key, i)`, the
+  child named `name` of a named container `fold_in(key, crc32(name))`: its
+  own key, whatever its siblings are, the same eagerly, under `jit` and in
+  the loss replay.
 
-**Key order.** Named containers store their children sorted by name. JAX
+**Child order.** Named containers store their children sorted by name. JAX
 flattens dicts in sorted-key order, so this is the only order that survives a
 round trip through `jax.tree_util` unchanged (under `jit`, `vmap` or
-`tree_map`); using it everywhere means that `Concat`'s output layout and the
-key each child receives do not depend on how the container was built or
-transformed.
+`tree_map`); using it everywhere means that `Concat`'s output layout does not
+depend on how the container was built or transformed.
 """
 
 import abc
@@ -31,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Key, PRNGKeyArray
 
-from ._keys import route_keys, route_sequence_keys
+from ._keys import child_key
 from ._module import (
     AbstractStatefulModule,
     SequenceOutput,
@@ -64,8 +62,8 @@ class _AbstractContainer(AbstractStatefulModule):
     """A module over children: the call, the replay, the carries and the
     statistics update, all routed by `_route`.
 
-    A subclass names its children (`_children`, in the order they run and
-    get keys), builds a copy with other children (`_with_children`), and
+    A subclass names its children (`_children`, in the order they run),
+    builds a copy with other children (`_with_children`), and
     says how an input flows through them (`_route`). The call and the replay
     share `_route`, so a `[T, M]` batch is routed exactly as one step is.
     """
@@ -93,10 +91,6 @@ class _AbstractContainer(AbstractStatefulModule):
                 f"`{type(self).__name__}()` needs at least one child module, got none."
             )
 
-    @property
-    def uses_key(self) -> bool:
-        return any(child.uses_key for child in self._children().values())
-
     def __call__(
         self,
         state: dict[Hashable, State],
@@ -106,14 +100,12 @@ class _AbstractContainer(AbstractStatefulModule):
         key: PRNGKeyArray | None = None,
     ) -> StatefulModuleOutput:
         children = self._children()
-        keys = dict(
-            zip(children, route_keys(key, list(children.values())), strict=True)
-        )
         outs: dict[Hashable, StatefulModuleOutput] = {}
 
         def run(name: Hashable, child_x: Any) -> Any:
             child = children[name]
-            out = child(state[name], child_x, _child(extras, name), key=keys[name])
+            child_extras = _child(extras, name)
+            out = child(state[name], child_x, child_extras, key=child_key(key, name))
             outs[name] = checked_output(child, state[name], out)
             return out.output
 
@@ -137,18 +129,15 @@ class _AbstractContainer(AbstractStatefulModule):
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
         children = self._children()
-        child_keys = dict(
-            zip(
-                children,
-                route_sequence_keys(keys, list(children.values())),
-                strict=True,
-            )
-        )
         outs: dict[Hashable, SequenceOutput] = {}
 
         def run(name: Hashable, child_xs: Any) -> Any:
             outs[name] = children[name].replay(
-                state0[name], child_xs, _child(extras, name), child_keys[name], done
+                state0[name],
+                child_xs,
+                _child(extras, name),
+                child_key(keys, name),
+                done,
             )
             return outs[name].output
 

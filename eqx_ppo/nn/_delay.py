@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 
 from ._dense import check_int
-from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
+from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
 
 DelayState = dict[str, Any]
@@ -17,7 +17,7 @@ DelayState = dict[str, Any]
 "idx": <int32 scalar, the slot read and then overwritten this step>}`."""
 
 
-class Delay(AbstractDeterministicModule):
+class Delay(AbstractStatefulModule):
     """A `k_steps` delay line: the output at step `t` is the input at `t - k_steps`.
 
     For the first `k_steps` steps of an episode the output is `initial_value`.

@@ -117,17 +117,6 @@ class AbstractStatefulModule(eqx.Module):
           mode), deterministic layers ignore it.
         """
 
-    @property
-    def uses_key(self) -> bool:
-        """Whether a call may draw randomness from `key`.
-
-        Containers hand keys only to the children that use one (see
-        [`eqx_ppo.nn.route_keys`][]), so deterministic layers cost no key
-        split. `True` is always safe and is the default; deterministic layers
-        override it with `False`.
-        """
-        return True
-
     def replay(
         self,
         state0: State,
@@ -203,23 +192,11 @@ class AbstractStatefulModule(eqx.Module):
         )
 
 
-class AbstractDeterministicModule(AbstractStatefulModule):
-    """A module that never draws randomness: `uses_key` is `False`.
-
-    Containers hand it no key, so it costs no key split.
-    """
-
-    @property
-    def uses_key(self) -> bool:
-        return False
-
-
-class AbstractStatelessLayer(AbstractDeterministicModule):
+class AbstractStatelessLayer(AbstractStatefulModule):
     """A deterministic layer without carry, loss or metrics: implement `forward`.
 
     `__call__` ignores `state`, `extras` and `key` and returns `forward(x)`
-    with carry `()`, zero regularisation and no metrics; `uses_key` is
-    `False`, so containers hand it no key.
+    with carry `()`, zero regularisation and no metrics.
     """
 
     @abc.abstractmethod
@@ -242,7 +219,7 @@ class AbstractStatelessLayer(AbstractDeterministicModule):
 class AbstractLayerWrapper(AbstractStatefulModule):
     """Runs one `layer` and rewrites each step's output with `wrap_output`.
 
-    Everything else is `layer`'s: its key use, carry, resets and statistics
+    Everything else is `layer`'s: its key, carry, resets and statistics
     (`update_statistics` returns the wrapper around the updated layer), and
     its own (possibly parallel) `replay`. A replay
     returns neither metrics nor extras, so `wrap_output` may change only
@@ -262,10 +239,6 @@ class AbstractLayerWrapper(AbstractStatefulModule):
     @abc.abstractmethod
     def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
         """This step's output, given what `layer` returned."""
-
-    @property
-    def uses_key(self) -> bool:
-        return self.layer.uses_key
 
     def __call__(
         self,

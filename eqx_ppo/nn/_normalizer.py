@@ -11,7 +11,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from ._errors import input_shape_fix
 from ._filters import AbstractStatistics
-from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
+from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 
 
 def canonicalize(tree: Any) -> Any:
@@ -61,7 +61,7 @@ class NormalizerStatistics(AbstractStatistics):
     count: Float[Array, ""]
 
 
-class Normalizer(AbstractDeterministicModule):
+class Normalizer(AbstractStatefulModule):
     """Standardises its input with running statistics: `(x - mean) / std`.
 
     The statistics live in a [`eqx_ppo.nn.NormalizerStatistics`][], so

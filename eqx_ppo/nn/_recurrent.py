@@ -19,7 +19,7 @@ from ._dense import (
 )
 from ._keys import check_key
 from ._module import (
-    AbstractDeterministicModule,
+    AbstractStatefulModule,
     State,
     StatefulModuleOutput,
     zero_loss,
@@ -131,7 +131,7 @@ def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
         )
 
 
-class _AbstractRecurrentCell(AbstractDeterministicModule):
+class _AbstractRecurrentCell(AbstractStatefulModule):
     """What the recurrent layers share: a checked, deterministic `step`.
 
     `__call__` checks one env's input and carry, then runs `step`; there is no
