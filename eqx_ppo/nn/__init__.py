@@ -35,11 +35,7 @@ from ._filters import (
     coefficient as coefficient,
     trainable as trainable,
 )
-from ._linear_recurrent import (
-    LRU as LRU,
-    MinGRU as MinGRU,
-    linear_recurrence as linear_recurrence,
-)
+from ._linear_recurrent import LRU as LRU, MinGRU as MinGRU
 from ._module import (
     AbstractStatefulModule as AbstractStatefulModule,
     AbstractStatelessLayer as AbstractStatelessLayer,

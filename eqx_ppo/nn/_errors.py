@@ -46,3 +46,14 @@ def input_shape_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str:
         "The sizes differ: build the network for one env's observation "
         "(obs_size=env.observation_size), or the layer for its input."
     )
+
+
+def check_input(layer: Any, x: Any, shape: tuple[int, ...]) -> None:
+    """Raise at trace time unless `x`, the input of `layer`, is one env's input
+    of `shape`."""
+    got = jnp.shape(x)
+    if got != shape:
+        raise ValueError(
+            f"{type(layer).__name__} expects one env's input of shape {shape}, got "
+            f"shape {got}. " + input_shape_fix(got, shape)
+        )
