@@ -25,21 +25,14 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Int, Key
 
-from .nn._filters import check_coefficient, coefficient
+from .nn._filters import coefficient
+from .nn._keys import check_draws
 from .nn._module import AbstractStatefulModule, StatefulModuleOutput
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
-
-
-def _require_key(sampler: str, key: PRNGKeyArray | None, inference: bool) -> None:
-    if key is None and not inference:
-        raise ValueError(
-            f"`{sampler}` samples an action and needs `key=`, got `key=None`; pass a "
-            "PRNG key, or use `eqx.nn.inference_mode(net)` for deterministic actions."
-        )
 
 
 def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
@@ -49,29 +42,31 @@ def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
     return -jnp.sum(jnp.exp(log_probs) * finite)
 
 
-def _check_std_params(sampler: str, min_std: float, std_scale: float) -> None:
-    if not 0 <= min_std < math.inf:
-        raise ValueError(
-            f"`{sampler}(min_std={min_std})`: min_std must be finite and >= 0."
-        )
-    if not 0 < std_scale < math.inf:
-        raise ValueError(
-            f"`{sampler}(std_scale={std_scale})`: std_scale must be finite and > 0."
-        )
+def _check_std(sampler: "NormalTanhSampler | NormalSampler") -> None:
+    """Raise unless a Gaussian sampler's std floor and scale are in range."""
+    for name, value, bound, ok in (
+        ("min_std", sampler.min_std, ">= 0", 0 <= sampler.min_std < math.inf),
+        ("std_scale", sampler.std_scale, "> 0", 0 < sampler.std_scale < math.inf),
+    ):
+        if not ok:
+            raise ValueError(
+                f"`{type(sampler).__name__}({name}={value})`: {name} must be finite "
+                f"and {bound}."
+            )
 
 
 def _mean_and_std(
-    sampler: str, x: Float[Array, " params"], min_std: float, std_scale: float
+    sampler: "NormalTanhSampler | NormalSampler", x: Float[Array, " params"]
 ) -> tuple[Float[Array, " action"], Float[Array, " action"]]:
     """Split `[mean, pre_std]` and map `pre_std` to a std bounded below."""
     if x.ndim != 1 or x.shape[0] % 2 != 0:
         raise ValueError(
-            f"`{sampler}` expects one env's concatenated `[mean, pre_std]`, a vector "
-            f"of even size 2 * action_size, got shape {x.shape}; make the layer "
-            "before it output 2 * action_size features."
+            f"`{type(sampler).__name__}` expects one env's concatenated "
+            "`[mean, pre_std]`, a vector of even size 2 * action_size, got shape "
+            f"{x.shape}; make the layer before it output 2 * action_size features."
         )
     mean, pre_std = jnp.split(x, 2)
-    std = (jax.nn.softplus(pre_std) + min_std) * std_scale
+    std = (jax.nn.softplus(pre_std) + sampler.min_std) * sampler.std_scale
     return mean, std
 
 
@@ -116,7 +111,10 @@ class _AbstractSampler(AbstractStatefulModule):
 
     @abc.abstractmethod
     def _sample(
-        self, x: Float[Array, " params"], extras: Array | None, key: PRNGKeyArray | None
+        self,
+        x: Float[Array, " params"],
+        extras: Array | None,
+        key: Key[Array, ""] | None,
     ) -> _SamplerStep:
         """A fresh action if `extras` is `None`, else the stored one, scored."""
 
@@ -126,10 +124,10 @@ class _AbstractSampler(AbstractStatefulModule):
         x: Float[Array, " params"],
         extras: Array | None = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         del state
-        _require_key(type(self).__name__, key, self.inference)
+        check_draws(self, key)
         step = self._sample(x, extras, key)
         return StatefulModuleOutput(
             next_state=(),
@@ -144,36 +142,7 @@ _Vec = Float[Array, " action"]
 """One value per action dimension: a mean, a std or a pre-squash action."""
 
 
-class _GaussianSampler(_AbstractSampler):
-    """What the two Gaussian samplers share: the fields, the checks, the
-    `[mean, pre_std]` parameterisation and the metrics; `_draw` differs."""
-
-    entropy_weight: Float[Array, ""] = coefficient()
-    min_std: float = eqx.field(static=True, default=1e-3)
-    std_scale: float = eqx.field(static=True, default=1.0)
-    inference: bool = False
-
-    def __check_init__(self):
-        name = type(self).__name__
-        check_coefficient(f"{name}(entropy_weight)", self.entropy_weight)
-        _check_std_params(name, self.min_std, self.std_scale)
-
-    @abc.abstractmethod
-    def _draw(
-        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
-    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
-        """`_sample` given the Gaussian: the action, its extras (the pre-squash
-        action), the log-likelihood and the entropy."""
-
-    def _sample(
-        self, x: Float[Array, " params"], extras: _Vec | None, key: PRNGKeyArray | None
-    ) -> _SamplerStep:
-        mean, std = _mean_and_std(type(self).__name__, x, self.min_std, self.std_scale)
-        draw = self._draw(mean, std, extras, key)
-        return _SamplerStep(*draw, metrics={"mu": mean, "sigma": std})
-
-
-class NormalTanhSampler(_GaussianSampler):
+class NormalTanhSampler(_AbstractSampler):
     """A Gaussian squashed by `tanh`: actions in `(-1, 1)`.
 
     The input is one env's `[mean, pre_std]` (size `2 * action_size`):
@@ -202,9 +171,21 @@ class NormalTanhSampler(_GaussianSampler):
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    def _draw(
-        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
-    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
+    entropy_weight: Float[Array, ""] = coefficient()
+    min_std: float = eqx.field(static=True, default=1e-3)
+    std_scale: float = eqx.field(static=True, default=1.0)
+    inference: bool = False
+
+    def __check_init__(self):
+        _check_std(self)
+
+    def _sample(
+        self,
+        x: Float[Array, " params"],
+        extras: _Vec | None,
+        key: Key[Array, ""] | None,
+    ) -> _SamplerStep:
+        mean, std = _mean_and_std(self, x)
         if key is None:
             action_noise = entropy_noise = jnp.zeros_like(mean)
         else:
@@ -215,10 +196,11 @@ class NormalTanhSampler(_GaussianSampler):
 
         z = mean + std * jax.lax.stop_gradient(entropy_noise)
         entropy = jnp.sum(_normal_entropy(std) + _tanh_log_det(z))
-        return jnp.tanh(raw), raw, log_likelihood, entropy
+        metrics = {"mu": mean, "sigma": std}
+        return _SamplerStep(jnp.tanh(raw), raw, log_likelihood, entropy, metrics)
 
 
-class NormalSampler(_GaussianSampler):
+class NormalSampler(_AbstractSampler):
     """An unsquashed Gaussian: `action = mean + std * eps`, unbounded.
 
     Same input and std parameterisation as [`eqx_ppo.nn.NormalTanhSampler`][]
@@ -230,16 +212,30 @@ class NormalSampler(_GaussianSampler):
     **Arguments:** as [`eqx_ppo.nn.NormalTanhSampler`][]'s.
     """
 
-    def _draw(
-        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
-    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
+    entropy_weight: Float[Array, ""] = coefficient()
+    min_std: float = eqx.field(static=True, default=1e-3)
+    std_scale: float = eqx.field(static=True, default=1.0)
+    inference: bool = False
+
+    def __check_init__(self):
+        _check_std(self)
+
+    def _sample(
+        self,
+        x: Float[Array, " params"],
+        extras: _Vec | None,
+        key: Key[Array, ""] | None,
+    ) -> _SamplerStep:
+        mean, std = _mean_and_std(self, x)
         if self.inference:
             sampled = mean
         else:
             sampled = mean + std * jax.random.normal(key, mean.shape)
         action = jax.lax.stop_gradient(sampled if extras is None else extras)
         log_likelihood = jnp.sum(_normal_logpdf(action, mean, std))
-        return action, action, log_likelihood, jnp.sum(_normal_entropy(std))
+        entropy = jnp.sum(_normal_entropy(std))
+        metrics = {"mu": mean, "sigma": std}
+        return _SamplerStep(action, action, log_likelihood, entropy, metrics)
 
 
 class CategoricalSampler(_AbstractSampler):
@@ -266,7 +262,6 @@ class CategoricalSampler(_AbstractSampler):
     inference: bool = False
 
     def __check_init__(self):
-        check_coefficient("CategoricalSampler(entropy_weight)", self.entropy_weight)
         sizes = self._group_sizes()
         if not sizes or any(
             isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes
@@ -285,7 +280,7 @@ class CategoricalSampler(_AbstractSampler):
         self,
         x: Float[Array, " logits"],
         extras: Int[Array, "*subactions"] | None,
-        key: PRNGKeyArray | None,
+        key: Key[Array, ""] | None,
     ) -> _SamplerStep:
         sizes = self._group_sizes()
         if x.shape != (sum(sizes),):

@@ -288,7 +288,8 @@ def test_entropy_weight_is_checked_when_built_under_jit(discrete, weight):
 
     with pytest.raises(
         ValueError,
-        match=rf"`{sampler}\(entropy_weight\)={weight}` must be finite and >= 0",
+        match=rf"`{sampler}\(entropy_weight={weight}\)`: entropy_weight must be "
+        "finite and >= 0",
     ):
         build(jax.random.key(0))
 

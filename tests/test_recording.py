@@ -313,10 +313,7 @@ def test_seed_workflow(getkey):
 
 
 @pytest.mark.parametrize("layer", [3, jnp.tanh], ids=["int", "function"])
-def test_a_recorder_wraps_a_layer(unchecked, layer):
-    with pytest.raises(
-        TypeError,
-        match=r"`Recorder\(layer=\.\.\.\)` must be an AbstractStatefulModule, got "
-        r"\w+; wrap plain functions in a layer",
-    ):
+def test_a_recorder_wraps_a_layer(layer):
+    # The declared field type refuses anything else (checked at run time here).
+    with pytest.raises(TypeError, match="layer"):
         eqx_ppo.Recorder(layer)

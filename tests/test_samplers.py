@@ -219,8 +219,8 @@ COEFFICIENT_LAYERS = [
 @pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, np.float64(-1.0)])
 def test_concrete_coefficients_are_checked_inside_a_trace(make, field, value):
     """A factory run under `filter_jit` (as `train_ppo` runs it) still checks them."""
-    where = rf"{type(make(0.0)).__name__}\({field}\)"
-    message = rf"`{where}={value}` must be finite and >= 0"
+    name = type(make(0.0)).__name__
+    message = rf"`{name}\({field}={value}\)`: {field} must be finite and >= 0"
     with pytest.raises(ValueError, match=message):
         make(value)
     with pytest.raises(ValueError, match=message):

@@ -1,7 +1,6 @@
 """What the optimiser trains: parameters, not statistics and not coefficients."""
 
 import dataclasses
-import math
 from typing import Any
 
 import equinox as eqx
@@ -31,8 +30,9 @@ def coefficient(**kwargs: Any) -> Any:
     `eqx.tree_at` skips the conversion: replace it with an array,
     `jnp.float32(0.02)`, not a Python float (which `eqx.filter_jit` would
     treat as a static value, compiling once per value).
-    A concrete value stays concrete even when the layer is built inside a
-    trace (a factory under `eqx.filter_jit`), so it is still checked there.
+    Every layer checks that its concrete coefficients are finite and `>= 0`;
+    a value stays concrete even when the layer is built inside a trace (a
+    factory under `eqx.filter_jit`), so it is still checked there.
     """
     return eqx.field(
         converter=_concrete_float32,
@@ -45,13 +45,6 @@ def _concrete_float32(x: Any) -> Array:
     """`jnp.asarray(x, float32)`, evaluated now unless `x` is itself traced."""
     with jax.ensure_compile_time_eval():
         return jnp.asarray(x, jnp.float32)
-
-
-def check_coefficient(where: str, value: Any) -> None:
-    """Raise if a concrete coefficient is negative, infinite or NaN (traced
-    values pass)."""
-    if not isinstance(value, jax.core.Tracer) and not 0 <= float(value) < math.inf:
-        raise ValueError(f"`{where}={value}` must be finite and >= 0.")
 
 
 def coefficient_names(node: Any) -> tuple[str, ...]:

@@ -54,3 +54,14 @@ def check_key(
         f"({several}); raw key data, as jax.random.PRNGKey returns, becomes a key "
         "with jax.random.wrap_key_data."
     )
+
+
+def check_draws(layer: Any, key: Key[Array, ""] | None) -> None:
+    """Raise unless `layer`, which draws noise unless its `inference` field is
+    set, has a key to draw from."""
+    if key is None and not layer.inference:
+        raise ValueError(
+            f"`{type(layer).__name__}` draws noise and needs `key=`, got `key=None`; "
+            "pass a PRNG key, or use `eqx.nn.inference_mode(net)` for its "
+            "deterministic output."
+        )

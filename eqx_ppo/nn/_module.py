@@ -39,6 +39,7 @@ overrides it.
 """
 
 import abc
+import math
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -47,6 +48,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
 from ._errors import carry_spec, tree_spec
+from ._filters import coefficient_names
 
 State = PyTree
 """A per-env carry: any pytree of arrays, `()` for stateless layers."""
@@ -95,6 +97,16 @@ class AbstractStatefulModule(eqx.Module):
     `update_statistics`; containers (and recurrences with a parallel form)
     override `replay`. See the module docstring for the batching convention.
     """
+
+    def __check_init__(self):
+        for name in coefficient_names(self):
+            value = getattr(self, name)
+            if isinstance(value, jax.core.Tracer) or 0 <= float(value) < math.inf:
+                continue
+            raise ValueError(
+                f"`{type(self).__name__}({name}={value!s})`: {name} must be "
+                "finite and >= 0."
+            )
 
     @abc.abstractmethod
     def __call__(
@@ -227,14 +239,6 @@ class AbstractLayerWrapper(AbstractStatefulModule):
     """
 
     layer: eqx.AbstractVar[AbstractStatefulModule]
-
-    def __check_init__(self):
-        if not isinstance(self.layer, AbstractStatefulModule):
-            raise TypeError(
-                f"`{type(self).__name__}(layer=...)` must be an "
-                f"AbstractStatefulModule, got {type(self.layer).__name__}; wrap "
-                "plain functions in a layer."
-            )
 
     @abc.abstractmethod
     def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
