@@ -21,7 +21,7 @@ from . import envs
 from .envs._registry import pinned_kwargs
 from .logging import JSONLLogger, LoggingLevel, replace_file
 from .nn import make_mlp_actor_critic, make_recurrent_actor_critic
-from .nn._factories import default_lru_state_size
+from .nn._recurrent_factories import default_lru_state_size
 from .ppo import EvalConfig, PPOConfig, TrainConfig, select_seed, train_ppo
 
 DEFAULT_ENV = "move_to_center"

@@ -295,12 +295,6 @@ def test_concat_dispatches_by_key_and_ignores_unused_entries():
     assert out.next_state == {"a": 1.0, "b": ()}
 
 
-def test_concat_rejects_scalar_outputs():
-    net = Concat(a=affine(1.0))
-    with pytest.raises(ValueError, match="scalar"):
-        net(net.initial_state(), {"a": jnp.array(1.0)})
-
-
 def test_map_dispatches_per_key():
     net = Map({"x-pos": affine(2.0), "vel": Counter()})
     x = {"x-pos": jnp.array([1.0]), "vel": jnp.array([5.0]), "extra": jnp.zeros(1)}
@@ -313,9 +307,9 @@ def test_map_dispatches_per_key():
 @pytest.mark.parametrize("cls", [Map, Concat])
 def test_dispatching_containers_name_missing_keys(cls):
     net = cls(a=affine(1.0), b=affine(1.0))
-    with pytest.raises(ValueError, match=r"\['b'\].*keys \['a', 'c'\]"):
+    with pytest.raises(ValueError, match=r"keys \['a', 'b'\]; got keys \['a', 'c'\]"):
         net(net.initial_state(), {"a": jnp.ones(1), "c": jnp.ones(1)})
-    with pytest.raises(TypeError, match="dict input"):
+    with pytest.raises(ValueError, match=r"a dict with keys .*; got ArrayImpl"):
         net(net.initial_state(), jnp.ones(1))
 
 
@@ -327,12 +321,9 @@ def test_merge_flattens_dict_outputs():
     assert set(out.next_state) == {"p", "q"}
 
 
-def test_merge_rejects_duplicate_keys_and_non_dicts():
+def test_merge_rejects_duplicate_keys():
     net = Merge(p=Pair("same"), q=Pair("same"))
     with pytest.raises(ValueError, match="'p' and 'q' both produce the key"):
-        net(net.initial_state(), jnp.ones(1))
-    net = Merge(p=Pair("a"), q=affine(1.0))
-    with pytest.raises(TypeError, match="'q' must return a dict"):
         net(net.initial_state(), jnp.ones(1))
 
 
@@ -344,40 +335,21 @@ def test_named_containers_validate_their_children(cls):
         cls({})
     with pytest.raises(ValueError, match="both a positional dict and keyword"):
         cls({"a": affine(1.0)}, b=affine(1.0))
-    # Runtime type checking may answer first; both raise TypeError.
-    with pytest.raises(TypeError, match="AbstractStatefulModule"):
+    # The declared types (checked at run time in the suite) refuse the rest.
+    for bad in ([affine(1.0)], {"a": jnp.tanh}, {1: affine(1.0)}):
+        with pytest.raises(TypeError, match="modules"):
+            cls(bad)
+    with pytest.raises(TypeError, match="kwargs"):
         cls(a=jnp.tanh)
-    with pytest.raises(TypeError):
-        cls({1: affine(1.0)})
-
-
-@pytest.mark.parametrize("cls", [Parallel, Concat, Map, Merge])
-def test_named_containers_take_their_children_by_name(unchecked, cls):
-    name = cls.__name__
-    with pytest.raises(
-        TypeError,
-        match=rf"`{name}` takes its children by name, as a dict or keywords, got "
-        rf"list; pass e\.g\. `{name}\(a=module_a, b=module_b\)`",
-    ):
-        cls([affine(1.0), affine(2.0)])
 
 
 def test_sequential_validates_its_layers():
     with pytest.raises(ValueError, match="at least one child"):
         Sequential([])
-    with pytest.raises(TypeError, match="AbstractStatefulModule"):
-        Sequential([affine(1.0), jnp.tanh])
-
-
-def test_sequential_takes_a_list_not_one_layer_or_a_dict(unchecked):
-    with pytest.raises(
-        TypeError,
-        match=r"takes a list of layers, got a single Affine; pass "
-        r"Sequential\(\[layer\]\)",
-    ):
-        Sequential(affine(1.0))
-    with pytest.raises(TypeError, match=r"got a single dict; for named children use"):
-        Sequential({"a": affine(1.0)})
+    # The declared type: a sequence of modules, not one module or a dict.
+    for bad in ([jnp.tanh], affine(1.0), {"a": affine(1.0)}):
+        with pytest.raises(TypeError, match="layers"):
+            Sequential(bad)
 
 
 def test_reset_state_recurses_and_update_statistics_returns_new_containers():

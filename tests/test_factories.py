@@ -233,15 +233,12 @@ def test_filter_grad_through_a_factory_network(getkey):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"obs_size": 0}, ValueError, "obs_size=0"),
-        ({"obs_size": {}}, ValueError, "no entries"),
-        ({"obs_size": {"a": (2, 0)}}, ValueError, "entry 'a'"),
         ({"action_size": (2, 3)}, ValueError, "discrete=True"),
-        ({"action_size": {}}, ValueError, "no entries"),
-        ({"actor_hidden_sizes": [8, 0]}, ValueError, "actor_hidden_sizes"),
+        ({"action_size": {}}, ValueError, "at least one child"),
+        # Declared types, checked at run time in the suite.
         ({"critic_hidden_sizes": 8}, TypeError, "critic_hidden_sizes"),
+        ({"activation": "nope"}, TypeError, "activation"),
         ({"initializer_scale": 0.0}, ValueError, "initializer_scale"),
-        ({"activation": "nope"}, ValueError, "'nope' is not a known activation"),
         (
             {"pixel_scale": 1 / 255},
             ValueError,
@@ -251,7 +248,7 @@ def test_filter_grad_through_a_factory_network(getkey):
             (
                 {"obs_size": (8, 8, 3), "encoder": ((4, 3, 2),), "pixel_scale": v},
                 ValueError,
-                rf"^pixel_scale must be a finite number > 0.*got {v}",
+                rf"^PixelScale\(factor={v}\): the factor must be a finite number",
             )
             for v in (0.0, -1.0, float("nan"))
         ),
@@ -295,9 +292,7 @@ def test_entropy_weight_is_checked_when_built_under_jit(discrete, weight):
 
 
 def test_lstm_actor_critic_errors(getkey):
-    with pytest.raises(ValueError, match="lstm_size=0"):
-        make_lstm_actor_critic(3, 2, 0, key=getkey())
-    with pytest.raises(ValueError, match="discrete=True"):
+    with pytest.raises(ValueError, match=r"CategoricalSampler\(n_actions=0\)"):
         make_lstm_actor_critic(3, 0, 4, key=getkey(), discrete=True)
 
 

@@ -271,7 +271,7 @@ def test_bad_arguments_and_inputs(getkey):
     # time); the layer names an input that is not one env's.
     with pytest.raises(TypeError, match="in_size"):
         GRU(2.5, 3, key=getkey())
-    with pytest.raises(ValueError, match="known activation"):
+    with pytest.raises(TypeError, match="gate_fn"):
         LSTM(2, 3, gate_fn="sigmod", key=getkey())
 
 

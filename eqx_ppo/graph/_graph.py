@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Int, Key
 
 from .._activation_key import ACTIVATION_KEY
 from ..nn._keys import child_key
@@ -162,7 +162,7 @@ class PopulationGraph(AbstractStatefulModule):
         x: Any,
         extras: dict[str, Any] | None = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Run every population once for one env.
 
@@ -247,30 +247,21 @@ def _write_buffer(buffer: RingBuffer, activity: Float[Array, " size"]) -> RingBu
 def _external_input(pop: PopulationSpec, x: Any) -> Float[Array, " size"]:
     """The observation part an input population adds, checked at trace time."""
     if pop.input_from is None:
-        if isinstance(x, Mapping):
-            raise ValueError(
-                f"PopulationGraph input population {pop.name!r} reads the whole "
-                f"observation, but it is a dict with keys {sorted(x)}. Build the "
-                "input with input_from=<one of those keys>."
-            )
-        value = x
-        where = "the observation"
+        where, value = "the whole observation", x
     else:
-        if not isinstance(x, Mapping) or pop.input_from not in x:
-            found = sorted(x) if isinstance(x, Mapping) else type(x).__name__
-            raise ValueError(
-                f"PopulationGraph input population {pop.name!r} reads "
-                f"obs[{pop.input_from!r}], but the observation is {found}. Pass a "
-                f"dict observation with key {pop.input_from!r}, or build the input "
-                "with input_from=None to read the whole observation."
-            )
-        value = x[pop.input_from]
         where = f"obs[{pop.input_from!r}]"
-    if jnp.shape(value) != (pop.size,):
-        raise ValueError(
-            f"PopulationGraph input population {pop.name!r} has size {pop.size} "
-            f"and expects {where} of shape ({pop.size},) for one env; got shape "
-            f"{jnp.shape(value)}. Layers work on one env: vmap over envs or use "
-            "`eqx_ppo.nn.apply_batched`."
-        )
-    return value
+        value = x.get(pop.input_from) if isinstance(x, Mapping) else None
+    if eqx.is_array(value) and jnp.shape(value) == (pop.size,):
+        return value
+    seen = (
+        f"a dict with keys {sorted(x)}"
+        if isinstance(x, Mapping) and not eqx.is_array(value)
+        else f"shape {jnp.shape(value if eqx.is_array(value) else x)}"
+    )
+    raise ValueError(
+        f"PopulationGraph input population {pop.name!r} reads {where}, of shape "
+        f"({pop.size},) for one env; got {seen}. Fix: build the inputs with "
+        "input_from=<key> for a dict observation or input_from=None for an "
+        "array; layers work on one env: vmap over envs or use "
+        "`eqx_ppo.nn.apply_batched`."
+    )

@@ -25,10 +25,8 @@ from ._dense import (
     orthogonal as orthogonal,
 )
 from ._factories import (
-    make_lstm_actor_critic as make_lstm_actor_critic,
     make_mlp as make_mlp,
     make_mlp_actor_critic as make_mlp_actor_critic,
-    make_recurrent_actor_critic as make_recurrent_actor_critic,
 )
 from ._filters import (
     AbstractStatistics as AbstractStatistics,
@@ -50,6 +48,10 @@ from ._normalizer import (
     NormalizerStatistics as NormalizerStatistics,
 )
 from ._recurrent import GRU as GRU, LSTM as LSTM
+from ._recurrent_factories import (
+    make_lstm_actor_critic as make_lstm_actor_critic,
+    make_recurrent_actor_critic as make_recurrent_actor_critic,
+)
 from ._utils import (
     Filter as Filter,
     FilterSpec as FilterSpec,

@@ -71,8 +71,8 @@ class PPOAdapter(_AbstractContainer):
     structure. The `value` port outputs an array of shape `(1,)`, squeezed to a
     scalar, or a dict of them (one value head per reward key).
 
-    State, extras and metrics are dicts `{"action": ..., "value": ...}`; the
-    key goes to the ports that use one, as containers route it (action first).
+    State, extras and metrics are dicts `{"action": ..., "value": ...}`; each
+    port gets its own key, as a named container's child does.
 
     **Arguments:**
 
@@ -87,15 +87,6 @@ class PPOAdapter(_AbstractContainer):
 
     action: AbstractStatefulModule
     value: AbstractStatefulModule
-
-    def __check_init__(self):
-        for name in ("action", "value"):
-            port = getattr(self, name)
-            if not isinstance(port, AbstractStatefulModule):
-                raise TypeError(
-                    f"`PPOAdapter({name}=...)` must be an AbstractStatefulModule, "
-                    f"got {type(port).__name__}."
-                )
 
     def _children(self) -> dict[str, AbstractStatefulModule]:
         return {"action": self.action, "value": self.value}

@@ -22,12 +22,12 @@ depend on how the container was built or transformed.
 """
 
 import abc
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Key, PRNGKeyArray
+from jaxtyping import Array, Bool, Key
 
 from ._keys import child_key
 from ._module import (
@@ -97,7 +97,7 @@ class _AbstractContainer(AbstractStatefulModule):
         x: Any,
         extras: dict[Hashable, Any] | None = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         children = self._children()
         outs: dict[Hashable, StatefulModuleOutput] = {}
@@ -176,47 +176,26 @@ def _named_children(
     modules: Mapping[str, AbstractStatefulModule] | None,
     kwargs: dict[str, AbstractStatefulModule],
 ) -> dict[str, AbstractStatefulModule]:
-    """Validate the two ways to name children and return them sorted by name."""
+    """The children given as a dict or as keywords, sorted by name."""
     if modules is not None and kwargs:
         raise ValueError(
             f"`{container}(...)` got both a positional dict and keyword arguments; "
             f"pass the children one way, e.g. `{container}(a=module_a, b=module_b)` "
             f'or `{container}({{"a": module_a, "b": module_b}})`.'
         )
-    if modules is not None and not isinstance(modules, Mapping):
-        raise TypeError(
-            f"`{container}` takes its children by name, as a dict or keywords, "
-            f"got {type(modules).__name__}; pass e.g. "
-            f"`{container}(a=module_a, b=module_b)`."
-        )
-    children = dict(kwargs if modules is None else modules)
-    for name, child in children.items():
-        if not isinstance(name, str):
-            raise TypeError(
-                f"`{container}`: child names must be strings, got {name!r} "
-                f"({type(name).__name__}); use string keys."
-            )
-        if not isinstance(child, AbstractStatefulModule):
-            raise TypeError(
-                f"`{container}`: child {name!r} must be an AbstractStatefulModule, "
-                f"got {type(child).__name__}; wrap plain functions in a layer."
-            )
+    children = kwargs if modules is None else modules
     return {name: children[name] for name in sorted(children)}
 
 
 def _dispatch(container: str, x: Any, names: Iterable[str]) -> dict[str, Any]:
     """`x[name]` for every child name: what a per-key container feeds them."""
-    if not isinstance(x, Mapping):
-        raise TypeError(
-            f"`{container}` dispatches a dict input by key, got "
-            f"{type(x).__name__}; feed it a dict with keys {sorted(names)}."
-        )
-    missing = [name for name in names if name not in x]
-    if missing:
+    names = list(names)
+    if not isinstance(x, Mapping) or any(name not in x for name in names):
+        seen = f"keys {sorted(x)}" if isinstance(x, Mapping) else type(x).__name__
         raise ValueError(
-            f"`{container}`: the input dict has no entry for children {missing}; "
-            f"it has keys {sorted(x)}. Rename the children or the input keys so "
-            "they match."
+            f"`{container}` feeds child `k` the entry `x[k]` of a dict input, so "
+            f"it needs a dict with keys {names}; got {seen}. Rename the children "
+            "or the input keys so they match."
         )
     return {name: x[name] for name in names}
 
@@ -239,25 +218,8 @@ class Sequential(_AbstractContainer):
 
     layers: tuple[AbstractStatefulModule, ...]
 
-    def __init__(self, layers: Iterable[AbstractStatefulModule]):
-        if isinstance(layers, AbstractStatefulModule | Mapping):
-            fix = (
-                "for named children use Parallel, Concat, Map or Merge"
-                if isinstance(layers, Mapping)
-                else "pass Sequential([layer])"
-            )
-            raise TypeError(
-                "`Sequential` takes a list of layers, got a single "
-                f"{type(layers).__name__}; {fix}."
-            )
-        layers = tuple(layers)
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, AbstractStatefulModule):
-                raise TypeError(
-                    f"`Sequential`: layer {i} must be an AbstractStatefulModule, got "
-                    f"{type(layer).__name__}."
-                )
-        self.layers = layers
+    def __init__(self, layers: Sequence[AbstractStatefulModule]):
+        self.layers = tuple(layers)
 
     def __getitem__(self, index: int) -> AbstractStatefulModule:
         return self.layers[index]
@@ -271,7 +233,7 @@ class Sequential(_AbstractContainer):
     def _with_children(
         self, children: dict[int, AbstractStatefulModule]
     ) -> "Sequential":
-        return Sequential(children.values())
+        return Sequential(list(children.values()))
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Any:
         for i in range(len(self.layers)):
@@ -353,13 +315,6 @@ class Map(_AbstractContainer):
 
 
 def _concatenate(outputs: dict[str, Array]) -> Array:
-    for name, value in outputs.items():
-        if jnp.ndim(value) == 0:
-            raise ValueError(
-                f"`Concat`: child {name!r} returned a scalar; concatenation "
-                "along the last axis needs outputs with at least one axis. "
-                "Reshape it to `(1,)` first."
-            )
     return jnp.concatenate(list(outputs.values()), axis=-1)
 
 
@@ -405,11 +360,6 @@ def _merge(outputs: dict[str, Any]) -> dict[Any, Any]:
     merged: dict[Any, Any] = {}
     producer: dict[Any, str] = {}
     for name, out in outputs.items():
-        if not isinstance(out, Mapping):
-            raise TypeError(
-                f"`Merge`: child {name!r} must return a dict, got "
-                f"{type(out).__name__}; put a `Splitter` or `Parallel` at its end."
-            )
         for out_key, value in out.items():
             if out_key in merged:
                 raise ValueError(

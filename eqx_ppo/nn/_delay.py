@@ -6,9 +6,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Int, Key, PyTree
 
-from ._dense import check_int
+from ._errors import tree_spec
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
 
@@ -42,7 +42,7 @@ class Delay(AbstractStatefulModule):
 
     def __init__(
         self,
-        sample_input: PyTree[Any],
+        sample_input: PyTree[Array | jax.ShapeDtypeStruct],
         k_steps: int,
         initial_value: float = 0.0,
     ):
@@ -55,20 +55,12 @@ class Delay(AbstractStatefulModule):
         - `initial_value`: what the buffer holds before it has been written
             `k_steps` times, and after each reset.
         """
-        check_int(
-            f"Delay(k_steps={k_steps!r})",
-            k_steps,
-            1,
-            "for no delay, leave the Delay out",
-        )
-        leaves, treedef = jax.tree.flatten(canonicalize(sample_input))
-        if not leaves or not all(
-            hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves
-        ):
-            raise TypeError(
-                "Delay(sample_input=...) must be a non-empty pytree of arrays or "
-                f"jax.ShapeDtypeStructs (one env's input); got {sample_input!r}."
+        if k_steps < 1:
+            raise ValueError(
+                f"Delay(k_steps={k_steps!r}) must be >= 1; for no delay, leave the "
+                "Delay out."
             )
+        leaves, treedef = jax.tree.flatten(canonicalize(sample_input))
         self.k_steps = k_steps
         self.initial_value = float(initial_value)
         self.treedef = treedef
@@ -92,22 +84,21 @@ class Delay(AbstractStatefulModule):
         x: PyTree[Array],
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Push `x`, output the input of `k_steps` calls ago."""
         del extras, key
         leaves, treedef = jax.tree.flatten(canonicalize(x))
-        if treedef != self.treedef:
-            raise ValueError(
-                f"Delay input has structure {treedef}, expected {self.treedef} "
-                "(the structure of `sample_input`)."
+        if treedef != self.treedef or tuple(map(jnp.shape, leaves)) != self.shapes:
+            specs = zip(self.shapes, self.dtypes, strict=True)
+            expected = jax.tree.unflatten(
+                self.treedef, [jax.ShapeDtypeStruct(*spec) for spec in specs]
             )
-        for leaf, shape in zip(leaves, self.shapes, strict=True):
-            if jnp.shape(leaf) != shape:
-                raise ValueError(
-                    f"Delay input leaf has shape {jnp.shape(leaf)}, expected {shape} "
-                    "(one env's input, as in `sample_input`; vmap over envs)."
-                )
+            raise ValueError(
+                f"Delay expects one env's input shaped like its sample_input, "
+                f"{tree_spec(expected)}; got {tree_spec(x)}. Layers work on a single "
+                "env: vmap over the env axis, or use `eqx_ppo.nn.apply_batched`."
+            )
         idx: Int[Array, ""] = state["idx"]
         buffer = jax.tree.leaves(state["buffer"])
         delayed = [b[idx] for b in buffer]

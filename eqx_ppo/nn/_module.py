@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Key, PyTree
 
 from ._errors import carry_spec, tree_spec
 from ._filters import coefficient_names
@@ -115,7 +115,7 @@ class AbstractStatefulModule(eqx.Module):
         x: Any,
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Run one step for one env.
 
@@ -189,16 +189,6 @@ class AbstractStatefulModule(eqx.Module):
         state = self.initial_state()
         if batch_size is None:
             return state
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise TypeError(
-                f"{type(self).__name__}.initialize_state(batch_size={batch_size!r}): "
-                "expected an int (the number of envs) or None."
-            )
-        if batch_size < 0:
-            raise ValueError(
-                f"{type(self).__name__}.initialize_state(batch_size={batch_size}): "
-                "the number of envs must be >= 0."
-            )
         return jax.tree.map(
             lambda s: jnp.broadcast_to(s, (batch_size, *jnp.shape(s))), state
         )
@@ -221,7 +211,7 @@ class AbstractStatelessLayer(AbstractStatefulModule):
         x: Any,
         extras: None = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """`forward(x)`, with carry `()`."""
         del state, extras, key
@@ -250,7 +240,7 @@ class AbstractLayerWrapper(AbstractStatefulModule):
         x: Any,
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         return self.wrap_output(self.layer(state, x, extras, key=key))
 
@@ -348,41 +338,13 @@ def reset_where(
     return jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh, state)
 
 
-def _batch_size(state: State, x: Any, extras: Any) -> int:
-    """The leading env axis `[B]` shared by every leaf of `state`, `x` and
-    `extras`; raises naming the first leaf that has none or another size."""
-    first = None
-    for name, tree in (("x", x), ("state", state), ("extras", extras)):
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-            where = f"{name}{jax.tree_util.keystr(path)}"
-            shape = jnp.shape(leaf)
-            if not shape or (first is not None and shape[0] != first[1]):
-                seen = "is a scalar" if not shape else f"has {shape[0]}"
-                expected = "" if first is None else f" ({first[0]} has {first[1]})"
-                raise ValueError(
-                    f"apply_batched({where}=...): every leaf of state, x and extras "
-                    f"needs the same leading env axis [B]{expected}, but it {seen}. "
-                    "Fix: batch them alike (the state from "
-                    "module.initialize_state(B)), or call the module itself for "
-                    "one env."
-                )
-            if first is None:
-                first = (where, shape[0])
-    if first is None:
-        raise ValueError(
-            "apply_batched(x=...): x has no array leaves (nor have state and "
-            "extras), so there is no env axis."
-        )
-    return first[1]
-
-
 def apply_batched(
     module: AbstractStatefulModule,
     state: State,
     x: Any,
     extras: Any = None,
     *,
-    key: PRNGKeyArray | None = None,
+    key: Key[Array, ""] | None = None,
 ) -> StatefulModuleOutput:
     """Call `module` once on a batch: every leaf has a leading env axis `[B]`.
 
@@ -395,7 +357,7 @@ def apply_batched(
     out = eqx_ppo.nn.apply_batched(net, state, obs, key=jax.random.key(0))
     ```
     """
-    n = _batch_size(state, x, extras)
+    n = jnp.shape(jax.tree.leaves(x)[0])[0]
     keys = None if key is None else jax.random.split(key, n)
     return jax.vmap(
         lambda s, xi, e, k: module(s, xi, e, key=k),

@@ -7,11 +7,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
-from ._dense import Initializer, get_activation, orthogonal
+from ._dense import Activation, Initializer, get_activation, orthogonal
 from ._errors import check_input
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
-
-Activation = str | Callable[[Array], Array]
 
 LSTMState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LSTM carry `(h, c)`: hidden state first, cell state second."""
