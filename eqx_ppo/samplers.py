@@ -42,34 +42,6 @@ def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
     return -jnp.sum(jnp.exp(log_probs) * finite)
 
 
-def _check_std(sampler: "NormalTanhSampler | NormalSampler") -> None:
-    """Raise unless a Gaussian sampler's std floor and scale are in range."""
-    for name, value, bound, ok in (
-        ("min_std", sampler.min_std, ">= 0", 0 <= sampler.min_std < math.inf),
-        ("std_scale", sampler.std_scale, "> 0", 0 < sampler.std_scale < math.inf),
-    ):
-        if not ok:
-            raise ValueError(
-                f"`{type(sampler).__name__}({name}={value})`: {name} must be finite "
-                f"and {bound}."
-            )
-
-
-def _mean_and_std(
-    sampler: "NormalTanhSampler | NormalSampler", x: Float[Array, " params"]
-) -> tuple[Float[Array, " action"], Float[Array, " action"]]:
-    """Split `[mean, pre_std]` and map `pre_std` to a std bounded below."""
-    if x.ndim != 1 or x.shape[0] % 2 != 0:
-        raise ValueError(
-            f"`{type(sampler).__name__}` expects one env's concatenated "
-            "`[mean, pre_std]`, a vector of even size 2 * action_size, got shape "
-            f"{x.shape}; make the layer before it output 2 * action_size features."
-        )
-    mean, pre_std = jnp.split(x, 2)
-    std = (jax.nn.softplus(pre_std) + sampler.min_std) * sampler.std_scale
-    return mean, std
-
-
 def _normal_logpdf(
     z: Float[Array, " action"],
     mean: Float[Array, " action"],
@@ -87,6 +59,10 @@ def _normal_entropy(std: Float[Array, " action"]) -> Float[Array, " action"]:
 def _tanh_log_det(z: Float[Array, " action"]) -> Float[Array, " action"]:
     """`log(1 - tanh(z)^2)`, written so it neither overflows nor hits `log(0)`."""
     return 2.0 * (_LOG_2 - z - jax.nn.softplus(-2.0 * z))
+
+
+_Vec = Float[Array, " action"]
+"""One value per action dimension: a mean, a std or a pre-squash action."""
 
 
 class _SamplerStep(NamedTuple):
@@ -138,11 +114,53 @@ class _AbstractSampler(AbstractStatefulModule):
         )
 
 
-_Vec = Float[Array, " action"]
-"""One value per action dimension: a mean, a std or a pre-squash action."""
+class _AbstractGaussianSampler(_AbstractSampler):
+    """A Gaussian over actions from one env's `[mean, pre_std]`, with
+    `std = (softplus(pre_std) + min_std) * std_scale`; `_draw` samples or
+    scores the action."""
+
+    entropy_weight: Float[Array, ""] = coefficient()
+    min_std: float = eqx.field(static=True, default=1e-3)
+    std_scale: float = eqx.field(static=True, default=1.0)
+    inference: bool = False
+
+    def __check_init__(self):
+        for name, value, bound, ok in (
+            ("min_std", self.min_std, ">= 0", 0 <= self.min_std < math.inf),
+            ("std_scale", self.std_scale, "> 0", 0 < self.std_scale < math.inf),
+        ):
+            if not ok:
+                raise ValueError(
+                    f"`{type(self).__name__}({name}={value})`: {name} must be "
+                    f"finite and {bound}."
+                )
+
+    @abc.abstractmethod
+    def _draw(
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
+    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
+        """The action, its extras, its log-likelihood and the entropy."""
+
+    def _sample(
+        self,
+        x: Float[Array, " params"],
+        extras: _Vec | None,
+        key: Key[Array, ""] | None,
+    ) -> _SamplerStep:
+        if x.ndim != 1 or x.shape[0] % 2 != 0:
+            raise ValueError(
+                f"`{type(self).__name__}` expects one env's concatenated "
+                "`[mean, pre_std]`, a vector of even size 2 * action_size, got "
+                f"shape {x.shape}; make the layer before it output "
+                "2 * action_size features."
+            )
+        mean, pre_std = jnp.split(x, 2)
+        std = (jax.nn.softplus(pre_std) + self.min_std) * self.std_scale
+        draw = self._draw(mean, std, extras, key)
+        return _SamplerStep(*draw, metrics={"mu": mean, "sigma": std})
 
 
-class NormalTanhSampler(_AbstractSampler):
+class NormalTanhSampler(_AbstractGaussianSampler):
     """A Gaussian squashed by `tanh`: actions in `(-1, 1)`.
 
     The input is one env's `[mean, pre_std]` (size `2 * action_size`):
@@ -171,21 +189,9 @@ class NormalTanhSampler(_AbstractSampler):
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    entropy_weight: Float[Array, ""] = coefficient()
-    min_std: float = eqx.field(static=True, default=1e-3)
-    std_scale: float = eqx.field(static=True, default=1.0)
-    inference: bool = False
-
-    def __check_init__(self):
-        _check_std(self)
-
-    def _sample(
-        self,
-        x: Float[Array, " params"],
-        extras: _Vec | None,
-        key: Key[Array, ""] | None,
-    ) -> _SamplerStep:
-        mean, std = _mean_and_std(self, x)
+    def _draw(
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
+    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
         if key is None:
             action_noise = entropy_noise = jnp.zeros_like(mean)
         else:
@@ -196,11 +202,10 @@ class NormalTanhSampler(_AbstractSampler):
 
         z = mean + std * jax.lax.stop_gradient(entropy_noise)
         entropy = jnp.sum(_normal_entropy(std) + _tanh_log_det(z))
-        metrics = {"mu": mean, "sigma": std}
-        return _SamplerStep(jnp.tanh(raw), raw, log_likelihood, entropy, metrics)
+        return jnp.tanh(raw), raw, log_likelihood, entropy
 
 
-class NormalSampler(_AbstractSampler):
+class NormalSampler(_AbstractGaussianSampler):
     """An unsquashed Gaussian: `action = mean + std * eps`, unbounded.
 
     Same input and std parameterisation as [`eqx_ppo.nn.NormalTanhSampler`][]
@@ -212,30 +217,16 @@ class NormalSampler(_AbstractSampler):
     **Arguments:** as [`eqx_ppo.nn.NormalTanhSampler`][]'s.
     """
 
-    entropy_weight: Float[Array, ""] = coefficient()
-    min_std: float = eqx.field(static=True, default=1e-3)
-    std_scale: float = eqx.field(static=True, default=1.0)
-    inference: bool = False
-
-    def __check_init__(self):
-        _check_std(self)
-
-    def _sample(
-        self,
-        x: Float[Array, " params"],
-        extras: _Vec | None,
-        key: Key[Array, ""] | None,
-    ) -> _SamplerStep:
-        mean, std = _mean_and_std(self, x)
+    def _draw(
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
+    ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
         if self.inference:
             sampled = mean
         else:
             sampled = mean + std * jax.random.normal(key, mean.shape)
         action = jax.lax.stop_gradient(sampled if extras is None else extras)
         log_likelihood = jnp.sum(_normal_logpdf(action, mean, std))
-        entropy = jnp.sum(_normal_entropy(std))
-        metrics = {"mu": mean, "sigma": std}
-        return _SamplerStep(action, action, log_likelihood, entropy, metrics)
+        return action, action, log_likelihood, jnp.sum(_normal_entropy(std))
 
 
 class CategoricalSampler(_AbstractSampler):

@@ -22,7 +22,7 @@ depend on how the container was built or transformed.
 """
 
 import abc
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -171,29 +171,48 @@ class _AbstractContainer(AbstractStatefulModule):
         )
 
 
-def _named_children(
-    container: str,
-    modules: Mapping[str, AbstractStatefulModule] | None,
-    kwargs: dict[str, AbstractStatefulModule],
-) -> dict[str, AbstractStatefulModule]:
-    """The children given as a dict or as keywords, sorted by name."""
-    if modules is not None and kwargs:
-        raise ValueError(
-            f"`{container}(...)` got both a positional dict and keyword arguments; "
-            f"pass the children one way, e.g. `{container}(a=module_a, b=module_b)` "
-            f'or `{container}({{"a": module_a, "b": module_b}})`.'
-        )
-    children = kwargs if modules is None else modules
-    return {name: children[name] for name in sorted(children)}
+class _AbstractNamedContainer(_AbstractContainer):
+    """Children by name, given as a dict or as keywords, stored sorted by name;
+    a subclass says how they are routed (`_route`)."""
+
+    modules: dict[str, AbstractStatefulModule]
+
+    def __init__(
+        self,
+        modules: Mapping[str, AbstractStatefulModule] | None = None,
+        /,
+        **kwargs: AbstractStatefulModule,
+    ):
+        if modules is not None and kwargs:
+            name = type(self).__name__
+            raise ValueError(
+                f"`{name}(...)` got both a positional dict and keyword arguments; "
+                f"pass the children one way, e.g. `{name}(a=module_a, b=module_b)` "
+                f'or `{name}({{"a": module_a, "b": module_b}})`.'
+            )
+        children = kwargs if modules is None else modules
+        self.modules = {name: children[name] for name in sorted(children)}
+
+    def __getitem__(self, name: str) -> AbstractStatefulModule:
+        return self.modules[name]
+
+    def _children(self) -> dict[str, AbstractStatefulModule]:
+        return self.modules
+
+    def _with_children(
+        self, children: dict[str, AbstractStatefulModule]
+    ) -> "_AbstractNamedContainer":
+        return type(self)(children)
 
 
-def _dispatch(container: str, x: Any, names: Iterable[str]) -> dict[str, Any]:
+def _dispatch(container: "Map | Concat", x: Any) -> dict[str, Any]:
     """`x[name]` for every child name: what a per-key container feeds them."""
-    names = list(names)
+    names = list(container.modules)
     if not isinstance(x, Mapping) or any(name not in x for name in names):
         seen = f"keys {sorted(x)}" if isinstance(x, Mapping) else type(x).__name__
         raise ValueError(
-            f"`{container}` feeds child `k` the entry `x[k]` of a dict input, so "
+            f"`{type(container).__name__}` feeds child `k` the entry `x[k]` of a "
+            "dict input, so "
             f"it needs a dict with keys {names}; got {seen}. Rename the children "
             "or the input keys so they match."
         )
@@ -241,7 +260,7 @@ class Sequential(_AbstractContainer):
         return x
 
 
-class Parallel(_AbstractContainer):
+class Parallel(_AbstractNamedContainer):
     """Runs every child on the same input; the output is a dict keyed by name.
 
     **Arguments:**
@@ -255,30 +274,11 @@ class Parallel(_AbstractContainer):
     ```
     """
 
-    modules: dict[str, AbstractStatefulModule]
-
-    def __init__(
-        self,
-        modules: Mapping[str, AbstractStatefulModule] | None = None,
-        /,
-        **kwargs: AbstractStatefulModule,
-    ):
-        self.modules = _named_children("Parallel", modules, kwargs)
-
-    def __getitem__(self, name: str) -> AbstractStatefulModule:
-        return self.modules[name]
-
-    def _children(self) -> dict[str, AbstractStatefulModule]:
-        return self.modules
-
-    def _with_children(self, children: dict[str, AbstractStatefulModule]) -> "Parallel":
-        return Parallel(children)
-
     def _route(self, run: Run, x: Any, per_step: PerStep) -> dict[str, Any]:
         return {name: run(name, x) for name in self.modules}
 
 
-class Map(_AbstractContainer):
+class Map(_AbstractNamedContainer):
     """Per-key dispatch: child `k` maps `x[k]` to `output[k]`.
 
     The input must be a dict holding at least every child's name; entries no
@@ -290,27 +290,8 @@ class Map(_AbstractContainer):
     - `modules` (positional-only) or `**kwargs`: the named children.
     """
 
-    modules: dict[str, AbstractStatefulModule]
-
-    def __init__(
-        self,
-        modules: Mapping[str, AbstractStatefulModule] | None = None,
-        /,
-        **kwargs: AbstractStatefulModule,
-    ):
-        self.modules = _named_children("Map", modules, kwargs)
-
-    def __getitem__(self, name: str) -> AbstractStatefulModule:
-        return self.modules[name]
-
-    def _children(self) -> dict[str, AbstractStatefulModule]:
-        return self.modules
-
-    def _with_children(self, children: dict[str, AbstractStatefulModule]) -> "Map":
-        return Map(children)
-
     def _route(self, run: Run, x: Any, per_step: PerStep) -> dict[str, Any]:
-        inputs = _dispatch("Map", x, self.modules)
+        inputs = _dispatch(self, x)
         return {name: run(name, inputs[name]) for name in self.modules}
 
 
@@ -318,7 +299,7 @@ def _concatenate(outputs: dict[str, Array]) -> Array:
     return jnp.concatenate(list(outputs.values()), axis=-1)
 
 
-class Concat(_AbstractContainer):
+class Concat(_AbstractNamedContainer):
     """Per-key dispatch, then concatenation along the last axis.
 
     Child `k` sees `x[k]`; the outputs are concatenated in **sorted key order**
@@ -331,27 +312,8 @@ class Concat(_AbstractContainer):
       output an array with at least one axis.
     """
 
-    modules: dict[str, AbstractStatefulModule]
-
-    def __init__(
-        self,
-        modules: Mapping[str, AbstractStatefulModule] | None = None,
-        /,
-        **kwargs: AbstractStatefulModule,
-    ):
-        self.modules = _named_children("Concat", modules, kwargs)
-
-    def __getitem__(self, name: str) -> AbstractStatefulModule:
-        return self.modules[name]
-
-    def _children(self) -> dict[str, AbstractStatefulModule]:
-        return self.modules
-
-    def _with_children(self, children: dict[str, AbstractStatefulModule]) -> "Concat":
-        return Concat(children)
-
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Array:
-        inputs = _dispatch("Concat", x, self.modules)
+        inputs = _dispatch(self, x)
         outputs = {name: run(name, inputs[name]) for name in self.modules}
         return per_step(_concatenate)(outputs)
 
@@ -371,7 +333,7 @@ def _merge(outputs: dict[str, Any]) -> dict[Any, Any]:
     return merged
 
 
-class Merge(_AbstractContainer):
+class Merge(_AbstractNamedContainer):
     """Runs every child on the same input and merges their dict outputs.
 
     Each child must return a dict; the result is one flat dict. Two children
@@ -382,25 +344,6 @@ class Merge(_AbstractContainer):
 
     - `modules` (positional-only) or `**kwargs`: the named children.
     """
-
-    modules: dict[str, AbstractStatefulModule]
-
-    def __init__(
-        self,
-        modules: Mapping[str, AbstractStatefulModule] | None = None,
-        /,
-        **kwargs: AbstractStatefulModule,
-    ):
-        self.modules = _named_children("Merge", modules, kwargs)
-
-    def __getitem__(self, name: str) -> AbstractStatefulModule:
-        return self.modules[name]
-
-    def _children(self) -> dict[str, AbstractStatefulModule]:
-        return self.modules
-
-    def _with_children(self, children: dict[str, AbstractStatefulModule]) -> "Merge":
-        return Merge(children)
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> dict[Any, Any]:
         outputs = {name: run(name, x) for name in self.modules}
