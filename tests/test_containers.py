@@ -19,9 +19,8 @@ from eqx_ppo.nn import (
     Parallel,
     Sequential,
     StatefulModuleOutput,
-    reset_where,
 )
-from eqx_ppo.nn._module import zero_loss
+from eqx_ppo.nn._module import reset_where, zero_loss
 
 
 class Affine(AbstractStatefulModule):

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.nn import Delay, reset_where
+from eqx_ppo.nn import Delay
+from eqx_ppo.nn._module import reset_where
 
 
 def _run(delay, xs, state=None):

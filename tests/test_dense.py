@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.nn import Dense, get_activation, trainable
+from eqx_ppo.nn import Dense, trainable
+from eqx_ppo.nn._dense import get_activation
 from tests._helpers import assert_ulp_close
 
 

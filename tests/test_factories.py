@@ -23,9 +23,9 @@ from eqx_ppo.nn import (
     make_lstm_actor_critic,
     make_mlp,
     make_mlp_actor_critic,
-    reset_where,
 )
 from eqx_ppo.nn._dense import identity
+from eqx_ppo.nn._module import reset_where
 from tests._helpers import assert_ulp_close
 
 

@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 from eqx_ppo.graph import PopulationGraph, PopulationGraphBuilder
-from eqx_ppo.nn import AbstractStatistics, Dense, apply_batched, reset_where
-from eqx_ppo.nn._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+from eqx_ppo.nn import AbstractStatistics, Dense, apply_batched
+from eqx_ppo.nn._module import (
+    AbstractStatefulModule,
+    StatefulModuleOutput,
+    reset_where,
+    zero_loss,
+)
 from eqx_ppo.recording import ACTIVATION_KEY
 
 

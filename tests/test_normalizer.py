@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.nn import Normalizer, NormalizerStatistics, trainable
+from eqx_ppo.nn import Normalizer, trainable
+from eqx_ppo.nn._normalizer import NormalizerStatistics
 from tests._helpers import assert_ulp_close
 
 

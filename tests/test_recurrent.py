@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.nn import GRU, LSTM, reset_where, trainable
+from eqx_ppo.nn import GRU, LSTM, trainable
+from eqx_ppo.nn._module import reset_where
 from tests._helpers import assert_ulp_close
 
 normal_init = jax.nn.initializers.normal(0.5)

@@ -13,17 +13,9 @@ from ._containers import (
     Parallel as Parallel,
     Sequential as Sequential,
 )
-from ._conv import (
-    Conv2d as Conv2d,
-    PixelScale as PixelScale,
-    make_cnn_encoder as make_cnn_encoder,
-)
+from ._conv import Conv2d as Conv2d, make_cnn_encoder as make_cnn_encoder
 from ._delay import Delay as Delay
-from ._dense import (
-    Dense as Dense,
-    get_activation as get_activation,
-    orthogonal as orthogonal,
-)
+from ._dense import Dense as Dense
 from ._factories import (
     make_mlp as make_mlp,
     make_mlp_actor_critic as make_mlp_actor_critic,
@@ -36,17 +28,11 @@ from ._filters import (
 from ._linear_recurrent import LRU as LRU, MinGRU as MinGRU
 from ._module import (
     AbstractStatefulModule as AbstractStatefulModule,
-    AbstractStatelessLayer as AbstractStatelessLayer,
     SequenceOutput as SequenceOutput,
-    State as State,
     StatefulModuleOutput as StatefulModuleOutput,
     apply_batched as apply_batched,
-    reset_where as reset_where,
 )
-from ._normalizer import (
-    Normalizer as Normalizer,
-    NormalizerStatistics as NormalizerStatistics,
-)
+from ._normalizer import Normalizer as Normalizer
 from ._recurrent import GRU as GRU, LSTM as LSTM
 from ._recurrent_factories import (
     make_lstm_actor_critic as make_lstm_actor_critic,
@@ -54,7 +40,6 @@ from ._recurrent_factories import (
 )
 from ._utils import (
     Filter as Filter,
-    FilterSpec as FilterSpec,
     Flattener as Flattener,
     Scale as Scale,
     Splitter as Splitter,

@@ -74,7 +74,7 @@ def _check_input(x: PyTree[Array], mean: PyTree[Array]) -> None:
 
 
 class NormalizerStatistics(AbstractStatistics):
-    """A [`eqx_ppo.nn.Normalizer`][]'s running moments: never trained.
+    """A `Normalizer`'s running moments: never trained.
 
     **Fields:**
 
@@ -91,8 +91,9 @@ class NormalizerStatistics(AbstractStatistics):
 class Normalizer(AbstractStatefulModule):
     """Standardises its input with running statistics: `(x - mean) / std`.
 
-    The statistics live in a [`eqx_ppo.nn.NormalizerStatistics`][], so
-    [`eqx_ppo.nn.trainable`][] excludes them, and the forward pass reads them
+    The statistics (`statistics`: the running `mean`, `m2` and `count`) are an
+    [`eqx_ppo.nn.AbstractStatistics`][], so [`eqx_ppo.nn.trainable`][]
+    excludes them, and the forward pass reads them
     through `lax.stop_gradient`. They change only through
     `update_statistics`, which the trainer calls once per iteration, after the
     gradient phase, with the raw inputs this layer saw during the rollout (it
