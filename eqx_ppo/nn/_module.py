@@ -36,6 +36,10 @@ a carry has its `__call__` scanned over time, vmapped over the envs;
 containers replay child by child, so only their recurrent children are
 scanned, and a recurrence with a parallel form (an associative scan)
 overrides it.
+
+**Keys.** A container hands each child a key of its own, folded from its
+key and the child's position or name (`_keys.py`), so a child's noise never
+depends on its siblings.
 """
 
 import abc
@@ -96,6 +100,8 @@ class AbstractStatefulModule(eqx.Module):
     `initial_state`; layers that keep running statistics override
     `update_statistics`; containers (and recurrences with a parallel form)
     override `replay`. See the module docstring for the batching convention.
+    Every layer refuses a concrete [`coefficient`][eqx_ppo.nn.coefficient]
+    field that is negative, infinite or NaN.
     """
 
     def __check_init__(self):
