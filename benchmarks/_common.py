@@ -1,9 +1,13 @@
 """Shared pieces of the benchmarks: run specs, envs, the common evaluator, memory,
 subprocess workers and result files.
 
-Every measured training run happens in its own Python process (see
-`run_worker`), so compile caches, allocator state and peak RSS never leak from
-one system into the next.
+Measured training runs happen in worker processes: one per run (`run_worker`),
+so compile caches, allocator state and peak RSS never leak from one system
+into the next, or several runs in one (`run_session`), where opening the
+device costs more than the runs (a TPU). A process that only orchestrates
+never imports JAX: on a TPU only one process can hold the chip, so the
+parent reads versions from package metadata and the backend from its first
+worker (`machine`, `device_info`, `publish`).
 """
 
 import dataclasses
@@ -13,12 +17,19 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(
+    os.environ.get("EQX_PPO_BENCH_RESULTS")
+    or Path(__file__).resolve().parent / "results"
+)
+"""Where `publish` writes; `EQX_PPO_BENCH_RESULTS` moves it (and every
+worker's) elsewhere, e.g. into a folder an accelerator host sends back."""
 
 SYSTEMS = ("eqx", "brax", "nnx")
 SYSTEM_NAMES = {
@@ -48,7 +59,10 @@ class Spec:
     The defaults are the issue's fair 2-core setting: 256 envs, rollout 20,
     8 minibatches, 4 epochs, 4x32 swish actor and critic, obs normalisation.
     `n_chunks` is the number of timing boundaries: the first chunk holds the
-    compilation, the others give the steady-state throughput.
+    compilation, the others give the steady-state throughput. `evaluate`
+    scores the trained policy with the shared evaluator after training;
+    `driver_eval` turns on eqx_ppo's own evaluation (at the start and the
+    end of the run), whose program `compile_time` measures.
     """
 
     system: str = "eqx"
@@ -71,6 +85,7 @@ class Spec:
     seed: int = 0
     eval_envs: int = 64
     evaluate: bool = True
+    driver_eval: bool = False
     reward_scaling: float = 1.0
     # Per-system overrides for A/B experiments: eqx_ppo's PPOConfig and factory
     # keywords, Brax's `ppo.train` keywords.
@@ -99,9 +114,13 @@ class Spec:
 
     @classmethod
     def from_json(cls, text: str) -> "Spec":
-        raw = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Spec":
+        """The inverse of `dataclasses.asdict` (and of JSON's list for `hidden`)."""
         if "hidden" in raw:
-            raw["hidden"] = tuple(raw["hidden"])
+            raw = {**raw, "hidden": tuple(raw["hidden"])}
         return cls(**raw)
 
 
@@ -287,6 +306,16 @@ class Boundaries:
 
 # --------------------------------------------------------------------- processes
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker process: this one's, warnings off, `extra` set."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env.update(extra or {})
+    return env
+
 
 def run_worker(
     module: str, spec: Spec, *, timeout: float = 900.0, extra: list[str] | None = None
@@ -297,9 +326,6 @@ def run_worker(
     system does not lose the other systems' numbers.
     """
     cmd = [sys.executable, "-m", module, spec.to_json(), *(extra or [])]
-    env = dict(os.environ)
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    root = Path(__file__).resolve().parent.parent
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -307,8 +333,8 @@ def run_worker(
             capture_output=True,
             text=True,
             timeout=timeout,
-            cwd=root,
-            env=env,
+            cwd=ROOT,
+            env=worker_env(),
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f}s", "spec": spec.to_json()}
@@ -322,8 +348,134 @@ def run_worker(
     return out
 
 
+def run_session(
+    items: list[dict[str, Any]],
+    *,
+    command: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    deadline: float | None = None,
+    on_result: Callable[[int, dict[str, Any]], None] | None = None,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    restarts: int = 2,
+) -> list[dict[str, Any]]:
+    """Run `items` one after another in one worker process; their results, in order.
+
+    The worker (`command`, by default `python -m benchmarks._worker
+    --session`, with the session as its last argument) prints one JSON line
+    `{"event": "ready", "device": ...}` when it holds the device, then one
+    line `{"index": i, "result": ...}` per item as each finishes (the
+    parent adds `"device"` to each result);
+    `on_ready(device)` and `on_result(i, result)` see them as they come, so a
+    caller can write results before the session ends. A worker that dies
+    mid-item leaves that item an `{"error": ...}` with the end of its stderr;
+    a fresh worker (at most `restarts` times) takes the items after it.
+    `deadline` (a `time.time()`) is passed on: the worker skips an item whose
+    `estimate_s` would end past it, and the parent kills a worker still
+    running a minute after it.
+    """
+    results: list[dict[str, Any] | None] = [None] * len(items)
+    pending = list(range(len(items)))
+    base = command or [sys.executable, "-m", "benchmarks._worker", "--session"]
+    attempt = 0
+    device = None
+    while pending and attempt <= restarts:
+        attempt += 1
+        session = {"items": [items[i] for i in pending], "deadline": deadline}
+        with tempfile.TemporaryFile("w+") as stderr:
+            with subprocess.Popen(
+                [*base, json.dumps(session)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                cwd=ROOT,
+                env=env or worker_env(),
+            ) as proc:
+                timer = None
+                if deadline is not None:
+                    left = max(0.0, deadline - time.time() + 60)
+                    timer = threading.Timer(left, proc.kill)
+                    timer.start()
+                try:
+                    for line in proc.stdout:
+                        if not line.startswith("{"):
+                            continue
+                        message = json.loads(line)
+                        if message.get("event") == "ready":
+                            device = message["device"]
+                            if on_ready is not None:
+                                on_ready(device)
+                            continue
+                        index = pending[message["index"]]
+                        results[index] = {**message["result"], "device": device}
+                        if on_result is not None:
+                            on_result(index, results[index])
+                    code = proc.wait()
+                except BaseException:
+                    proc.kill()
+                    raise
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+            stderr.seek(0)
+            tail = stderr.read()[-3000:]
+        pending = [i for i in pending if results[i] is None]
+        if pending:
+            lost = pending.pop(0)
+            results[lost] = {"error": f"worker exited {code} during this run: {tail}"}
+            if on_result is not None:
+                on_result(lost, results[lost])
+    for i in pending:
+        results[i] = {"error": "not run: the worker failed too often"}
+    return [r for r in results if r is not None]
+
+
+def serve_session(
+    payload: str,
+    run_item: Callable[[dict[str, Any]], dict[str, Any]],
+    warm_up: Callable[[], None] | None = None,
+) -> None:
+    """The worker side of `run_session`: run each item of the JSON `payload`.
+
+    `warm_up()` runs first (opening the device, importing the systems), so
+    no item's compile time includes it; then the ready line, with
+    `device_info()`, and one line per item as it ends. An item that raises
+    gives `{"error": <traceback>}`; one whose `estimate_s` would end past
+    the session's deadline is skipped (an error saying so) without running.
+    """
+    session = json.loads(payload)
+    deadline = session.get("deadline")
+    t0 = time.perf_counter()
+    if warm_up is not None:
+        warm_up()
+    ready = {"event": "ready", "device": device_info()}
+    print(json.dumps({**ready, "warm_up_s": time.perf_counter() - t0}), flush=True)
+    for index, item in enumerate(session["items"]):
+        estimate = item.get("estimate_s", 0.0)
+        if deadline is not None and time.time() + estimate > deadline:
+            result = {
+                "error": f"skipped: its estimated {estimate:.0f} s would end "
+                "past the session's deadline",
+                "skipped": True,
+            }
+        else:
+            try:
+                result = run_item(item)
+            except Exception:  # one failed run must not lose the others
+                import traceback
+
+                result = {"error": traceback.format_exc()[-3000:]}
+        print(json.dumps({"index": index, "result": result}), flush=True)
+
+
+def first_device(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The device the first run that reported one ran on."""
+    return next((r["device"] for r in runs if "device" in r), None)
+
+
 def emit(result: dict[str, Any]) -> None:
-    """Print a worker's result as the last stdout line."""
+    """Print a worker's result as the last stdout line, with the device it ran on."""
+    if "jax" in sys.modules and "device" not in result:
+        result = {**result, "device": device_info()}
     print(json.dumps(result), flush=True)
 
 
@@ -331,22 +483,77 @@ def emit(result: dict[str, Any]) -> None:
 
 
 def machine() -> dict[str, Any]:
-    import jax
+    """The host and the software, read without importing JAX.
+
+    A parent that imported JAX could hold the device its workers need (on a
+    TPU, one process at a time); the backend and device come from a worker
+    (`device_info`), merged in by `publish`.
+    """
+    from importlib import metadata
 
     try:
         load = os.getloadavg()
     except OSError:
         load = None
+    try:
+        jax_version = metadata.version("jax")
+    except metadata.PackageNotFoundError:
+        jax_version = "not installed"
     return {
         "python": platform.python_version(),
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
+        "jax": jax_version,
         "cpu_count": os.cpu_count(),
         "load_avg_at_start": load,
         "platform": platform.platform(),
         **_processor(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+
+
+def device_info() -> dict[str, Any]:
+    """The backend and devices this process computes on (imports JAX and opens
+    the device: for workers and in-process benchmarks only)."""
+    import jax
+
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "jax_runtime": jax.__version__,
+    }
+
+
+def expected_backend() -> str:
+    """The backend JAX will pick here, guessed without importing it: `JAX_PLATFORMS`
+    if set, else `tpu` or `gpu` when their plugin is installed, else `cpu`.
+
+    Only for sizing runs before any worker has started; results are named
+    after the backend the workers report.
+    """
+    import importlib.util
+
+    platforms = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
+    if platforms:
+        return {"cuda": "gpu", "rocm": "gpu"}.get(platforms, platforms)
+    if importlib.util.find_spec("libtpu") is not None:
+        return "tpu"
+    gpu_plugins = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
+    if any(importlib.util.find_spec(name) is not None for name in gpu_plugins):
+        return "gpu"
+    return "cpu"
+
+
+def result_stem(name: str, backend: str) -> str:
+    """The results file stem of `name` on `backend`.
+
+    `{backend}` in `name` is replaced by the backend; otherwise results of an
+    accelerator are prefixed with it (`tpu_compare_...`), so they never
+    overwrite the CPU results committed under the plain name.
+    """
+    if "{backend}" in name:
+        return name.replace("{backend}", backend)
+    return name if backend == "cpu" else f"{backend}_{name}"
 
 
 _VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
@@ -382,6 +589,17 @@ def _processor(cpuinfo: str | None = None) -> dict[str, str]:
     }
 
 
+def hardware(m: dict[str, Any]) -> str:
+    """Where a result ran, in words: `cores(m)` on a CPU backend, else the
+    device ("1 x TPU v5 lite (tpu), host: 13 cores of ...")."""
+    if m.get("backend", "cpu") == "cpu":
+        return cores(m)
+    return (
+        f"{m.get('device_count', 1)} x {m.get('device_kind', 'unknown device')} "
+        f"({m['backend']}), host: {cores(m)}"
+    )
+
+
 def cores(m: dict[str, Any]) -> str:
     """`m` (a result's `machine`) in words: "2 cores of AMD EPYC (family 25
     model 17, AVX-512)"; results written before the processor was recorded
@@ -397,7 +615,7 @@ def cores(m: dict[str, Any]) -> str:
 def versions() -> dict[str, str]:
     from importlib import metadata
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     try:
         commit = subprocess.run(
             ["git", "describe", "--always", "--dirty"],
@@ -406,9 +624,13 @@ def versions() -> dict[str, str]:
             cwd=root,
         ).stdout.strip()
     except OSError:
-        commit = "unknown"
-    out = {"eqx_ppo_commit": commit or "unknown"}
-    for name in ("eqx_ppo", "jax", "equinox", "optax", "brax", "flax", "nnx-ppo"):
+        commit = ""
+    # A copy of the checkout without its git folder (an accelerator host) is
+    # named by EQX_PPO_COMMIT.
+    commit = commit or os.environ.get("EQX_PPO_COMMIT", "unknown")
+    out = {"eqx_ppo_commit": commit}
+    packages = ("eqx_ppo", "jax", "jaxlib", "libtpu", "equinox", "optax", "brax")
+    for name in (*packages, "flax", "rejax", "gymnax", "nnx-ppo"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -468,23 +690,31 @@ def publish(
     result: dict[str, Any],
     render: Callable[[dict[str, Any]], str],
     started: dict[str, Any],
-) -> None:
+) -> Path:
     """Stamp `result` with `started` (`machine()` read when the script began,
-    so its load average is the machine's before the benchmark), the package
-    versions and the finish time; write `results/<name>.json` and
-    `results/<name>.md` (the tables `render` makes of it) and print the tables.
+    so its load average is the machine's before the benchmark) and the
+    device (`result["device"]`, from a worker; in a process that computed
+    itself, `device_info()`), the package versions and the finish time; write
+    `results/<stem>.json` and `results/<stem>.md` (the tables `render` makes
+    of it; the stem is `result_stem(name, backend)`) and print the tables.
+    Returns the path of the Markdown file.
     """
+    device = result.get("device")
+    if device is None:
+        device = device_info() if "jax" in sys.modules else {"backend": "unknown"}
     result = {
         **result,
-        "machine": started,
+        "machine": {**started, **device},
         "versions": versions(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     text = render(result)
+    stem = result_stem(name, device["backend"])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    path = RESULTS / f"{name}.md"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    path = RESULTS / f"{stem}.md"
     path.write_text(text)
     print()
     print(text)
-    print(f"written: {path} (+ .json)")
+    print(f"written: {path} (+ .json)", flush=True)
+    return path

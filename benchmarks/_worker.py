@@ -1,13 +1,27 @@
-"""One training run of one system, in its own process.
+"""Training runs of the benchmarked systems, in worker processes.
 
-`python -m benchmarks._worker '<Spec json>'` trains, evaluates with the shared
-deterministic evaluator, and prints one JSON line: throughput, compile time,
-peak RSS and the final return. Only the system under test is imported.
+`python -m benchmarks._worker '<Spec json>'` trains one system once,
+evaluates with the shared deterministic evaluator, and prints one JSON line:
+throughput, compile time, peak RSS and the final return. Only the system
+under test is imported.
+
+`python -m benchmarks._worker --session '<json>'` runs several runs one
+after another in one process (`_common.run_session`): on a TPU, opening the
+chip costs more than a run, and only one process can hold it. Each result is
+printed as its run ends.
+
+Every eqx_ppo training call of the benchmarks is in this module (the
+multi-seed CartPole of `seeds_at_scale` included), so a change of the
+training API changes this file.
 """
 
+import dataclasses
 import functools
+import importlib
+import json
 import os
 import sys
+import time
 from typing import Any
 
 from ._common import (
@@ -21,6 +35,7 @@ from ._common import (
     evaluate,
     peak_rss_mb,
     raw_env,
+    serve_session,
 )
 
 
@@ -92,9 +107,18 @@ def ppo_settings(spec: Spec) -> dict[str, Any]:
 def eqx_config(spec: Spec):
     import eqx_ppo
 
+    if spec.driver_eval:
+        evaluation = eqx_ppo.EvalConfig(
+            every_steps=spec.run_steps,
+            n_envs=spec.eval_envs,
+            max_episode_length=EPISODE_LENGTH[spec.env],
+            logging_percentiles=None,
+        )
+    else:
+        evaluation = eqx_ppo.EvalConfig(enabled=False)
     return eqx_ppo.TrainConfig(
         ppo=eqx_ppo.PPOConfig(**ppo_settings(spec), **spec.eqx_ppo_options),
-        eval=eqx_ppo.EvalConfig(enabled=False),
+        eval=evaluation,
         seed=spec.seed,
         n_seeds=spec.n_seeds,
         log_every_steps=spec.chunk_steps,
@@ -371,26 +395,30 @@ def gymnax_view(env, episode_length: int):
     return View()
 
 
-def run_rejax(spec: Spec) -> dict[str, Any]:
-    """rejax's PPO: its whole run is one compiled program; the timer reads its
-    per-chunk evaluation callback, which here only marks the time.
+_REJAX_TIMER: list[Boundaries] = []
+"""The timer of the rejax run in progress: the compiled program's callback
+reads it from here, so one program serves every run of a session."""
+_REJAX_PROGRAMS: dict[str, tuple[Any, Any]] = {}
 
-    What it cannot match: minibatches of single transitions (ours are whole
-    env sequences), `max_grad_norm` clips element-wise (ours by global norm;
-    set to 0.5 like ours), the value loss is always clipped at `clip_eps`,
-    actor and critic have separate Adam states, and time-limit ends are
-    treated as terminal.
-    """
-    if spec.policy != "mlp":
-        raise ValueError("rejax PPO has no recurrent policy")
+
+def _mark_rejax_chunk(step) -> None:
+    _REJAX_TIMER[-1].mark(int(step))
+
+
+def _rejax_program(spec: Spec):
+    """rejax's algorithm and its jitted `train` for `spec`, built once per
+    setting (its seed aside): a later run of a session reuses the compiled
+    program, as eqx_ppo's reuses its chunk."""
     import jax
     from rejax import PPO
 
+    key = dataclasses.replace(spec, seed=0, evaluate=False).to_json()
+    if key in _REJAX_PROGRAMS:
+        return _REJAX_PROGRAMS[key]
     env = gymnax_view(eqx_env(spec.env), EPISODE_LENGTH[spec.env])
-    timer = Boundaries(spec)
 
     def mark_chunk(algo, ts, rng):
-        jax.debug.callback(lambda step: timer.mark(int(step)), ts.global_step)
+        jax.debug.callback(_mark_rejax_chunk, ts.global_step)
         return ()
 
     algo = PPO.create(
@@ -412,7 +440,31 @@ def run_rejax(spec: Spec) -> dict[str, Any]:
         normalize_observations=True,
         agent_kwargs={"hidden_layer_sizes": spec.hidden, "activation": "swish"},
     ).replace(eval_callback=mark_chunk)
-    ts, _ = jax.block_until_ready(jax.jit(algo.train)(jax.random.PRNGKey(spec.seed)))
+    _REJAX_PROGRAMS[key] = algo, jax.jit(algo.train)
+    return _REJAX_PROGRAMS[key]
+
+
+def run_rejax(spec: Spec) -> dict[str, Any]:
+    """rejax's PPO: its whole run is one compiled program; the timer reads its
+    per-chunk evaluation callback, which here only marks the time.
+
+    What it cannot match: minibatches of single transitions (ours are whole
+    env sequences), `max_grad_norm` clips element-wise (ours by global norm;
+    set to 0.5 like ours), the value loss is always clipped at `clip_eps`,
+    actor and critic have separate Adam states, and time-limit ends are
+    treated as terminal.
+    """
+    if spec.policy != "mlp":
+        raise ValueError("rejax PPO has no recurrent policy")
+    import jax
+
+    algo, train = _rejax_program(spec)
+    timer = Boundaries(spec)
+    _REJAX_TIMER.append(timer)
+    try:
+        ts, _ = jax.block_until_ready(train(jax.random.PRNGKey(spec.seed)))
+    finally:
+        _REJAX_TIMER.pop()
     out = timer.summary()
     out["peak_rss_mb"] = peak_rss_mb()  # training only, before evaluation
     if spec.evaluate:
@@ -428,6 +480,198 @@ def run_rejax(spec: Spec) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------- seeds at scale
+
+
+def seeds_env(name: str):
+    """`gymnax:CartPole-v1` (discrete, gymnax's 500-step limit) or the built-in
+    `cartpole` (gym's dynamics with a continuous force, 500 steps)."""
+    from eqx_ppo import envs
+
+    if name == "cartpole":
+        return envs.make("cartpole", episode_length=EPISODE_LENGTH["cartpole"])
+    return envs.make(name)
+
+
+def seeds_factory(env, settings: dict[str, Any]):
+    """`key -> network`: actor and critic MLPs of `settings["hidden"]`, no
+    observation normalisation (PureJaxRL's CartPole network)."""
+    import eqx_ppo
+
+    n_actions = getattr(env, "n_actions", None)
+
+    def make(key):
+        return eqx_ppo.make_mlp_actor_critic(
+            env.observation_size,
+            env.action_size if n_actions is None else n_actions,
+            list(settings["hidden"]),
+            list(settings["hidden"]),
+            key=key,
+            activation=settings["activation"],
+            discrete=n_actions is not None,
+            normalize_obs=False,
+            entropy_weight=settings["entropy_weight"],
+        )
+
+    return make
+
+
+def seeds_config(settings: dict[str, Any]):
+    """The multi-seed `TrainConfig` of `settings` (a `seeds_at_scale.Settings`
+    as a dict): `n_seeds` seeds in one program, no evaluation while training,
+    the run in `chunks` compiled chunks."""
+    import eqx_ppo
+
+    per_iteration = settings["n_envs"] * settings["rollout_length"]
+    iterations = -(-settings["steps"] // per_iteration)
+    chunk = -(-iterations // settings["chunks"])
+    return eqx_ppo.TrainConfig(
+        ppo=eqx_ppo.PPOConfig(
+            n_envs=settings["n_envs"],
+            rollout_length=settings["rollout_length"],
+            total_steps=iterations * per_iteration,
+            n_epochs=settings["n_epochs"],
+            n_minibatches=settings["n_minibatches"],
+            learning_rate=settings["learning_rate"],
+            lr_schedule=settings["lr_schedule"],
+            discounting_factor=settings["discount"],
+            gae_lambda=settings["gae_lambda"],
+            clip_range=settings["clip_range"],
+            critic_loss_weight=settings["critic_loss_weight"],
+            gradient_clipping=settings["gradient_clipping"],
+            normalize_advantages=settings["normalize_advantages"],
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        n_seeds=settings["n_seeds"],
+        seed=settings["seed"],
+        log_every_steps=chunk * per_iteration,
+        progress=False,
+    )
+
+
+def train_seeds(settings: dict[str, Any]) -> dict[str, Any]:
+    """Train `n_seeds` seeds in one program and score each seed's final policy.
+
+    `train_wall_s` is the `train_ppo` call, compilation included, up to the
+    trained state on the host side of the device; `eval_wall_s` the final
+    deterministic evaluation of every seed (one episode on each of
+    `eval_envs` envs, in one vmapped program), apart.
+    """
+    import equinox as eqx
+    import jax
+    import numpy as np
+
+    import eqx_ppo
+
+    env = seeds_env(settings["env"])
+    config = seeds_config(settings)
+    t0 = time.perf_counter()
+    result = eqx_ppo.train_ppo(env, seeds_factory(env, settings), config)
+    jax.block_until_ready(result.training_state)
+    train_wall = time.perf_counter() - t0
+
+    @eqx.filter_jit
+    def evaluate_all(networks, keys):
+        def one(network, key):
+            return eqx_ppo.eval_rollout(
+                env,
+                eqx.nn.inference_mode(network),
+                key,
+                n_envs=settings["eval_envs"],
+                max_episode_length=settings["episode_length"],
+            )["eval/episode_reward/mean"]
+
+        return eqx.filter_vmap(one)(networks, keys)
+
+    t1 = time.perf_counter()
+    keys = jax.random.split(
+        jax.random.key(settings["seed"] + 10**6), settings["n_seeds"]
+    )
+    returns = np.asarray(evaluate_all(result.training_state.network, keys))
+    return {
+        "train_wall_s": train_wall,
+        "eval_wall_s": time.perf_counter() - t1,
+        "steps_per_seed": result.total_steps,
+        "iterations": result.total_iterations,
+        "final_returns": returns.tolist(),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
+    """XLA's memory account of one compiled chunk of `n_seeds` seeds.
+
+    The program is `ppo_run` over a chunk's iterations, vmapped over seeds
+    (what the driver's chunk runs), compiled from the state's shapes alone:
+    nothing is allocated on the device. `peak_bytes` = arguments + outputs -
+    their aliases (the donated state) + scratch.
+    """
+    import equinox as eqx
+    import jax
+
+    import eqx_ppo
+
+    env = seeds_env(settings["env"])
+    config = seeds_config({**settings, "n_seeds": n_seeds})
+    make = seeds_factory(env, settings)
+    iterations = config.log_every_steps // config.ppo.steps_per_iteration
+
+    def init(key):
+        network_key, train_key = jax.random.split(key)
+        return eqx_ppo.ppo_init(env, make(network_key), config.ppo, key=train_key)
+
+    keys = jax.random.split(jax.random.key(0), n_seeds)
+    shapes = eqx.filter_eval_shape(eqx.filter_vmap(init), keys)
+    dynamic, static = eqx.partition(
+        shapes, lambda x: isinstance(x, jax.ShapeDtypeStruct)
+    )
+
+    def chunk(d):
+        states = eqx.combine(d, static)
+        return eqx.filter_vmap(
+            lambda s: eqx_ppo.ppo_run(env, config.ppo, s, iterations)
+        )(states)
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(chunk, donate_argnums=0).lower(dynamic).compile()
+    compile_s = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    out = {
+        "n_seeds": n_seeds,
+        "compile_s": compile_s,
+        "argument_bytes": m.argument_size_in_bytes,
+        "output_bytes": m.output_size_in_bytes,
+        "alias_bytes": m.alias_size_in_bytes,
+        "temp_bytes": m.temp_size_in_bytes,
+    }
+    out["peak_bytes"] = (
+        out["argument_bytes"]
+        + out["output_bytes"]
+        - out["alias_bytes"]
+        + out["temp_bytes"]
+    )
+    out["device_bytes"], out["device_bytes_source"] = device_memory()
+    return out
+
+
+def device_memory() -> tuple[int | None, str]:
+    """The memory one device can hold: its allocator's limit (TPU, GPU), or
+    on a CPU backend the host's RAM."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"]), "device allocator limit (memory_stats)"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024, "host RAM (MemTotal)"
+    except OSError:
+        pass
+    return None, "unknown"
+
+
 RUNNERS = {
     "eqx": run_eqx,
     "base": run_eqx,
@@ -437,7 +681,90 @@ RUNNERS = {
 }
 
 
+_SYSTEM_MODULES = {
+    "eqx": ("eqx_ppo",),
+    "brax": ("brax.training.agents.ppo.train", "brax.envs"),
+    "rejax": ("rejax", "gymnax"),
+    "nnx": ("nnx_ppo.algorithms.ppo",),
+}
+
+
+def warm_up(systems: set[str]) -> None:
+    """Import the systems' code, open the device and compile a small training
+    step (an MLP's gradient and an Adam update in a scan, vmapped, random
+    numbers; and a `pmap`, as Brax runs its epochs): first-use costs that
+    the first run of a process would otherwise count as its compile time."""
+    if "brax" in systems:
+        install_brax_shim()
+    for system in sorted(systems):
+        for module in _SYSTEM_MODULES.get(system, ()):
+            importlib.import_module(module)
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    optimizer = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-3))
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(jnp.tanh(x @ w[0]) @ w[1]) ** 2)
+
+    def train(key):
+        w = jax.random.normal(key, (2, 8, 8))
+        state = optimizer.init(w)
+
+        def step(carry, k):
+            w, state = carry
+            x = jax.random.normal(k, (16, 8))
+            grads = jax.vmap(jax.grad(loss), in_axes=(None, 0))(w, x[:, None])
+            updates, state = optimizer.update(jnp.mean(grads, 0), state, w)
+            return (optax.apply_updates(w, updates), state), loss(w, x)
+
+        return jax.lax.scan(step, (w, state), jax.random.split(key, 4))[1]
+
+    jax.block_until_ready(jax.jit(train)(jax.random.key(0)))
+    jax.block_until_ready(jax.pmap(lambda x: x + 1)(jnp.ones((1, 2))))
+
+
+class _Session:
+    """Runs a session's items; eqx_ppo runs of one env share the env object, so
+    a later run of a setting reuses its compiled programs (rejax's reuse theirs
+    through `_rejax_program`; Brax and nnx-ppo trace anew each run)."""
+
+    def __init__(self):
+        self.envs: dict[str, Any] = {}
+
+    def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
+        spec = Spec.from_json(item["spec"])
+        if spec.system == "base":
+            raise ValueError("a session cannot run the baseline checkout's eqx_ppo")
+        if spec.system == "eqx":
+            if spec.env not in self.envs:
+                self.envs[spec.env] = eqx_env(spec.env)
+            run = functools.partial(run_eqx, spec, self.envs[spec.env])
+        else:
+            run = functools.partial(RUNNERS[spec.system], spec)
+        t0 = time.perf_counter()
+        if item.get("compile_events"):
+            from .compile_time import CompileEvents
+
+            with CompileEvents() as events:
+                out = run()
+            out["compile_events"] = events.records
+        else:
+            out = run()
+        out["run_wall_s"] = time.perf_counter() - t0
+        out["system"] = spec.system
+        return out
+
+
 def main() -> None:
+    if sys.argv[1] == "--session":
+        items = json.loads(sys.argv[2])["items"]
+        specs = [Spec.from_json(item["spec"]) for item in items]
+        serve_session(
+            sys.argv[2], _Session(), lambda: warm_up({s.system for s in specs})
+        )
+        return
     spec = Spec.from_json(sys.argv[1])
     if spec.system == "base":
         # The baseline checkout's eqx_ppo shadows this one (`python -m` puts

@@ -26,7 +26,8 @@ from ._common import (
     BASELINE_ENV,
     SYSTEM_NAMES,
     Spec,
-    cores,
+    first_device,
+    hardware,
     machine,
     publish,
     run_worker,
@@ -70,6 +71,7 @@ def run(
             "benchmarks.ceilings", dataclasses.replace(base)
         )
     result["summary"] = summarise(runs, systems)
+    result["device"] = first_device([*runs, result.get("ceilings", {})])
     return result
 
 
@@ -122,7 +124,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{spec['n_minibatches']} minibatches, {spec['n_epochs']} epochs, {net} "
         f"actor and critic, obs normalisation, {_steps(spec):,} "
         f"steps, {result['reps']} repetitions; median [min-max]. "
-        f"JAX {result['versions']['jax']} on {cores(result['machine'])} "
+        f"JAX {result['versions']['jax']} on {hardware(result['machine'])} "
         f"(load average at start {_load(result)}).",
         "",
         "| system | steady env-steps/s | compile + first chunk overhead (s) "

@@ -50,7 +50,7 @@ import statistics
 import time
 from typing import Any
 
-from ._common import cores, machine, publish, versions
+from ._common import cores, hardware, machine, publish, versions
 
 CELLS = ("lstm", "gru", "lru", "mingru")
 NETWORKS = (*CELLS, "mlp")
@@ -405,7 +405,7 @@ def replay_markdown(result: dict[str, Any]) -> str:
         "each, as one `ppo_step` runs its epochs x minibatches), median of "
         f"{result['rounds']} rounds (cells alternated within each round); speed-up "
         f"= LSTM time / cell time, paired per round, median. JAX "
-        f"{m['jax']} on {cores(m)} ({m['backend']}{load_text}).",
+        f"{m['jax']} on {hardware(m)} ({m['backend']}{load_text}).",
         "",
         "| network | " + " | ".join(f"T = {t}: ms (speed-up)" for t in lengths) + " |",
         "|---|" + "---|" * len(lengths),

@@ -23,6 +23,7 @@ from typing import Any
 from ._common import (
     Spec,
     emit,
+    first_device,
     machine,
     median,
     peak_rss_mb,
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         "envs_per_seed": n,
         "spec": dataclasses.asdict(per_seed),
         "runs": runs,
+        "device": first_device(runs),
     }
     publish(args.name, result, markdown, started)
 

@@ -128,7 +128,7 @@ def _instructions(hlo: str) -> dict[str, tuple[str, str]]:
     """
     frames = _stack_frames(hlo)
     out = {}
-    pattern = r"^\s*(?:ROOT )?%([\w.\-]+) = .*? ([a-z][\w\-]*)\((.*)$"
+    pattern = r"^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][\w\-]*)\((.*)$"
     for m in re.finditer(pattern, hlo, re.M):
         name, opcode, rest = m.groups()
         if opcode in _CONTAINERS:
@@ -147,9 +147,73 @@ def _instructions(hlo: str) -> dict[str, tuple[str, str]]:
 
 
 def _trace_events(directory: str) -> list[dict[str, Any]]:
-    (path,) = Path(directory).rglob("*.trace.json.gz")
-    with gzip.open(path) as f:
-        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    """Every event of the trace `jax.profiler` wrote under `directory`: the
+    host's `<host>.trace.json.gz` if there is one, else the Perfetto file.
+    Raises if it wrote neither."""
+    files = sorted(Path(directory).rglob("*.json.gz"))
+    preferred = [f for f in files if not f.name.startswith("perfetto")] or files
+    if not preferred:
+        raise RuntimeError(f"jax.profiler wrote no JSON trace under {directory}")
+    with gzip.open(preferred[0]) as f:
+        return json.load(f)["traceEvents"]
+
+
+def _module_name(hlo: str) -> str | None:
+    """The compiled module's name, as trace events name it (`hlo_module`)."""
+    m = re.match(r"\s*HloModule ([\w.\-]+)", hlo)
+    return m.group(1) if m else None
+
+
+def _op_events(
+    events: list[dict[str, Any]], ops: dict[str, Any], module: str | None
+) -> list[dict[str, Any]]:
+    """The trace's executions of the compiled program's ops, as
+    `{"name", "ts", "dur"}`.
+
+    Backends name them differently: XLA:CPU's events carry the op in their
+    name and in `args["hlo_op"]`; device backends put them on device
+    processes (`/device:TPU:0`, ...) next to module and step events, and may
+    name the op only in `args`. An event counts when its op (either name,
+    without a leading `%`) is one of `ops`, its `hlo_module`, where given,
+    is `module`, and, when the trace has device processes, it is on one
+    (on their "XLA Ops" lines, where they have such lines): a host-side
+    event of the same name (a launch) or a framework op named like an
+    instruction is no op execution.
+    """
+
+    def named(kind: str) -> dict[Any, str]:
+        return {
+            (e.get("pid"), e.get("tid"))
+            if kind == "thread_name"
+            else e.get("pid"): str(e.get("args", {}).get("name", ""))
+            for e in events
+            if e.get("ph") == "M" and e.get("name") == kind
+        }
+
+    devices = {pid for pid, name in named("process_name").items() if "/device:" in name}
+    op_lines = {
+        line
+        for line, name in named("thread_name").items()
+        if line[0] in devices and name.startswith("XLA Ops")
+    }
+    out = []
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        if devices and e.get("pid") not in devices:
+            continue
+        if op_lines and (e.get("pid"), e.get("tid")) not in op_lines:
+            continue
+        args = e.get("args") or {}
+        owner = str(args.get("hlo_module", "")).split("(")[0]
+        if module and owner and owner != module:
+            continue
+        for candidate in (args.get("hlo_op"), e.get("name")):
+            name = str(candidate or "").lstrip("%")
+            if name in ops:
+                out.append({"name": name, "ts": e["ts"], "dur": e["dur"]})
+                break
+    return out
 
 
 def _busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -170,20 +234,48 @@ def profile(spec: Spec, part: str, top: int) -> dict[str, Any]:
 
     jitted, args = _program(spec, part)
     compiled, timing = compile_and_time(jitted, args)
-    ops = _instructions(compiled.as_text())
+    text = compiled.as_text()
+    ops = _instructions(text)
     with tempfile.TemporaryDirectory() as directory:
         with jax.profiler.trace(directory, create_perfetto_trace=True):
             for _ in range(_TRACED_CALLS):
                 jax.block_until_ready(compiled(args))
-        events = [e for e in _trace_events(directory) if e["name"] in ops]
+        events = _trace_events(directory)
+    result = {
+        "spec": dataclasses.asdict(spec),
+        "part": part,
+        "compile_s": timing["compile_s"],
+        "wall_ms": timing["ms"],
+        **attribute(events, ops, _module_name(text), top),
+    }
+    return result
+
+
+def attribute(
+    events: list[dict[str, Any]], ops: dict[str, Any], module: str | None, top: int
+) -> dict[str, Any]:
+    """Op time per call by eqx_ppo source line and by op kind, the busy share;
+    or, for a trace without per-op events, `per_op` false and the trace's
+    process and thread names (what the trace held instead)."""
+    matched = _op_events(events, ops, module)
+    if not matched:
+        lines = sorted(
+            {
+                str(e.get("args", {}).get("name", ""))
+                for e in events
+                if e.get("ph") == "M"
+                and e.get("name") in ("process_name", "thread_name")
+            }
+        )
+        return {"per_op": False, "trace_lines": lines[:40], "events": len(events)}
     by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     by_kind: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    for e in events:
+    for e in matched:
         kind, source = ops[e["name"]]
         for table, key in ((by_source, source), (by_kind, kind)):
             table[key][0] += 1 / _TRACED_CALLS
             table[key][1] += e["dur"] / 1e3 / _TRACED_CALLS
-    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events]
+    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in matched]
     span = max(b for _, b in intervals) - min(a for a, _ in intervals)
 
     def rows(table):
@@ -191,13 +283,10 @@ def profile(spec: Spec, part: str, top: int) -> dict[str, Any]:
         return [{"name": k, "ops": round(n), "ms": ms} for k, (n, ms) in ranked]
 
     return {
-        "spec": dataclasses.asdict(spec),
-        "part": part,
-        "compile_s": timing["compile_s"],
-        "wall_ms": timing["ms"],
+        "per_op": True,
         "op_ms": sum(ms for _, ms in by_kind.values()),
         "ops": round(sum(n for n, _ in by_kind.values())),
-        "busy_share": _busy_us(intervals) / span,
+        "busy_share": _busy_us(intervals) / span if span > 0 else 1.0,
         "by_source": rows(by_source),
         "by_kind": rows(by_kind),
     }
@@ -211,10 +300,20 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['part']} ({seeds}{spec['n_envs']} envs x "
         f"{spec['rollout_length']} steps)",
         "",
+    ]
+    if not result.get("per_op", True):
+        lines.append(
+            f"{result['wall_ms']:.1f} ms wall per call. The trace holds no per-op "
+            f"events of the program ({result['events']:,} events; its lines: "
+            f"{', '.join(result['trace_lines']) or 'none'}), so there is no "
+            "per-op table."
+        )
+        return "\n".join(lines) + "\n"
+    lines.append(
         f"{result['wall_ms']:.1f} ms wall per call; {result['op_ms']:.1f} ms of "
         f"op time in {result['ops']:,} op executions; at least one op running "
-        f"{100 * result['busy_share']:.0f}% of the traced time.",
-    ]
+        f"{100 * result['busy_share']:.0f}% of the traced time."
+    )
     for key, what in (("by_source", "eqx_ppo source"), ("by_kind", "XLA op")):
         lines += ["", f"| {what} | op time (ms) | share | ops |", "|---|---|---|---|"]
         for row in result[key]:

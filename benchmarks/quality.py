@@ -18,7 +18,7 @@ import dataclasses
 import statistics
 from typing import Any
 
-from ._common import SYSTEM_NAMES, Spec, machine, publish, run_worker
+from ._common import SYSTEM_NAMES, Spec, first_device, machine, publish, run_worker
 
 VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # name: (system, PPOConfig or `brax.ppo.train` overrides, factory overrides)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = run(base, args.variants.split(","), args.seeds)
     publish(
         args.name or f"quality_{args.env}",
-        {"spec": dataclasses.asdict(base), "runs": runs},
+        {"spec": dataclasses.asdict(base), "runs": runs, "device": first_device(runs)},
         markdown,
         started,
     )

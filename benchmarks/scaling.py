@@ -27,6 +27,7 @@ from ._common import (
     current_rss_mb,
     emit,
     eqx_env,
+    first_device,
     machine,
     peak_rss_mb,
     publish,
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         "systems": systems,
         "points": points,
         "flatness": flatness,
+        "device": first_device([*points, flatness or {}]),
     }
     publish(args.name, result, markdown, started)
 

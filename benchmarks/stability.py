@@ -30,9 +30,9 @@ import eqx_ppo
 from eqx_ppo import envs
 
 if __package__:
-    from ._common import cores, machine
+    from ._common import cores, device_info, machine
 else:  # run as a file, e.g. against another checkout: `_common` is beside it
-    from _common import cores, machine
+    from _common import cores, device_info, machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         "first_seed": args.seed,
         "override": args.override,
         "eqx_ppo": getattr(eqx_ppo, "__version__", "unknown"),
-        "machine": machine(),
+        "machine": {**machine(), **device_info()},
     }
     path = RESULTS / f"stability_{args.label}"
     RESULTS.mkdir(exist_ok=True)

@@ -1,6 +1,6 @@
 """eqx_ppo: PPO for stateful and recurrent policies in JAX, written with Equinox."""
 
-from . import envs as envs, graph as graph, nn as nn
+from . import analysis as analysis, envs as envs, graph as graph, nn as nn
 from .checkpoint import (
     CheckpointError as CheckpointError,
     CheckpointHeader as CheckpointHeader,
@@ -12,20 +12,10 @@ from .checkpoint import (
     make_checkpoint_fn as make_checkpoint_fn,
     read_header as read_header,
     register_config as register_config,
-    register_migration as register_migration,
     register_template as register_template,
     save_checkpoint as save_checkpoint,
 )
-from .distill import (
-    Distillation as Distillation,
-    DistillationConfig as DistillationConfig,
-    DistillationState as DistillationState,
-    DistillationTrainConfig as DistillationTrainConfig,
-    distill_init as distill_init,
-    distill_step as distill_step,
-    init_distillation_state as init_distillation_state,
-    train_distillation as train_distillation,
-)
+from .distill import Distillation as Distillation
 from .graph import (
     PopulationGraph as PopulationGraph,
     PopulationGraphBuilder as PopulationGraphBuilder,
@@ -53,13 +43,8 @@ from .nn import (
 from .ppo import (
     PPO as PPO,
     AbstractLearner as AbstractLearner,
-    DriverConfig as DriverConfig,
     EvalConfig as EvalConfig,
-    IterationConfig as IterationConfig,
-    LearnerConfig as LearnerConfig,
     Minibatch as Minibatch,
-    OptimizerConfig as OptimizerConfig,
-    PPOConfig as PPOConfig,
     TrainConfig as TrainConfig,
     TrainingState as TrainingState,
     TrainResult as TrainResult,
@@ -68,20 +53,13 @@ from .ppo import (
     eval_rollout as eval_rollout,
     gae as gae,
     init as init,
-    init_states as init_states,
-    ppo_init as ppo_init,
-    ppo_run as ppo_run,
-    ppo_step as ppo_step,
+    make_mesh as make_mesh,
     record_activations_rollout as record_activations_rollout,
     select_seed as select_seed,
-    step as step,
-    train as train,
-    train_ppo as train_ppo,
-)
-from .ppo._sharding import (
-    make_mesh as make_mesh,
     shard_state as shard_state,
     shard_step as shard_step,
+    step as step,
+    train as train,
 )
 from .recording import (
     ACTIVATION_KEY as ACTIVATION_KEY,

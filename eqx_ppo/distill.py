@@ -32,118 +32,34 @@ Divergences from nnx-ppo's distillation:
    both networks must be architectural twins; here only sampler extras are
    exchanged, so a student may differ from its teacher (another width, a
    normaliser the teacher lacks, an LSTM for an MLP).
-2. The optimiser, minibatching, `lr_schedule` and `reset_mode` are PPO's
-   (`DistillationConfig` mirrors the relevant `PPOConfig` fields).
+2. The optimiser, minibatching, `lr_schedule` and `reset_mode` are every
+   learner's (`eqx_ppo.AbstractLearner`'s settings).
 """
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
-from jaxtyping import Array, Float, Key, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from ._typecheck import checked
 from .checkpoint import register_config
-from .envs._env import check_env
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
 from .nn._errors import tree_spec
-from .nn._keys import check_key
 from .nn._module import (
     AbstractLayerWrapper,
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
 )
-from .ppo._config import (
-    DriverConfig,
-    LearnerConfig,
-)
-from .ppo._learner import AbstractLearner, Axis, Loss, Minibatch, Module
+from .ppo import AbstractLearner, Minibatch
+from .ppo._learner import Axis, Loss, Module, Number, setting
 from .ppo._loss import replay_policy
 from .ppo._sharding import pmean
-from .ppo._step import (
-    TrainingState,
-    init,
-    step,
-)
-from .ppo._train import (
-    NetworkOrFactory,
-    TrainResult,
-    VideoData,
-    _Hosts,
-    _init_states,
-    _train,
-)
-from .ppo._validate import (
-    check_config_type,
-    check_config_types,
-    check_network_argument,
-    check_one_network,
-)
 from .recording import is_leaf_layer
-
-
-@register_config
-class DistillationConfig(LearnerConfig):
-    """The distillation algorithm's settings.
-
-    As in [`eqx_ppo.PPOConfig`][], structural fields are static and the
-    `learning_rate` is a float32 array, so changing it does not recompile and
-    `jax.vmap` can sweep it.
-
-    **Arguments** (keyword-only):
-
-    - `n_envs`: parallel environments; divisible by `n_minibatches`.
-    - `rollout_length`: steps per env per iteration (`T`).
-    - `total_steps`: env steps to train for (`n_envs * rollout_length` per
-      iteration).
-    - `learning_rate`: Adam(W) step size.
-    - `n_epochs`, `n_minibatches`: passes over the rollout and minibatches per
-      pass; minibatches split the *env* axis, each replaying whole sequences.
-    - `gradient_clipping`: global-norm clip, or `None`.
-    - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam;
-      `True` is optax's default decay (`1e-4`), as in nnx-ppo.
-    - `lr_schedule`: `"constant"`, `"linear"` or `"cosine"` (to 0 at
-      `total_steps`).
-    - `reset_mode`: `"cached"` or `"fresh"` env resets, as in `PPOConfig`.
-    - `check_finite`: stop, naming what and the iteration, on non-finite
-      observations, rewards, losses or parameters (on by default, as in
-      `PPOConfig`).
-    - `logging_level`, `logging_percentiles`: see [`eqx_ppo.LoggingLevel`][].
-      `LOSSES` logs `losses/distillation_nll` and `losses/regularization`;
-      `NETWORK_METRICS` logs the student's metrics under `student/...`.
-    """
-
-    gradient_clipping: float | None = eqx.field(static=True, kw_only=True, default=None)
-
-
-@register_config
-@dataclasses.dataclass(frozen=True)
-class DistillationTrainConfig(DriverConfig):
-    """Everything `train_distillation` needs besides the env and the networks:
-    the [`eqx_ppo.DistillationConfig`][] as `distillation`, and the driver's
-    settings (see [`eqx_ppo.DriverConfig`][]); evaluation and video run the
-    student in inference mode, and with `n_seeds > 1` every seed trains its
-    own student from the same teacher.
-    """
-
-    distillation: DistillationConfig = dataclasses.field(
-        default_factory=DistillationConfig
-    )
-
-    def __post_init__(self):
-        check_config_types(self, distillation=DistillationConfig)
-        super().__post_init__()
-
-
-DistillationState = TrainingState
-"""A distillation run's state: a [`eqx_ppo.TrainingState`][] whose `network`
-is the student and whose `carry` is `{"student": ..., "teacher": ...}`."""
 
 
 class _SamplerExtras(eqx.Module):
@@ -190,12 +106,12 @@ def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
     except (ValueError, TypeError) as error:
         # Both networks read the same observation: say which one failed.
         raise type(error)(
-            f"train_distillation({who}=...): the {who} cannot take the env's "
+            f"Distillation: the {who} cannot take the env's "
             f"observation: {error}"
         ) from error
     if not isinstance(out.output, PPONetworkOutput):
         raise TypeError(
-            f"train_distillation({who}=...): the {who}'s output must be a "
+            f"Distillation: the {who}'s output must be a "
             "`PPONetworkOutput` (end it with `PPOAdapter(action=..., value=...)`); "
             f"got {type(out.output).__name__}."
         )
@@ -220,7 +136,7 @@ def _sampler_paths(
     student_actions = tree_spec(student_out.output.actions)
     if teacher_actions != student_actions:
         raise ValueError(
-            "train_distillation: the teacher's and the student's actions differ.\n"
+            "Distillation: the teacher's and the student's actions differ.\n"
             f"  teacher: {teacher_actions}\n  student: {student_actions}\n"
             "Fix: give the student the teacher's action structure and sizes."
         )
@@ -232,7 +148,7 @@ def _sampler_paths(
 
     if summary(teacher_marks) != summary(student_marks):
         raise ValueError(
-            "train_distillation: the teacher's and the student's samplers differ, "
+            "Distillation: the teacher's and the student's samplers differ, "
             "so the student cannot score the teacher's raw actions.\n"
             f"  teacher samplers (kind, replay extras): {summary(teacher_marks)}\n"
             f"  student samplers (kind, replay extras): {summary(student_marks)}\n"
@@ -241,7 +157,7 @@ def _sampler_paths(
         )
     if any(not jax.tree.leaves(m.value) for _, m in student_marks):
         raise ValueError(
-            "train_distillation: a sampler emits no replay extras, so its "
+            "Distillation: a sampler emits no replay extras, so its "
             "log-likelihood of the teacher's action cannot be computed."
         )
     return (
@@ -331,59 +247,70 @@ def _single_env(obs: PyTree) -> PyTree:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), obs)
 
 
-def _check_teacher(where: str, teacher: Any) -> None:
-    """Raise unless `teacher` is one seed's network with finite weights (when
-    they are concrete): a non-finite teacher would stop training later with
-    a non-finite loss that names neither it nor the fix."""
-    check_network_argument(where, "teacher", teacher)
-    check_one_network(where, "teacher", teacher)
-    leaves = jax.tree_util.tree_flatten_with_path(
-        eqx.filter(teacher, eqx.is_inexact_array)
-    )[0]
+def _check_teacher(teacher: AbstractStatefulModule) -> None:
+    """Raise unless the teacher's concrete weights are finite: a non-finite
+    teacher would stop training later with a non-finite loss that names
+    neither it nor the fix."""
+    leaves = jax.tree_util.tree_flatten_with_path(eqx.filter(teacher, eqx.is_inexact_array))[0]
     for path, x in leaves:
         # NumPy, not jnp: under a trace jnp would stage even a concrete leaf.
         if not isinstance(x, jax.core.Tracer) and not np.isfinite(x).all():
             raise ValueError(
-                f"{where}(teacher=...): the teacher's weights hold NaN or inf "
+                f"Distillation(teacher=...): the teacher's weights hold NaN or inf "
                 f"(teacher{jax.tree_util.keystr(path)}). Fix: pass a teacher "
                 "whose training did not diverge, e.g. an earlier checkpoint."
             )
 
 
+@register_config
+@checked
 class Distillation(AbstractLearner):
-    """Distillation: the student learns to score the teacher's actions.
+    """Distillation: the student learns to score a frozen teacher's actions.
 
-    The student acts (it drives the rollout) with the teacher running beside
-    it on the same observations, in inference mode; the loss is the
-    student's negative log-likelihood of the teacher's raw actions under the
-    same noise and carries (`distillation_loss`).
+    The student (the trained network) acts, driving the rollout, with the
+    teacher running beside it on the same observations in inference mode;
+    the loss is the student's negative log-likelihood of the teacher's raw
+    actions under the same noise and carries (`distillation_loss`).
+    Evaluation and video run the student; with `n_seeds > 1` every seed
+    trains its own student from the same teacher.
+
+    ```python
+    learner = eqx_ppo.Distillation(teacher, n_envs=64, learning_rate=1e-3)
+    ```
 
     **Arguments:**
 
-    - `config`: a [`eqx_ppo.DistillationConfig`][].
-    - `teacher`: a trained network ending in a `PPOAdapter`; never modified.
+    - `teacher`: a trained network ending in a `PPOAdapter`, one seed's; it is
+      stored in inference mode and never modified.
+    - the settings of [`eqx_ppo.AbstractLearner`][] (keyword-only), except
+      that `gradient_clipping` defaults to `None`, as in nnx-ppo. `LOSSES`
+      logs `losses/distillation_nll` and `losses/regularization`;
+      `NETWORK_METRICS` logs the student's metrics under `student/...`.
     """
 
-    config: DistillationConfig
-    teacher: AbstractStatefulModule
+    teacher: AbstractStatefulModule = eqx.field(converter=eqx.nn.inference_mode)
+    gradient_clipping: Number | None = setting(None, low=0.0, open_low=True)
 
-    def __init__(self, config: DistillationConfig, teacher: AbstractStatefulModule):
-        _check_teacher("Distillation", teacher)
-        self.config = config
-        self.teacher = eqx.nn.inference_mode(teacher)
+    def __check_init__(self):
+        _check_teacher(self.teacher)
 
     def acting(self, network: Module, obs: PyTree[Array]) -> Module:
+        if not isinstance(self.teacher, AbstractStatefulModule):
+            raise TypeError(
+                "Distillation(teacher=...): this learner was read from a checkpoint "
+                "header, which keeps only the teacher's fingerprint. Fix: build "
+                "TrainConfig(learner=Distillation(teacher, ...)) with the teacher "
+                "and pass it to load_checkpoint(config=...) and train."
+            )
         paths = _sampler_paths(self.teacher, network, _single_env(obs))
         return _StudentWithTeacher(network, self.teacher, *paths)
 
-    def loss(
-        self, network: Module, batch: Minibatch, *, axis_name: Axis = None
-    ) -> Loss:
+    def loss(self, network: Module, batch: Minibatch, *, axis_name: Axis = None) -> Loss:
         replayed = replay_policy(network, batch.carry["student"], batch.data)
         return distillation_loss(
             replayed.output,
             replayed.regularization_loss,
-            self.config.logging_level,
+            self.logging_level,
             axis_name=axis_name,
         )
 
@@ -394,73 +321,6 @@ class Distillation(AbstractLearner):
     @property
     def logs_rollout_outputs(self) -> bool:
         return False
-
-
-def distill_init(
-    env: Any,
-    teacher: AbstractStatefulModule,
-    student: AbstractStatefulModule,
-    config: DistillationConfig,
-    *,
-    key: PRNGKeyArray,
-) -> DistillationState:
-    """A fresh distillation state: [`eqx_ppo.init`][] with the
-    [`eqx_ppo.Distillation`][] learner.
-
-    Checks that the student can score the teacher's actions (same action
-    structure, matching samplers) and raises a `ValueError` saying what
-    differs otherwise.
-    """
-    check_env("distill_init", "env", env)
-    _check_teacher("distill_init", teacher)
-    check_network_argument("distill_init", "student", student)
-    check_one_network("distill_init", "student", student)
-    check_key("distill_init", key)
-    return init(env, student, Distillation(config, teacher), key=key)
-
-
-def distill_step(
-    env: Any,
-    teacher: AbstractStatefulModule,
-    config: DistillationConfig,
-    state: DistillationState,
-    *,
-    axis_name: str | None = None,
-) -> tuple[DistillationState, dict[str, Array]]:
-    """One distillation iteration: [`eqx_ppo.step`][] with the
-    [`eqx_ppo.Distillation`][] learner (a rollout driven by the student, teacher
-    alongside; gradient steps on the distillation loss; the student's
-    statistics from its own extras). `axis_name` as in `ppo_step`."""
-    _check_teacher("distill_step", teacher)
-    _check_state("distill_step", teacher, state)
-    return step(env, Distillation(config, teacher), state, axis_name=axis_name)
-
-
-def _check_state(where: str, teacher: AbstractStatefulModule, state: Any) -> None:
-    """Raise unless `state` is a distillation state whose teacher carries fit
-    `teacher` (a state built with another teacher would fail inside the
-    rollout's scan)."""
-    carry = getattr(state, "carry", None)
-    if not (isinstance(carry, dict) and set(carry) == {"student", "teacher"}):
-        raise TypeError(
-            f"{where}(state=...): not a distillation state (its carry has no "
-            "'student' and 'teacher' parts). Fix: build it with distill_init."
-        )
-    got = carry["teacher"]
-    want = eqx.filter_eval_shape(teacher.initial_state)
-    same = jax.tree.structure(got) == jax.tree.structure(want) and all(
-        jnp.shape(x)[jnp.ndim(x) - len(w.shape) :] == w.shape
-        and jnp.ndim(x) > len(w.shape)
-        for x, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
-    )
-    if not same:
-        raise ValueError(
-            f"{where}(state=...): the state's teacher carries "
-            f"{tree_spec(got)} do not fit the teacher's (one env's) "
-            f"{tree_spec(want)}: a state "
-            "built with another teacher. Fix: pass the teacher the state was "
-            "built with."
-        )
 
 
 def distillation_loss(
@@ -486,93 +346,3 @@ def distillation_loss(
         metrics["losses/distillation_nll"] = pmean(nll, axis_name)
         metrics["losses/regularization"] = pmean(reg, axis_name)
     return total, metrics
-
-
-_STUDENT = ("train_distillation", "student")
-"""How errors name distillation's entry point and its network argument."""
-
-
-def init_distillation_state(
-    env: Any,
-    teacher: AbstractStatefulModule,
-    student: NetworkOrFactory,
-    config: DistillationTrainConfig,
-    *,
-    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
-) -> DistillationState:
-    """The initial state of every seed (stacked when `n_seeds > 1`).
-
-    `student` is a network or a function `key -> network` (each seed then
-    gets its own initialisation); `key` is the run's key as in
-    [`eqx_ppo.train_distillation`][] (`None`: from `config.seed`). Also the
-    template for
-    [`eqx_ppo.load_checkpoint`][]:
-    `like=lambda c: init_distillation_state(env, teacher, student, c)`.
-    """
-    check_config_type(
-        "init_distillation_state",
-        config,
-        DistillationTrainConfig,
-        "distillation",
-        DistillationConfig,
-    )
-    _check_teacher("init_distillation_state", teacher)
-    learner = Distillation(config.distillation, teacher)
-    return _init_states(env, student, learner, config, key, *_STUDENT)
-
-
-def train_distillation(
-    env: Any,
-    teacher: AbstractStatefulModule,
-    student: NetworkOrFactory,
-    config: DistillationTrainConfig | None = None,
-    *,
-    log_fn: Callable[[dict[str, Any], int], None] | None = None,
-    video_fn: Callable[[VideoData], None] | None = None,
-    checkpoint_fn: Callable[[DistillationState, int], None] | None = None,
-    eval_env: Any = None,
-    initial_state: DistillationState | None = None,
-    mesh: Mesh | None = None,
-    key: PRNGKeyArray | Key[Array, " seed"] | None = None,
-) -> TrainResult:
-    """Distil `teacher` into `student`; the driver is `train_ppo`'s.
-
-    **Arguments:**
-
-    - `env`: a Brax / Playground-protocol env (single-env `reset` / `step`).
-    - `teacher`: a trained network ending in a `PPOAdapter`; run in inference
-      mode, never modified.
-    - `student`: a network ending in a `PPOAdapter` with the teacher's action
-      structure and sampler kinds, or a function `key -> network`.
-    - `config`: a [`eqx_ppo.DistillationTrainConfig`][].
-    - `log_fn`: as in [`eqx_ppo.train_ppo`][], the eval metrics being the
-      student's (calls come in a burst per
-      compiled chunk).
-    - `video_fn`: called with [`eqx_ppo.VideoData`][] of the student.
-    - `checkpoint_fn`: called `(distillation_state, step)` every
-      `checkpoint_every_steps` steps and at the end (see
-      [`eqx_ppo.make_checkpoint_fn`][]); as in `train_ppo`, save the state
-      or keep a host copy inside the call (its buffers are reused).
-    - `eval_env`: the env for evaluation (default: `env`).
-    - `initial_state`: resume from this `DistillationState`; as in
-      `train_ppo`, the run trains a copy of it.
-    - `mesh`: train data-parallel over a 1-D `"env"` device mesh, as in
-      [`eqx_ppo.train_ppo`][] (the teacher is replicated).
-    - `key`: the run's randomness, as in [`eqx_ppo.train_ppo`][]: one key, a
-      batch `[n_seeds]`, or `None` to derive it from `config.seed`.
-
-    Returns a [`eqx_ppo.TrainResult`][] whose `training_state` is the final
-    `DistillationState`.
-    """
-    config = DistillationTrainConfig() if config is None else config
-    check_config_type(
-        "train_distillation",
-        config,
-        DistillationTrainConfig,
-        "distillation",
-        DistillationConfig,
-    )
-    _check_teacher("train_distillation", teacher)
-    hosts = _Hosts(log_fn, video_fn, checkpoint_fn, eval_env, initial_state, mesh)
-    learner = Distillation(config.distillation, teacher)
-    return _train(env, student, learner, config, key, hosts, *_STUDENT)

@@ -295,8 +295,12 @@ class CategoricalSampler(_AbstractSampler):
         )
         action = sampled_action if extras is None else extras
         sub_actions = jnp.atleast_1d(action)
+        # A masked sum, not `lp[a]`: under vmap indexing is a gather whose
+        # gradient is a scatter, which a TPU runs as a loop over every step
+        # (and not a one-hot matmul, which a TPU rounds to bfloat16).
         log_likelihood = sum(
-            lp[a] for lp, a in zip(log_probs, sub_actions, strict=True)
+            jnp.sum(jnp.where(jnp.arange(lp.shape[0]) == a, lp, 0.0))
+            for lp, a in zip(log_probs, sub_actions, strict=True)
         )
         entropy = sum(_entropy(lp) for lp in log_probs)
         return _SamplerStep(

@@ -5,6 +5,7 @@ time; these tests cover the parts whose breakage would silently corrupt the
 published numbers, on hand-made inputs and on a real compiled program.
 """
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -437,7 +438,7 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
 @pytest.mark.parametrize(
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "memory", "multiseed"]
-    + ["profile", "quality", "scaling"],
+    + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):
     # Rerunning a benchmark from a checkout must not have to overwrite the
@@ -449,3 +450,415 @@ def test_every_publishing_script_can_write_under_another_name(script, capsys):
         module.main(["--help"])
     assert exit_info.value.code == 0
     assert "--name" in capsys.readouterr().out
+
+
+# ------------------------------------------------- backend-agnostic orchestration
+
+_NO_JAX_IN_PARENTS = """
+import os, sys
+from benchmarks import (
+    _common, accelerator, compare, compile_time, memory, multiseed, profile,
+    quality, scaling, seeds_at_scale,
+)
+for platforms in ("", "tpu"):
+    os.environ["JAX_PLATFORMS"] = platforms
+    accelerator.main(["--dry-run", "--part", "all"])
+_common.machine()
+_common.versions()
+seeds_at_scale.items(seeds_at_scale.Settings())
+compile_time.plan(compile_time.default_spec("cartpole", True))
+loaded = sorted(m for m in sys.modules if m == "jax" or m.startswith("jax."))
+assert not loaded, loaded
+print("no jax")
+"""
+
+
+def test_orchestrators_never_import_jax():
+    # On a TPU only one process can hold the chip: a parent that imported JAX
+    # (and so could open it) made every worker fail with "libtpu lockfile".
+    root = pathlib.Path(__file__).parent.parent
+    run = subprocess.run(
+        [sys.executable, "-c", _NO_JAX_IN_PARENTS],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.rstrip().endswith("no jax")
+    # The TPU plan sizes its runs for the chip and says how long it takes.
+    assert "JAX should find 'tpu' here: accelerator sizes" in run.stdout
+    assert "compare_cartpole_2048_4x32: env steps per run: eqx " in run.stdout
+    assert "estimated: compare+lstm+multiseed" in run.stdout
+
+
+def test_results_are_named_after_the_backend():
+    from benchmarks._common import result_stem
+
+    assert result_stem("{backend}_compare_x", "tpu") == "tpu_compare_x"
+    assert result_stem("{backend}_compare_x", "cpu") == "cpu_compare_x"
+    # A CPU keeps the committed plain names; an accelerator never overwrites them.
+    assert result_stem("compare_x", "cpu") == "compare_x"
+    assert result_stem("compare_x", "gpu") == "gpu_compare_x"
+
+
+def test_publish_takes_the_backend_from_the_workers_result(tmp_path, monkeypatch):
+    import json
+
+    import benchmarks._common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    device = {"backend": "tpu", "device_kind": "TPU v5 lite", "device_count": 1}
+    started = {"jax": "0.10.2", "cpu_count": 13, "cpu": "AMD EPYC", "vector_isa": ""}
+
+    def render(result):
+        return common.hardware(result["machine"])
+
+    path = common.publish("{backend}_x", {"device": device}, render, started)
+    assert path == tmp_path / "tpu_x.md"
+    assert path.read_text() == "1 x TPU v5 lite (tpu), host: 13 cores of AMD EPYC ()"
+    saved = json.loads((tmp_path / "tpu_x.json").read_text())
+    assert saved["machine"]["device_kind"] == "TPU v5 lite"
+    assert saved["machine"]["jax"] == "0.10.2"
+
+
+def test_expected_backend_follows_jax_platforms(monkeypatch):
+    from benchmarks._common import expected_backend
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+    assert expected_backend() == "gpu"
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert expected_backend() == "tpu"
+
+
+def test_rotation_moves_the_first_system_each_repetition():
+    from benchmarks.accelerator import rotation
+
+    assert rotation(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert rotation(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert rotation(["a", "b", "c"], 5) == ["c", "a", "b"]
+
+
+def test_session_items_pair_every_repetition_and_size_for_steady_work():
+    from benchmarks import accelerator
+    from benchmarks._common import Spec
+
+    sizes = accelerator.Sizes(accelerator=True)
+    settings = accelerator.settings(
+        ["compare", "lstm"], sizes, ["cartpole"], ["eqx", "brax", "rejax"]
+    )
+    assert [s.stem for s in settings] == [
+        "compare_cartpole_2048_4x32",
+        "compare_cartpole_8192_4x256",
+        "compare_inverted_pendulum_lstm",
+    ]
+    items = accelerator.session_items(settings, 3, sizes)
+    for setting in settings:
+        mine = [i for i in items if i["setting"] == setting.stem]
+        reps = [[i["label"] for i in mine if i["rep"] == r] for r in range(3)]
+        # every repetition runs each system once; the order rotates
+        assert all(sorted(r) == sorted(setting.variants) for r in reps)
+        assert len({tuple(r) for r in reps}) == min(3, len(setting.variants))
+        # only repetition 0 is scored by the evaluator (not at 8192 envs)
+        evaluated = {i["rep"] for i in mine if Spec.from_json(i["spec"]).evaluate}
+        assert evaluated == (set() if "8192" in setting.stem else {0})
+        assert {Spec.from_json(i["spec"]).seed for i in mine} == {0, 1, 2}
+    # no system compiles first in both compare settings
+    firsts = [items[0]["label"], items[9]["label"]]
+    assert firsts[0] != firsts[1]
+    # >= 5 s of steady work (all chunks but the first) for the fastest system,
+    # and for rejax, sized by its own throughput
+    small = settings[0].variants
+    rates = accelerator.RATES["cartpole", 2048, 32]
+    for label in ("eqx", "rejax"):
+        spec = small[label]
+        steady = spec.run_steps * (spec.n_chunks - 1) / spec.n_chunks
+        rate = max(rates.values()) if label == "eqx" else rates["rejax"]
+        assert 5.0 <= steady / rate < 6.5
+    assert small["eqx"].run_steps == small["brax"].run_steps > small["rejax"].run_steps
+    assert settings[1].variants["eqx"].hidden == (256,) * 4
+    assert settings[1].variants["eqx"].n_minibatches == 32
+    assert all(i["estimate_s"] > 0 for i in items)
+
+
+def test_accelerator_summary_pairs_runs_of_one_repetition():
+    from benchmarks._common import Spec
+    from benchmarks.accelerator import Setting, markdown, summarise
+
+    setting = Setting("s", "compare", "title", {"eqx": Spec(), "brax": Spec()})
+
+    def run(label, rep, sps, compile_s, **extra):
+        return dict(label=label, rep=rep, sps=sps, compile_s=compile_s, steps=100,
+                    train_wall_s=2.0, **extra)  # fmt: skip
+
+    runs = [
+        run("eqx", 0, 10.0, 30.0, eval_return=500.0),
+        run("brax", 0, 5.0, 20.0, eval_return=480.0),
+        run("brax", 1, 4.0, 3.0),
+        run("eqx", 1, 12.0, 1.0),
+        {"label": "eqx", "rep": 2, "error": "crashed"},
+        run("brax", 2, 8.0, 3.0),
+    ]
+    summary = summarise(setting, runs)
+    assert summary["paired_ratios"] == {"brax": [2.0, 3.0]}
+    eqx = summary["variants"]["eqx"]
+    assert eqx["compile_cold_s"] == [30.0] and eqx["compile_warm_s"] == [1.0]
+    assert eqx["eval_return"] == [500.0] and eqx["sps"] == [10.0, 12.0]
+    result = {
+        "title": "a setting",
+        "spec": dataclasses.asdict(Spec()),
+        "summary": summary,
+        "runs": runs,
+        "reps": 3,
+        "machine": {
+            "jax": "0.10.2",
+            "backend": "tpu",
+            "device_kind": "TPU v5 lite",
+            "cpu_count": 13,
+        },  # fmt: skip
+    }
+    text = markdown(result)
+    assert "| eqx_ppo | 11.0 [10.0, 12.0] | 30.0 | 1.00 | 500.0 |" in text
+    assert (
+        "eqx_ppo / Brax PPO: **2.50 [2.00, 3.00]** (per repetition: 2.00, 3.00)" in text
+    )
+    assert "compile + first chunk, cold, eqx_ppo / Brax PPO: 1.50" in text
+    assert "on 1 x TPU v5 lite (tpu)" in text
+    assert "rep 2 eqx_ppo: crashed" in text
+
+
+_STUB_WORKER = """
+import json, os, sys
+session = json.loads(sys.argv[-1])
+print("noise from an import", flush=True)
+print(json.dumps({"event": "ready", "device": {"backend": "stub"}}), flush=True)
+for index, item in enumerate(session["items"]):
+    if item.get("crash"):
+        sys.stderr.write("segfault in " + item["name"])
+        sys.stderr.flush()
+        os._exit(3)
+    print(json.dumps({"index": index, "result": {"name": item["name"]}}), flush=True)
+"""
+
+
+def test_run_session_streams_results_and_outlives_a_crashed_worker():
+    from benchmarks._common import run_session
+
+    items = [{"name": "a"}, {"name": "b", "crash": True}, {"name": "c"}]
+    seen, ready = [], []
+    results = run_session(
+        items,
+        command=[sys.executable, "-c", _STUB_WORKER],
+        on_result=lambda i, r: seen.append(i),
+        on_ready=ready.append,
+    )
+    assert results[0] == {"name": "a", "device": {"backend": "stub"}}
+    assert "worker exited 3" in results[1]["error"]
+    assert "segfault in b" in results[1]["error"]
+    # a fresh worker ran the item after the crash
+    assert results[2] == {"name": "c", "device": {"backend": "stub"}}
+    assert seen == [0, 1, 2] and len(ready) == 2
+
+
+def test_serve_session_reports_errors_and_skips_past_the_deadline(capsys):
+    import json
+    import time
+
+    from benchmarks._common import serve_session
+
+    def run_item(item):
+        if item["fail"]:
+            raise ValueError("broken run")
+        return {"ok": item["n"]}
+
+    session = {
+        "deadline": time.time() + 60,
+        "items": [
+            {"fail": False, "n": 1},
+            {"fail": True, "n": 2},
+            {"fail": False, "n": 3, "estimate_s": 3600},
+        ],
+    }
+    serve_session(json.dumps(session), run_item)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["event"] == "ready" and lines[0]["device"]["backend"] == "cpu"
+    assert lines[1] == {"index": 0, "result": {"ok": 1}}
+    assert "ValueError: broken run" in lines[2]["result"]["error"]
+    assert lines[3]["result"]["skipped"] and "deadline" in lines[3]["result"]["error"]
+
+
+def test_compile_events_are_attributed_to_programs_and_phases():
+    from benchmarks.compile_time import (
+        CompileEvents,
+        by_phase,
+        by_program,
+        summarise_run,
+    )
+
+    trace, lower, compile_ = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
+    records = [
+        [trace, "_run_chunk", 1.0, False],
+        [lower, "_run_chunk", 0.5, False],
+        [compile_, "_run_chunk", 8.0, False],
+        [trace, "_run_chunk", 1.0, False],
+        [trace, "_init_seed", 0.25, False],
+        [compile_, "_init_seed", 0.5, True],
+        [compile_, "squeeze", 0.125, False],
+        [trace, "squeeze", 0.0, False],
+        [trace, "squeeze", 0.0, False],
+    ]
+    programs = by_program(records)
+    assert programs["_run_chunk"]["trace_s"] == 2.0
+    assert programs["_run_chunk"]["traces"] == 2
+    assert programs["_init_seed"]["cache_hits"] == 1
+    phases = by_phase(programs)
+    assert set(phases) == {"chunk", "init", "eager ops"}
+    assert phases["chunk"]["compile_s"] == 8.0 and phases["chunk"]["programs"] == 1
+    summary = summarise_run({"compile_events": records, "compile_s": 12.0})
+    # an eager op traced per shape is not a program traced twice
+    assert summary["traced_twice"] == ["_run_chunk"]
+    assert summary["distinct_programs"] == 3
+    assert summary["total"]["compile_s"] == 8.625
+
+    # JAX's own events name the jitted function, cold and then from the cache
+    def double(x):
+        return 2 * x
+
+    with CompileEvents() as events:
+        jax.jit(double)(jnp.arange(3.0)).block_until_ready()
+    mine = by_program(events.records)["double"]
+    assert mine["traces"] == mine["lowerings"] == mine["compiles"] == 1
+
+
+def test_seed_memory_fit_is_linear_in_the_seed_count():
+    from benchmarks.seeds_at_scale import fit_memory, memory_points
+
+    assert memory_points(2048) == (256, 1024)
+    points = [
+        {"n_seeds": 1024, "peak_bytes": 1000 + 1024 * 50, "device_bytes": 200_000},
+        {"n_seeds": 256, "peak_bytes": 1000 + 256 * 50},
+    ]
+    fit = fit_memory(points)
+    assert fit["per_seed_bytes"] == 50.0 and fit["fixed_bytes"] == 1000.0
+    assert fit["max_seeds"] == (200_000 - 1000) // 50
+
+
+def _events_of_a_tpu_trace():
+    """A trace as a TPU backend writes it: ops on the device's "XLA Ops" line,
+    named in `args`; module and step events beside them; a host thread with an
+    event named like an op."""
+    meta = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "name": "process_name",
+         "args": {"name": "/device:TPU:0"}},
+        {"ph": "M", "pid": 2, "tid": 1, "name": "thread_name",
+         "args": {"name": "XLA Modules"}},
+        {"ph": "M", "pid": 2, "tid": 2, "name": "thread_name",
+         "args": {"name": "XLA Ops"}},
+        {"ph": "M", "pid": 2, "tid": 3, "name": "thread_name",
+         "args": {"name": "Framework Ops"}},
+    ]  # fmt: skip
+
+    def x(pid, tid, name, ts, dur, **args):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts,
+                "dur": dur, "args": args}  # fmt: skip
+
+    return meta + [
+        x(2, 1, "jit_f(7)", 0.0, 100.0),
+        x(2, 2, "%dot.7", 0.0, 30.0, hlo_module="jit_f(7)"),
+        x(2, 2, "fusion", 40.0, 20.0, hlo_op="multiply_fusion.2"),
+        x(2, 2, "add.5", 50.0, 10.0, hlo_module="jit_other"),
+        x(2, 3, "add.5", 0.0, 99.0),
+        x(1, 9, "dot.7", 0.0, 99.0),
+    ]
+
+
+def test_profile_reads_a_device_traces_op_line_only():
+    from benchmarks.profile import attribute
+
+    ops = _instructions(_HLO)
+    result = attribute(_events_of_a_tpu_trace(), ops, "jit_f", top=5)
+    assert result["per_op"]
+    # dot.7 and multiply_fusion.2, 3 traced calls; the other module's add.5,
+    # the framework op and the host event are not op executions
+    assert result["ops"] == round(2 / 3)
+    assert result["op_ms"] == pytest.approx((30.0 + 20.0) / 1e3 / 3)
+    assert [r["name"] for r in result["by_kind"]] == ["dot", "multiply_fusion"]
+    # [0, 30] and [40, 60] over a span of 60
+    assert result["busy_share"] == pytest.approx(50.0 / 60.0)
+
+
+def test_profile_without_per_op_events_says_so():
+    from benchmarks.profile import attribute
+
+    events = _events_of_a_tpu_trace()[:5] + [
+        {"ph": "X", "pid": 2, "tid": 1, "name": "jit_f(7)", "ts": 0, "dur": 5}
+    ]
+    result = attribute(events, _instructions(_HLO), "jit_f", top=5)
+    assert result == {
+        "per_op": False,
+        "trace_lines": [
+            "/device:TPU:0",
+            "/host:CPU",
+            "Framework Ops",
+            "XLA Modules",
+            "XLA Ops",
+        ],
+        "events": 6,
+    }
+    text = markdown(
+        {
+            "spec": {
+                "env": "e",
+                "policy": "mlp",
+                "n_seeds": 1,
+                "n_envs": 8,
+                "rollout_length": 20,
+            },  # fmt: skip
+            "part": "ppo_step",
+            "wall_ms": 3.0,
+            **result,
+        }
+    )
+    assert "The trace holds no per-op events of the program (6 events" in text
+    assert "no per-op table" in text
+
+
+@pytest.mark.slow  # a worker process that trains twice; about 30 s on 2 cores
+def test_accelerator_quick_compare_writes_cpu_results(tmp_path):
+    import json
+
+    root = pathlib.Path(__file__).parent.parent
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.accelerator", "--part", "compare",
+         "--quick", "--envs", "cartpole", "--systems", "eqx", "--scales", "small",
+         "--reps", "2", "--results", str(tmp_path)],
+        capture_output=True, text=True, cwd=root,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "cpu_compare_cartpole_32_4x8.json").read_text())
+    assert result["machine"]["backend"] == "cpu"
+    assert sorted(r["rep"] for r in result["runs"]) == [0, 1]
+    assert all(r["sps"] > 0 and r["label"] == "eqx" for r in result["runs"])
+    assert (tmp_path / "cpu_compare_cartpole_32_4x8.md").exists()
+
+
+def test_the_command_stops_on_another_backend_than_planned(monkeypatch):
+    from benchmarks import accelerator
+
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    command = accelerator.Command(accelerator.parse_args(["--part", "compare"]))
+    assert command.sizes.accelerator
+    command.check_device({"backend": "tpu"})
+    # accelerator sizes on a CPU would run for hours
+    with pytest.raises(SystemExit, match="the worker runs on a CPU"):
+        command.check_device({"backend": "cpu"})
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    command = accelerator.Command(accelerator.parse_args(["--part", "compare"]))
+    with pytest.raises(SystemExit, match="rerun with JAX_PLATFORMS=tpu"):
+        command.check_device({"backend": "tpu"})
+    quick = accelerator.Command(accelerator.parse_args(["--quick"]))
+    quick.check_device({"backend": "tpu"})  # --quick: toy sizes anywhere

@@ -104,8 +104,14 @@ def test_brax_training_wrappers_are_refused_by_name(brax_envs):
 
 
 def test_brax_unknown_name(brax_envs):
-    with pytest.raises(ValueError, match="brax has no env 'nope'"):
-        make("brax:nope")
+    with pytest.raises(ValueError, match="brax has no env 'xyz'. It has: ant, "):
+        make("brax:xyz")
+    with pytest.raises(
+        ValueError,
+        match=r"brax has no env 'pendulum'\. Did you mean 'inverted_pendulum'\? "
+        r"It has: ant, .*, inverted_pendulum, ",
+    ):
+        make("brax:pendulum")
 
 
 # MuJoCo Playground.
@@ -215,8 +221,82 @@ def test_gymnax_pendulum_matches_builtin(gymnax, getkey):
 
 
 def test_gymnax_unknown_name(gymnax):
-    with pytest.raises(ValueError, match="gymnax has no env 'Nope-v0'"):
+    with pytest.raises(ValueError, match="gymnax has no env 'Nope-v0'. It has: "):
         make("gymnax:Nope-v0")
+    with pytest.raises(
+        ValueError,
+        match=r"make\('gymnax:Cartpole'\): gymnax has no env 'Cartpole'\. Did you "
+        r"mean 'CartPole-v1'\? It has: Acrobot-v1, .*, CartPole-v1, ",
+    ):
+        make("gymnax:Cartpole")
+
+
+def _gymnax_params(name, **fields):
+    import gymnax
+
+    return gymnax.make(name)[1].replace(**fields)
+
+
+@pytest.mark.parametrize(
+    "env_params, error, message",
+    [
+        ("abc", TypeError, r"expected the env's own \S+cartpole\.EnvParams, got str"),
+        (
+            lambda: _gymnax_params("Pendulum-v1"),
+            TypeError,
+            r"expected the env's own \S+cartpole\.EnvParams, got "
+            r"\S+pendulum\.EnvParams",
+        ),
+        ({"gravity": "high"}, ValueError, r"gravity='high' is not of type float"),
+        ({"max_steps_in_episode": 0}, ValueError, r"\w+=0 is not a whole number >= 1"),
+        ({"max_steps_in_episode": -5}, ValueError, r"\w+=-5 is not a whole number"),
+        ({"max_steps_in_episode": 2.5}, ValueError, r"\w+=2\.5 is not of type int"),
+        (
+            {"max_steps_in_episode": 0, "masscart": None},
+            ValueError,
+            r"max_steps_in_episode=0 is not a whole number >= 1; masscart=None is "
+            r"not of type float",
+        ),
+    ],
+    ids=["str", "other-env", "str-field", "zero", "negative", "fraction", "two"],
+)
+def test_gymnax_env_params_are_checked_at_construction(
+    gymnax, env_params, error, message
+):
+    # Before, each trained (0 and -5 with zero losses, 2.5 as 2) or failed
+    # at the first step inside gymnax with an error naming no parameter.
+    env_params = env_params() if callable(env_params) else env_params
+    with pytest.raises(
+        error,
+        match=rf"GymnaxAdapter\(CartPole-v1, env_params=\.\.\.\): {message}.*Fix: ",
+    ):
+        make("gymnax:CartPole-v1", env_params=env_params)
+
+
+def test_gymnax_counts_must_be_whole_and_positive_whatever_their_type(gymnax):
+    for value in (-1, 0):
+        with pytest.raises(ValueError, match=rf"memory_length={value} is not a whole"):
+            make("gymnax:MemoryChain-bsuite", env_params={"memory_length": value})
+    # BernoulliBandit declares its limit a float.
+    with pytest.raises(ValueError, match=r"max_steps_in_episode=2\.5 is not a whole"):
+        make("gymnax:BernoulliBandit-misc", env_params={"max_steps_in_episode": 2.5})
+    assert make("gymnax:BernoulliBandit-misc").max_len == 100
+
+
+def test_gymnax_env_params_of_other_numeric_types_are_accepted(gymnax, getkey):
+    # An int for a float, NumPy and JAX scalars, and traced values under vmap.
+    for value in (10, np.float32(10.0), jnp.float32(10.0)):
+        env = make("gymnax:CartPole-v1", env_params={"gravity": value})
+        assert float(env.env_params.gravity) == 10.0
+    inner, params = gymnax.make("CartPole-v1")
+    gravity = jax.vmap(
+        lambda g: GymnaxAdapter(inner, params.replace(gravity=g)).env_params.gravity
+    )(jnp.array([9.0, 10.0]))
+    np.testing.assert_array_equal(gravity, [9.0, 10.0])
+    with jax.numpy_dtype_promotion("standard"):  # some envs' constructors mix
+        for name in gymnax.registered_envs:  # every env's own defaults pass
+            if name != "MNISTBandit-bsuite":  # downloads MNIST
+                make(f"gymnax:{name}")
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """`eqx-ppo train / eval / record` end to end on a tiny budget."""
 
+import errno
 import json
 import pathlib
 import re
@@ -248,11 +249,10 @@ def test_resume_refuses_flags_it_cannot_honour(run_dir, capsys):
 
 def test_missing_folders_get_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "run.json").write_text("{}")
     assert main(["train", "--resume", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err == (
-        f"eqx-ppo train: --resume {tmp_path / 'empty'}: the run has no checkpoint "
-        "to resume from.\n"
+        f"eqx-ppo train: --resume {tmp_path / 'empty'}: no run.json there; not a "
+        "run folder.\n"
     )
     assert main(["eval", "--checkpoint", str(tmp_path / "nowhere")]) == 2
     assert "not a run folder" in capsys.readouterr().err
@@ -275,8 +275,8 @@ def test_an_out_path_that_is_a_file_gets_one_line(tmp_path, capsys):
         (["--lr", "nan"], r"--lr nan: PPOConfig\(learning_rate=nan\): must be finite"),
         (["--env", "nope"], r"--env nope: make\('nope'\): unknown env\."),
         (
-            ["--env-kwargs", "bogus=1"],
-            r"--env-kwargs \{'bogus': 1\}: .*unexpected keyword argument 'bogus'",
+            ["--env-kwarg", "bogus=1"],
+            r"--env-kwarg bogus=1: .*unexpected keyword argument 'bogus'",
         ),
     ],
     ids=["n-envs", "lr", "env", "env-kwargs"],
@@ -327,6 +327,8 @@ def test_help_shows_every_default(capsys):
         "--n-envs": 128,
         "--rollout-length": 20,
         "--lr": 0.001,
+        "--lr-schedule": "constant",
+        "--hidden": "32,32",
         "--entropy-weight": 0.01,
         "--minibatches": 4,
         "--epochs": 4,
@@ -428,18 +430,37 @@ def test_env_kwargs_reach_the_env(capsys):
 
     from eqx_ppo.cli import _env_kwargs, _make_env
 
-    assert _env_kwargs("backend=spring,start_radius=2.5,on=true") == {
+    # Each flag one NAME=VALUE, the value JSON if it parses: commas inside a
+    # value are the value's (a gymnax params dict with two fields).
+    items = ["backend=spring", "start_radius=2.5", "on=true"]
+    items += ['env_params={"gravity": 9.8, "masscart": 1.0}', "name=a,b"]
+    assert _env_kwargs(items) == {
         "backend": "spring",
         "start_radius": 2.5,
         "on": True,
+        "env_params": {"gravity": 9.8, "masscart": 1.0},
+        "name": "a,b",
     }
-    run = {"env": "move_to_center", "env_kwargs": _env_kwargs("start_radius=2.5")}
+    run = {"env": "move_to_center", "env_kwargs": _env_kwargs(["start_radius=2.5"])}
     start = _make_env(run).reset(jax.random.key(0)).obs
     assert float(jnp.linalg.norm(start)) == pytest.approx(2.5)
-    assert _make_env({"env": "move_to_center"})  # run.json from before the flag
     with pytest.raises(SystemExit):
-        main(["train", "--env-kwargs", "spring"])
-    assert "--env-kwargs" in capsys.readouterr().err
+        main(["train", "--env-kwarg", "spring"])
+    assert "argument --env-kwarg: expected NAME=VALUE" in capsys.readouterr().err
+
+
+def test_env_kwarg_values_may_hold_commas(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("gymnax")
+    out = tmp_path / "run"
+    params = '{"gravity": 9.81, "masscart": 1.5}'
+    argv = ["train", "--env", "gymnax:CartPole-v1", "--out", str(out)]
+    argv += ["--env-kwarg", f"env_params={params}", "--no-progress"]
+    monkeypatch.setattr(cli, "train_ppo", _killed_after(0, "log"))
+    assert main(argv) == 130
+    run = json.loads((out / "run.json").read_text())
+    assert run["env_kwargs"] == {"env_params": {"gravity": 9.81, "masscart": 1.5}}
+    env = cli._make_env(run)
+    assert (env.env_params.gravity, env.env_params.masscart) == (9.81, 1.5)
 
 
 def test_eval_takes_the_run_its_checkpoints_folder_or_one_checkpoint(run_dir, capsys):
@@ -478,14 +499,11 @@ def test_cell_picks_the_recurrent_layer(tmp_path, capsys):
 
     run = {"recurrent": 4, "cell": "lru", "hidden": [], "entropy_weight": 0.01}
     recall = envs.make("recall")
-    # A run.json from before the LRU's state size was saved: the then default.
-    net = build_network(run, recall, jax.random.key(0))
-    assert isinstance(net.layers[-1].action.layers[1], LRU)
-    assert net.layers[-1].action.layers[1].hidden_size == 4
     net = build_network({**run, "lru_state_size": 2}, recall, jax.random.key(0))
+    assert isinstance(net.layers[-1].action.layers[1], LRU)
     assert net.layers[-1].action.layers[1].hidden_size == 2
-    del run["cell"]  # a run.json from before --cell
-    net = build_network(run, recall, jax.random.key(0))
+    lstm = {**run, "cell": "lstm", "lru_state_size": None}
+    net = build_network(lstm, recall, jax.random.key(0))
     assert isinstance(net.layers[-1].action.layers[0], LSTM)
     out = tmp_path / "run"
     assert main(["train", "--cell", "gru", "--out", str(out), "--no-progress"]) == 2
@@ -514,3 +532,199 @@ def test_runs_evaluate_and_record_episodes_of_the_envs_own_length(env, length):
     # Envs that end their episodes themselves have no time limit to read;
     # their `max_len` spares evaluating and recording 1000 mostly-masked steps.
     assert cli._episode_length(envs.make(env)) == length
+
+
+SMALL = ["--n-envs", "16", "--hidden", "8", "--eval-every", "640", "--no-progress"]
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "log"])
+def test_a_run_killed_at_step_0_resumes_with_step_0_logged_once(
+    tmp_path, monkeypatch, capsys, where
+):
+    # Killed after the step-0 checkpoint, the run resumes from it; killed
+    # between logging step 0 and that checkpoint, it has trained nothing and
+    # --resume starts it over. Either way the logs read as an uninterrupted
+    # run's: before, the first logged step 0 twice, the second was stuck
+    # (--out said to --resume, --resume that there was no checkpoint).
+    flags = ["--steps", "1280", *SMALL]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(["train", "--out", str(straight), *flags]) == 0
+    monkeypatch.setattr(cli, "train_ppo", _killed_after(0, where))
+    assert main(["train", "--out", str(killed), *flags]) == 130
+    monkeypatch.undo()
+    assert [row["step"] for row in _rows(killed / "eval.jsonl")] == [0]
+    assert main(["train", "--out", str(killed), *flags]) == 2
+    assert f"continue it with --resume {killed}" in capsys.readouterr().err
+    assert main(["train", "--resume", str(killed), "--no-progress"]) == 0
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        got, want = _rows(killed / name), _rows(straight / name)
+        assert [row["step"] for row in got] == [row["step"] for row in want]
+    printed = capsys.readouterr().out.splitlines()[1]
+    assert printed == (
+        "resuming from " + str(killed / "checkpoints" / "step_000000000")
+        if where == "checkpoint"
+        else "no checkpoint yet: starting over"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"env": "move_to', r"cannot be read \(JSONDecodeError: "),
+        ("[1, 2]", r"is not a JSON object"),
+        ('{"env": "move_to_center"}', r"lacks \['cell', 'entropy_weight', "),
+    ],
+    ids=["cut-off", "a-list", "keys-missing"],
+)
+def test_an_unreadable_run_json_gets_one_line_and_keeps_the_run(
+    run_dir, tmp_path, capsys, text, problem
+):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "run.json").write_text(text)
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    for argv, flag in (
+        (["train", "--resume", str(run)], "--resume"),
+        (["eval", "--checkpoint", str(run)], "--checkpoint"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert re.fullmatch(
+            rf"eqx-ppo {argv[0]}: {flag} {re.escape(str(run))}: "
+            rf"{re.escape(str(run / 'run.json'))} {problem}.*, so the run cannot be "
+            r"rebuilt .* Fix: restore it; every checkpoint's header keeps a copy, "
+            r"eqx_ppo\.read_header\('[^']+'\)\.metadata\.\n",
+            err,
+        ), err
+    assert (run / "run.json").read_text() == text
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
+
+
+def test_a_diverging_run_gets_one_line_and_keeps_its_checkpoints(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", "--out", str(run), "--steps", "1280", "--lr", "1e12", *SMALL]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        r"eqx-ppo train: training stopped: Non-finite [^\n]* On the command line: "
+        r"start a new run with a lower --lr than 1e\+12 \(--resume keeps a run's "
+        r"settings\); its checkpoints up to step_000000000 are kept\.\n",
+        err,
+    ), err
+    assert latest_checkpoint(run / "checkpoints").name == "step_000000000"
+    assert not (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize("writer", ["log", "checkpoint"])
+def test_a_full_disk_gets_one_line_and_the_run_resumes(
+    tmp_path, monkeypatch, capsys, writer
+):
+    flags = ["--steps", "1920", *SMALL]
+    straight, full = tmp_path / "straight", tmp_path / "full"
+    assert main(["train", "--out", str(straight), *flags]) == 0
+
+    def no_space():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if writer == "log":
+        write = cli.JSONLLogger.__call__
+
+        def log(self, metrics, step):
+            if step == 1280:
+                no_space()
+            write(self, metrics, step)
+
+        monkeypatch.setattr(cli.JSONLLogger, "__call__", log)
+    else:
+        import eqx_ppo.checkpoint as ckpt
+
+        write_state = ckpt.write_state
+
+        def save(folder, fill):
+            if "step_000001280" in folder.name:
+                no_space()
+            return write_state(folder, fill)
+
+        monkeypatch.setattr(ckpt, "write_state", save)
+    assert main(["train", "--out", str(full), *flags]) == 2
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        rf"eqx-ppo train: writing {re.escape(str(full))} failed: [^\n]*No space "
+        r"left on device[^\n]* Fix: free space or fix the folder, then continue "
+        rf"with: eqx-ppo train --resume {re.escape(str(full))}; its checkpoints up "
+        r"to step_000000640 are kept\.\n",
+        err,
+    ), err
+    assert latest_checkpoint(full / "checkpoints").name == "step_000000640"
+    assert main(["train", "--resume", str(full), "--no-progress"]) == 0
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        got, want = _rows(full / name), _rows(straight / name)
+        assert [row["step"] for row in got] == [row["step"] for row in want]
+
+
+def _stop(*args, **kwargs):
+    raise KeyboardInterrupt  # train_ppo, stopped before it trains
+
+
+def test_the_first_line_says_the_steps_that_will_be_trained(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(cli, "train_ppo", _stop)
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--steps", "1000", *SMALL]) == 130
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "training move_to_center for 1,280 env steps (--steps 1,000 rounded up to "
+        f"whole iterations of 16 envs x 20 steps), 1 seed(s) -> {out}"
+    )
+
+
+def test_eval_runs_as_many_episodes_as_training_evaluations(run_dir):
+    run = json.loads((run_dir / "run.json").read_text())
+    episodes = cli.train_config(run, progress=False).eval.n_envs
+    args = cli._parser().parse_args(["eval", "--checkpoint", str(run_dir)])
+    assert args.n_envs == episodes == cli.EVAL_ENVS
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_episodes"] == episodes
+
+
+def test_gymnax_cartpole_gets_its_own_defaults_unless_given(
+    tmp_path, monkeypatch, capsys
+):
+    pytest.importorskip("gymnax")
+    monkeypatch.setattr(cli, "train_ppo", _stop)
+    for given, lr in (([], 3e-3), (["--lr", "1e-3"], 1e-3)):
+        out = tmp_path / f"run{lr}"
+        argv = ["train", "--env", "gymnax:CartPole-v1", "--out", str(out), *given]
+        assert main(argv) == 130
+        run = json.loads((out / "run.json").read_text())
+        assert (run["steps"], run["lr"], run["lr_schedule"]) == (500_000, lr, "linear")
+        assert run["normalize_advantages"] is False
+        flags = "--steps 500000" + (" --lr 0.003" if not given else "")
+        assert capsys.readouterr().out.splitlines()[0] == (
+            f"gymnax:CartPole-v1 trains with its own defaults: {flags} "
+            "--lr-schedule linear --no-normalize-advantages"
+        )
+
+
+def test_a_decaying_run_cannot_change_its_total(run_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    settings = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**settings, "lr_schedule": "linear"}))
+    assert main(["train", "--resume", str(run), "--steps", "9000"]) == 2
+    assert capsys.readouterr().err == (
+        f"eqx-ppo train: --steps 9000: this run's learning rate decays to 0 over "
+        f"its {settings['steps']:,} steps (--lr-schedule linear), which changing "
+        "the total would rewrite; start a new run with --out.\n"
+    )
+
+
+@pytest.mark.slow  # 60-120 s: four seeds of 500,000 steps
+def test_gymnax_cartpole_is_solved_at_the_cli_defaults(tmp_path):
+    pytest.importorskip("gymnax")
+    out = tmp_path / "run"
+    argv = ["train", "--env", "gymnax:CartPole-v1", "--seeds", "4"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    returns = json.loads((out / "summary.json").read_text())["final_eval_return"]
+    assert sum(r >= 475 for r in returns) >= 3, returns

@@ -9,10 +9,11 @@ A checkpoint is one folder `step_<step, 9 digits>/` holding
 - `header.json`: the format and library versions, the step, the configuration
   as JSON, your `metadata`, the size and SHA-256 of `state.eqx`, and a
   structure summary of the state (every leaf's path, shape and dtype, and the
-  pytree definition, which includes static fields such as layer sizes).
+  pytree definition, which includes static fields such as layer sizes);
+  last, `header_sha256`, the SHA-256 of the file's bytes before it.
 
-**What is saved.** Everything in a [`eqx_ppo.TrainingState`][] or
-[`eqx_ppo.DistillationState`][] that is an array: parameters, optimiser
+**What is saved.** Everything in a [`eqx_ppo.TrainingState`][] (of any
+learner) that is an array: parameters, optimiser
 state (the optimiser itself is rebuilt from the config, see below),
 normaliser statistics, network carries, env states, the key and the
 counters. Built-in envs, Brax and MuJoCo Playground keep their whole state
@@ -31,10 +32,15 @@ step and retention's (`keep`) old checkpoints are deleted only after the new
 one is in place, and retention never deletes steps after the one saved. One
 writer per directory.
 
-**Loading** needs a *template* with the state's structure: pass
-`like=lambda config: eqx_ppo.ppo.init_state(env, networks, config)` (or the
-shortcut `env=..., networks=...`); it is called with the saved config and
-evaluated for shapes only, so nothing is allocated. Loading checks the
+**Integrity.** Nothing in a checkpoint loads once changed: the header is
+checked against its own checksum and then field by field, the state file
+against the size and checksum the header records, and a `step_*` folder
+against the step its header records.
+
+**Loading** needs a *template* with the state's structure: pass `env=...,
+networks=...` (the state [`eqx_ppo.train`][] would start from, built from the
+config for shapes only, so nothing is allocated) or `like=` (a template
+state, or a function `config -> state`). Loading checks the
 header, the versions, the structure against the template, and the file's
 size and checksum before reading, and either returns the whole state or
 raises a [`CheckpointError`][] that says what differs; it never returns part
@@ -43,20 +49,17 @@ of a state.
 **Layout of this package.** It knows no algorithm: `_files` writes and
 checks folders (atomic renames, retention, checksums), `_leaves` the leaves
 (specs, structure check, PRNG key data), `_codec` the configs in the header.
-Config classes register themselves with [`register_config`][], the
+Config classes register themselves with [`register_config`][], and the
 algorithm that owns a config registers how to build its template with
-[`register_template`][], and the owner of a state whose layout changed
-registers how older checkpoints load with
-[`register_migration`][eqx_ppo.register_migration]
-(`_migrations`).
+[`register_template`][].
 
 **Resuming.** The optimiser (learning rate, schedule, clipping) is rebuilt
-from the config passed to `train_ppo`, so resume with the saved config:
+from the config passed to `train`, so resume with the saved config:
 
 ```python
 config = eqx_ppo.read_header(path).config
 state = eqx_ppo.load_checkpoint(path, env=env, networks=networks)
-eqx_ppo.train_ppo(env, networks, config, initial_state=state)
+eqx_ppo.train(env, networks, config, initial_state=state)
 ```
 
 or pass your config as `load_checkpoint(..., config=config)` and it is
@@ -67,14 +70,13 @@ constant learning rate).
 
 import dataclasses
 import json
-import numbers
 import os
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-import jax
+from jaxtyping import Array, Int
 
 from ._codec import (
     CheckpointError as CheckpointError,
@@ -87,29 +89,30 @@ from ._codec import (
 )
 from ._files import (
     HEADER,
+    HEADER_SHA256,
+    PREFIX,
     checked_state_file,
     latest_checkpoint as latest_checkpoint,
     list_checkpoints as list_checkpoints,
-    removed_while_reading,
+    named_step,
+    read_header_json,
     resolve,
     write_atomically,
     write_header,
     write_state,
 )
 from ._leaves import (
-    check_key_impls,
     check_saveable,
     check_structure,
     deserialise,
     saved_structure,
     serialise,
+    spec_problem,
 )
-from ._migrations import find_migration, register_migration as register_migration
 
-FORMAT_VERSION = 3
-"""The checkpoint layout version; bumped when the layout changes (2: the
-training state's carries are one `carry` field, distillation included; 3:
-layer coefficients such as `entropy_weight` are traced leaves)."""
+FORMAT_VERSION = 1
+"""The checkpoint layout version: 1 is what the first tagged release writes;
+a release that changes the layout bumps it (see CHANGELOG.md's policy)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +124,7 @@ class CheckpointHeader:
     - `path`: the checkpoint folder.
     - `step`: the env step the state was saved at.
     - `config`: the saved configuration, rebuilt (`TrainConfig`,
-      `DistillationTrainConfig`, ...), or `None` if none was saved.
+      a distillation teacher as its fingerprint), or `None` if none was saved.
     - `metadata`: the JSON `metadata` given to `save_checkpoint`.
     - `library_version`, `format_version`: who wrote it.
     - `leaves`: one dict per leaf: `path`, and `shape` + `dtype` (arrays, with
@@ -153,7 +156,7 @@ def save_checkpoint(
     state: Any,
     *,
     config: Any,
-    step: int,
+    step: int | Int[Array, ""],
     keep: int | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> pathlib.Path:
@@ -162,9 +165,9 @@ def save_checkpoint(
     **Arguments:**
 
     - `directory`: the folder of checkpoints (created if missing).
-    - `state`: a `TrainingState` or `DistillationState` (or any pytree of
+    - `state`: a `TrainingState` (or any pytree of
       arrays), single- or multi-seed.
-    - `config`: the run's config (`TrainConfig`, `DistillationTrainConfig`),
+    - `config`: the run's config (a `TrainConfig`),
       saved as JSON; `None` to save none.
     - `step`: the env step, used in the folder name.
     - `keep`: keep only the newest `keep` checkpoints (by step); `None` keeps
@@ -177,8 +180,13 @@ def save_checkpoint(
     never deleted (they belong to another run: a warning says so, since
     loading the folder picks the highest step).
     """
-    _check_keep("save_checkpoint", keep)
-    step = _check_step(step)
+    _check_keep(keep)
+    step = int(step)
+    if step < 0:
+        raise ValueError(
+            f"save_checkpoint(step={step}): the env step must be >= 0. Fix: pass "
+            "`int(state.steps)`."
+        )
     check_saveable(state)
     leaves, treedef = saved_structure(state)
     header = {
@@ -206,29 +214,12 @@ def save_checkpoint(
     return write_atomically(pathlib.Path(directory), step, fill, keep=keep)
 
 
-def _check_keep(where: str, keep: Any) -> None:
-    if keep is None:
-        return
-    message = (
-        f"{where}(keep={keep!r}): the number of checkpoints to keep must be an "
-        "int >= 1, or None to keep all."
-    )
-    if isinstance(keep, bool) or not isinstance(keep, numbers.Integral):
-        raise TypeError(message)
-    if keep < 1:
-        raise ValueError(message)
-
-
-def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral | jax.Array):
-        raise TypeError(
-            f"save_checkpoint(step={step!r}): the env step must be an int; "
-            "pass `int(state.steps)`."
+def _check_keep(keep: int | None) -> None:
+    if keep is not None and keep < 1:
+        raise ValueError(
+            f"keep={keep!r}: the number of checkpoints to keep must be >= 1. "
+            "Fix: pass a positive int, or None to keep all."
         )
-    step = int(step)
-    if step < 0:
-        raise ValueError(f"save_checkpoint(step={step}): the env step must be >= 0.")
-    return step
 
 
 def make_checkpoint_fn(
@@ -238,16 +229,16 @@ def make_checkpoint_fn(
     keep: int | None = 3,
     metadata: dict[str, Any] | None = None,
 ) -> Callable[[Any, int], None]:
-    """A `checkpoint_fn` for `train_ppo` / `train_distillation` that saves every
-    call to `directory` with [`save_checkpoint`][], keeping the newest `keep`.
+    """A `checkpoint_fn` for [`eqx_ppo.train`][] that saves every call to
+    `directory` with [`save_checkpoint`][], keeping the newest `keep`.
 
     ```python
-    eqx_ppo.train_ppo(env, networks, config,
-                      checkpoint_fn=eqx_ppo.make_checkpoint_fn("run/ckpt", config))
+    eqx_ppo.train(env, networks, config,
+                  checkpoint_fn=eqx_ppo.make_checkpoint_fn("run/ckpt", config))
     ```
     """
 
-    _check_keep("make_checkpoint_fn", keep)
+    _check_keep(keep)
 
     def checkpoint_fn(state: Any, step: int) -> None:
         save_checkpoint(
@@ -257,41 +248,77 @@ def make_checkpoint_fn(
     return checkpoint_fn
 
 
-def read_header(path: str | os.PathLike) -> CheckpointHeader:
+_HEADER_FIELDS = {
+    "format_version": int,
+    "library_version": str,
+    "step": int,
+    "config": dict | None,
+    "metadata": dict,
+    "leaves": list,
+    "treedef": str,
+    "state_bytes": int,
+    "state_sha256": str,
+    HEADER_SHA256: str,
+}
+
+
+def _header_problem(raw: dict[str, Any]) -> str | None:
+    """What is wrong with `raw`, a header's JSON object, or `None`: each field
+    that `save_checkpoint` writes, of its type, and well-formed leaf specs."""
+    for name, kind in _HEADER_FIELDS.items():
+        if name not in raw:
+            return f"field `{name}` is missing"
+        if not isinstance(raw[name], kind) or (
+            kind is int and isinstance(raw[name], bool)
+        ):
+            return f"field `{name}` has the wrong type ({type(raw[name]).__name__})"
+    for i, spec in enumerate(raw["leaves"]):
+        problem = spec_problem(spec)
+        if problem is not None:
+            return f"field `leaves[{i}]` {problem}"
+    return None
+
+
+def read_header(path: str | os.PathLike | None) -> CheckpointHeader:
     """The header of the checkpoint at `path` (a checkpoint folder, or a folder
     of checkpoints: the latest is read), with the config rebuilt.
 
     Use it to rebuild what loading needs: `read_header(path).config` is the
-    run's config, `.metadata` what the run stored (e.g. network sizes).
+    run's config, `.metadata` what the run stored (e.g. network sizes). The
+    header is checked against its own checksum first, so a header that was
+    edited after saving, or damaged, is refused, as is one in a `step_*`
+    folder of another step than its own (files copied between folders).
     """
     path = resolve(path)
-    try:
-        raw = json.loads((path / HEADER).read_text())
-        fields = {
-            "step": int(raw["step"]),
-            "metadata": raw["metadata"],
-            "library_version": str(raw["library_version"]),
-            "format_version": int(raw["format_version"]),
-            "leaves": tuple(raw["leaves"]),
-            "treedef": str(raw["treedef"]),
-            "state_bytes": int(raw["state_bytes"]),
-            "state_sha256": str(raw["state_sha256"]),
-        }
-        check_key_impls(fields["leaves"])
-        saved_config = raw["config"]
-    except FileNotFoundError:
-        raise removed_while_reading(path) from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    raw = read_header_json(path)
+    problem = _header_problem(raw)
+    if problem is not None:
+        raise CheckpointError(f"{path / HEADER}: {problem}; it is malformed.")
+    _check_versions(path, raw["format_version"], raw["library_version"])
+    named = named_step(path)
+    if named is not None and named != raw["step"]:
         raise CheckpointError(
-            f"{path / HEADER} is unreadable or incomplete ({type(e).__name__}: "
-            f"{e}); the checkpoint is corrupted."
-        ) from e
-    _check_versions(path, fields["format_version"], fields["library_version"])
+            f"{path} holds the checkpoint of step {raw['step']} (field `step` of "
+            f"its {HEADER}), not of step {named}: its files were copied or "
+            f"renamed from another folder. Fix: load the folder of step "
+            f"{raw['step']}, or move these files to {PREFIX}{raw['step']:09d}."
+        )
     try:
-        config = None if saved_config is None else config_from_dict(saved_config)
+        config = None if raw["config"] is None else config_from_dict(raw["config"])
     except CheckpointError as e:
         raise CheckpointError(f"{path / HEADER}: {e}") from e
-    return CheckpointHeader(path=path, config=config, **fields)
+    return CheckpointHeader(
+        path=path,
+        step=raw["step"],
+        config=config,
+        metadata=raw["metadata"],
+        library_version=raw["library_version"],
+        format_version=raw["format_version"],
+        leaves=tuple(raw["leaves"]),
+        treedef=raw["treedef"],
+        state_bytes=raw["state_bytes"],
+        state_sha256=raw["state_sha256"],
+    )
 
 
 def _check_versions(path: pathlib.Path, format_version: int, library: str) -> None:
@@ -310,37 +337,36 @@ def _check_versions(path: pathlib.Path, format_version: int, library: str) -> No
         )
 
 
-def _template(header: CheckpointHeader, like: Any, env: Any, networks: Any) -> Any:
-    if like is None:
-        if env is None or networks is None:
-            raise TypeError(
-                "load_checkpoint: pass `like=` (a template state, or a function "
-                "config -> state) or both `env=` and `networks=` (PPO)."
-            )
-        if header.config is None:
-            raise CheckpointError(
-                f"{header.path} saved no config, so `env=` / `networks=` cannot "
-                "build the template: pass a template state as `like=`."
-            )
-        build = template_builder(header.config)
-
-        def like(config):
-            return build(config, env, networks)
-
-    elif env is not None or networks is not None:
-        raise TypeError("load_checkpoint: pass either `like=` or `env=`/`networks=`.")
-    if not callable(like) or isinstance(like, eqx.Module):
+def _template(
+    header: CheckpointHeader, like: Any, env: Any, networks: Any, config: Any
+) -> Any:
+    by_like = like is not None and env is None and networks is None
+    if not by_like and (like is not None or env is None or networks is None):
+        raise TypeError(
+            "load_checkpoint: pass either `like=` (a template state, or a "
+            "function config -> state) or both `env=` and `networks=` (PPO)."
+        )
+    if by_like and (not callable(like) or isinstance(like, eqx.Module)):
         return like
-    if header.config is None:
+    # The given config, when there is one: it may hold what the header keeps
+    # only a fingerprint of (a distillation teacher).
+    config = header.config if config is None else config
+    if config is None:
         raise CheckpointError(
             f"{header.path} saved no config, so the template cannot be built from "
             "it: pass a template state as `like=`."
         )
-    return eqx.filter_eval_shape(like, header.config)
+    if not by_like:
+        build = template_builder(config)
+
+        def like(config):
+            return build(config, env, networks)
+
+    return eqx.filter_eval_shape(like, config)
 
 
 def load_checkpoint(
-    path: str | os.PathLike,
+    path: str | os.PathLike | None,
     *,
     like: Any = None,
     env: Any = None,
@@ -356,14 +382,16 @@ def load_checkpoint(
     - `like`: the template: a state with the saved structure (arrays or
       `jax.ShapeDtypeStruct`s), or a function `config -> state` called with the
       saved config under `eqx.filter_eval_shape`, e.g.
-      `lambda c: eqx_ppo.ppo.init_state(env, networks, c)` or
-      `lambda c: eqx_ppo.init_distillation_state(env, teacher, student, c)`.
-    - `env`, `networks`: instead of `like`, for PPO states: the template is
-      `init_state(env, networks, saved_config)`.
-    - `config`: optionally, the config you will resume with; a
+      `lambda c: eqx.filter_eval_shape(...)` of your own initial state.
+    - `env`, `networks`: instead of `like`: the template is the initial state
+      [`eqx_ppo.train`][] would build from them with the config (`config`,
+      else the saved one).
+    - `config`: optionally, the `TrainConfig` you will resume with; a
       [`CheckpointError`][] lists every field that differs from the saved one
       and would change the optimisation (logging fields may differ, and
-      `total_steps` may grow with a constant learning rate).
+      `total_steps` may grow with a constant learning rate). Required for a
+      distillation checkpoint, whose header keeps only a fingerprint of the
+      teacher (a different teacher is one of the differences).
 
     Raises [`CheckpointError`][] (a `ValueError`) if the checkpoint is
     incomplete, corrupted, of an incompatible version, or does not match the
@@ -380,11 +408,7 @@ def load_checkpoint(
                 + "\nFix: resume with read_header(path).config, or load without "
                 "`config=` if the change is intended."
             )
-    template = _template(header, like, env, networks)
-    migration = find_migration(header.format_version, header.treedef)
-    if migration is not None:
-        template = migration.to_saved(template, header.treedef)
+    template = _template(header, like, env, networks, config)
     check_structure(header.path, header.leaves, header.treedef, template)
     file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
-    state = deserialise(file, template, header.leaves)
-    return state if migration is None else migration.from_saved(state)
+    return deserialise(file, template, header.leaves)

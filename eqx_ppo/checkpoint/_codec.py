@@ -10,9 +10,12 @@ algorithm that owns the config with [`register_template`][].
 
 import dataclasses
 import enum
+import hashlib
+import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -67,9 +70,10 @@ def template_builder(config: Any) -> Callable[[Any, Any, Any], Any]:
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a registered config (`TrainConfig`,
-    `DistillationTrainConfig`, their sub-configs, ...), tagged with its class
-    name under `"_type"`; [`config_from_dict`][] inverts it.
+    """A JSON-ready dict of a registered config (`TrainConfig`, its learner and
+    sub-configs), tagged with its class name under `"_type"`;
+    [`config_from_dict`][] inverts it. A network inside (a distillation
+    teacher) is kept as its fingerprint, a `SavedPytree`.
 
     Coefficient arrays become floats (float32 values round-trip exactly);
     flag enums such as `LoggingLevel` become a list of flag names.
@@ -83,21 +87,45 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return _encode(config, type(config).__name__)
 
 
-def _encode(value: Any, where: str) -> Any:
+class SavedPytree(NamedTuple):
+    """A network a config holds (a distillation teacher), as the header keeps
+    it: a SHA-256 fingerprint of its structure and arrays, enough to tell on
+    resume whether it is the same one, but not to rebuild it."""
+
+    sha256: str
+
+
+def _fingerprint(tree: Any) -> str:
+    digest = hashlib.sha256()
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    digest.update(re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)).encode())
+    for leaf in leaves:
+        if eqx.is_array(leaf):
+            array = np.asarray(leaf)
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def _encode(value: Any, path: str) -> Any:
     kind = type(value).__name__
+    if isinstance(value, SavedPytree):
+        return {"_type": "pytree", "sha256": value.sha256}
     if _TYPES.get(kind) is type(value) and dataclasses.is_dataclass(value):
         out: dict[str, Any] = {"_type": kind}
         for field in dataclasses.fields(value):
             out[field.name] = _encode(
-                getattr(value, field.name), f"{where}.{field.name}"
+                getattr(value, field.name), f"{path}.{field.name}"
             )
         return out
     if isinstance(value, enum.Flag) and _TYPES.get(kind) is type(value):
         return {"_type": kind, "flags": [f.name for f in value]}
+    if isinstance(value, eqx.Module):
+        return {"_type": "pytree", "sha256": _fingerprint(value)}
     if isinstance(value, jax.Array | np.ndarray | np.generic):
         if np.ndim(value) != 0 or isinstance(value, jax.core.Tracer):
             raise TypeError(
-                f"config_to_dict: {where} is an array of shape {np.shape(value)}; "
+                f"config_to_dict: {path} is an array of shape {np.shape(value)}; "
                 "only concrete scalars can be saved (save one config per vmapped "
                 "value)."
             )
@@ -105,16 +133,16 @@ def _encode(value: Any, where: str) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, tuple | list):
-        return [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         if "_type" in value:
             raise TypeError(
-                f'config_to_dict: {where} has a key "_type", which the header '
+                f'config_to_dict: {path} has a key "_type", which the header '
                 "reserves to tag configs; rename the key."
             )
-        return {k: _encode(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {k: _encode(v, f"{path}[{k!r}]") for k, v in value.items()}
     raise TypeError(
-        f"config_to_dict: {where} = {value!r} ({type(value).__name__}) is not "
+        f"config_to_dict: {path} = {value!r} ({type(value).__name__}) is not "
         "JSON-serialisable; use numbers, strings, lists and str-keyed dicts."
     )
 
@@ -138,44 +166,46 @@ def config_from_dict(data: dict[str, Any]) -> Any:
     return _decode(data, "config")
 
 
-def _decode(value: Any, where: str) -> Any:
+def _decode(value: Any, path: str) -> Any:
     if isinstance(value, list):
-        return tuple(_decode(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_decode(v, f"{path}[{i}]") for i, v in enumerate(value))
     if not isinstance(value, dict):
         return value
     kind = value.get("_type")
     if kind is None:
-        return {k: _decode(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {k: _decode(v, f"{path}[{k!r}]") for k, v in value.items()}
+    if kind == "pytree":
+        return SavedPytree(str(value.get("sha256")))
     cls = _TYPES.get(kind)
     if cls is None:
-        raise CheckpointError(f"{where}: unknown config type {kind!r}.")
+        raise CheckpointError(f"{path}: unknown config type {kind!r}.")
     if issubclass(cls, enum.Flag):
         flags = cls(0)
         for name in value.get("flags", ()):
             if name not in cls.__members__:
                 raise CheckpointError(
-                    f"{where}: unknown {kind} flag {name!r}; known flags: "
+                    f"{path}: unknown {kind} flag {name!r}; known flags: "
                     f"{sorted(cls.__members__)}."
                 )
             flags |= cls[name]
         return flags
-    fields = {k: _decode(v, f"{where}.{k}") for k, v in value.items() if k != "_type"}
+    fields = {k: _decode(v, f"{path}.{k}") for k, v in value.items() if k != "_type"}
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise CheckpointError(
-            f"{where}: the saved {kind} has fields {unknown} this version of "
+            f"{path}: the saved {kind} has fields {unknown} this version of "
             "eqx_ppo does not know; it was written by a newer version."
         )
     for name, field_value in fields.items():
         if isinstance(field_value, dict) and _is_config_field(known[name]):
             raise CheckpointError(
-                f'{where}.{name}: a sub-config saved without its "_type".'
+                f'{path}.{name}: a sub-config saved without its "_type".'
             )
     try:
         return cls(**fields)
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: the saved {kind} is invalid: {e}") from e
+        raise CheckpointError(f"{path}: the saved {kind} is invalid: {e}") from e
 
 
 def _is_config_field(field: dataclasses.Field) -> bool:
@@ -183,7 +213,7 @@ def _is_config_field(field: dataclasses.Field) -> bool:
     return factory is not dataclasses.MISSING and type(factory()).__name__ in _TYPES
 
 
-def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
+def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:
     """The fields of `given` that differ from `saved` and may not change on resume.
 
     Walks registered configs field by field, skipping each config's
@@ -191,7 +221,7 @@ def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
     """
     if type(saved) is not type(given):
         return [
-            f"{where or 'config '}type: saved {type(saved).__name__}, given "
+            f"{prefix or 'config '}type: saved {type(saved).__name__}, given "
             f"{type(given).__name__}"
         ]
     free_on_resume = getattr(saved, "free_on_resume", None)
@@ -201,7 +231,7 @@ def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
         if field.name in free:
             continue
         old, new = getattr(saved, field.name), getattr(given, field.name)
-        path = f"{where}{field.name}"
+        path = f"{prefix}{field.name}"
         if dataclasses.is_dataclass(old) and type(old).__name__ in _TYPES:
             diffs += config_differences(old, new, f"{path}.")
         elif _encode(old, path) != _encode(new, path):
@@ -211,7 +241,7 @@ def config_differences(saved: Any, given: Any, where: str = "") -> list[str]:
     return diffs
 
 
-def _shown(value: Any, where: str) -> str:
+def _shown(value: Any, path: str) -> str:
     """A config value as a difference message shows it: a float32 coefficient
     by its shortest float32 repr (`0.001`, not `0.0010000000474974513`)."""
     if (
@@ -219,4 +249,4 @@ def _shown(value: Any, where: str) -> str:
         and value.dtype == np.float32
     ):
         return np.format_float_positional(np.float32(value), unique=True, trim="-")
-    return repr(_encode(value, where))
+    return repr(_encode(value, path))

@@ -2,11 +2,15 @@
 
 A checkpoint is a folder `step_<step, 9 digits>/`, written into a temporary
 sibling and renamed into place when complete; `header.json` is written last,
-so a folder with a header is complete. Deletions rename before removing, so
-a crash never leaves a half-deleted folder that looks like a checkpoint. A
-checkpoint being replaced is set aside, not deleted, until its successor is
-in place; if a crash comes between the two renames, loading finds it where
-it was set aside, and the next save puts it back.
+so a folder with a header is complete. The header ends with its own
+checksum, `header_sha256`, the SHA-256 of every byte before that field, so
+any change to the file after it was saved (an edit, a flipped bit, a
+truncation) is refused; it records the checksum of `state.eqx` in turn.
+Deletions rename before removing, so a crash never leaves a half-deleted
+folder that looks like a checkpoint. A checkpoint being replaced is set
+aside, not deleted, until its successor is in place; if a crash comes
+between the two renames, loading finds it where it was set aside, and the
+next save puts it back.
 """
 
 import hashlib
@@ -24,6 +28,8 @@ from ._codec import CheckpointError
 
 STATE = "state.eqx"
 HEADER = "header.json"
+HEADER_SHA256 = "header_sha256"
+_SEAL = f',\n "{HEADER_SHA256}": '.encode()
 PREFIX = "step_"
 _TMP = ".tmp-"
 _TRASH = ".trash-"
@@ -69,11 +75,39 @@ def write_state(folder: pathlib.Path, write: Callable[[Any], None]) -> tuple[int
     return writer.size, writer.sha256.hexdigest()
 
 
+def _sealed(body: bytes) -> bytes:
+    """`body`, the start of a JSON object up to its last field, completed with
+    the field `header_sha256`: the SHA-256 of `body`."""
+    digest = hashlib.sha256(body).hexdigest()
+    return body + _SEAL + f'"{digest}"\n}}\n'.encode()
+
+
 def write_header(folder: pathlib.Path, header: dict[str, Any]) -> None:
-    with open(folder / HEADER, "w") as f:
-        json.dump(header, f, indent=1)
+    body = json.dumps(header, indent=1).encode()
+    with open(folder / HEADER, "wb") as f:
+        f.write(_sealed(body.removesuffix(b"\n}")))
         f.flush()
         os.fsync(f.fileno())
+
+
+def read_header_json(folder: pathlib.Path) -> dict[str, Any]:
+    """The JSON object in `folder/header.json`, after checking its checksum
+    (a file that passes it ends in a field, so it is an object or no JSON)."""
+    file = folder / HEADER
+    try:
+        data = file.read_bytes()  # another OSError names the file itself
+    except FileNotFoundError:
+        raise removed_while_reading(folder) from None
+    if data != _sealed(data.rpartition(_SEAL)[0]):
+        raise CheckpointError(
+            f"{file} does not match its own checksum (field `{HEADER_SHA256}`): "
+            "it was edited, truncated or corrupted after it was saved. Fix: load "
+            "an earlier checkpoint of the folder, or save this one again."
+        )
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise CheckpointError(f"{file} is not JSON ({e}).") from e
 
 
 def step_of(path: pathlib.Path) -> int | None:
@@ -86,6 +120,14 @@ def step_of(path: pathlib.Path) -> int | None:
 def _replaced_name(aside: pathlib.Path) -> str:
     """The name of the checkpoint that `aside`, a set-aside copy, replaced."""
     return aside.name[len(_REPLACED) :].rsplit("-", 1)[0]
+
+
+def named_step(folder: pathlib.Path) -> int | None:
+    """The step in the name of a checkpoint folder (`step_*`, or the set-aside
+    copy of one), or `None` for any other name."""
+    if folder.name.startswith(_REPLACED):
+        folder = folder.with_name(_replaced_name(folder))
+    return step_of(folder)
 
 
 def _complete(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
@@ -107,7 +149,7 @@ def _complete(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
         elif p.name.startswith(_REPLACED):
             set_aside.append(p)
     for p in set_aside:
-        step = step_of(p.with_name(_replaced_name(p)))
+        step = named_step(p)
         if step is not None:
             found.setdefault(step, p)
     return sorted(found.items())
@@ -163,9 +205,9 @@ def _remove(path: pathlib.Path) -> None:
 
 def _is_intact(folder: pathlib.Path) -> bool:
     try:
-        header = json.loads((folder / HEADER).read_text())
+        header = read_header_json(folder)
         checked_state_file(folder, header["state_bytes"], header["state_sha256"])
-    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+    except (KeyError, TypeError, CheckpointError):
         return False
     return True
 
@@ -254,7 +296,7 @@ def write_atomically(
     return final
 
 
-def resolve(path: str | os.PathLike) -> pathlib.Path:
+def resolve(path: str | os.PathLike | None) -> pathlib.Path:
     """A checkpoint folder, or the latest complete one in a folder of them."""
     if path is None:
         # What `latest_checkpoint` returns for a folder without checkpoints.
@@ -262,11 +304,6 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
             "No checkpoint given (path=None; latest_checkpoint(folder) is None "
             "when the folder holds no complete checkpoint). Pass the folder "
             "itself to be told what is in it, or start a fresh run."
-        )
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(
-            f"expected the path of a checkpoint (a str or pathlib.Path), got "
-            f"{type(path).__name__}."
         )
     path = pathlib.Path(path)
     if (path / HEADER).is_file():

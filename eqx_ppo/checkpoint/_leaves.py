@@ -50,19 +50,36 @@ def saved_structure(state: Any) -> tuple[list[dict[str, Any]], str]:
     return leaves, treedef
 
 
-def check_key_impls(saved_leaves: tuple) -> None:
-    """Raise a `ValueError` naming the first saved PRNG key whose `key_impl`
-    this JAX does not know (loading would fail inside JAX)."""
-    for spec in saved_leaves:
-        if not isinstance(spec, dict) or "key_impl" not in spec:
-            continue
+_ARRAY = {"path": str, "shape": list, "dtype": str}
+_KEY = {**_ARRAY, "key_impl": str}
+_OTHER = {"path": str, "type": str}
+
+
+def spec_problem(spec: Any) -> str | None:
+    """What is wrong with `spec`, a leaf spec read from a header, or `None`.
+
+    A spec is what `saved_structure` writes: exactly the fields of an array
+    (with `key_impl` for a PRNG key) or of another leaf, each of its type,
+    and a shape of ints >= 0; a PRNG key's `key_impl` must be known to JAX.
+    """
+    if not isinstance(spec, dict):
+        return f"is not an object ({type(spec).__name__})"
+    fields = _OTHER if "type" in spec else _KEY if "key_impl" in spec else _ARRAY
+    for name in sorted(fields.keys() | spec.keys()):
+        if name not in fields or not isinstance(spec.get(name), fields[name]):
+            return f"has {name}={spec.get(name, '(absent)')!r}"
+    shape = spec.get("shape", ())
+    if not all(type(n) is int and n >= 0 for n in shape):
+        return f"has shape={shape!r}"
+    if "key_impl" in spec:
         try:
-            jax.eval_shape(lambda impl=spec["key_impl"]: jax.random.key(0, impl=impl))
+            jax.eval_shape(lambda: jax.random.key(0, impl=spec["key_impl"]))
         except (TypeError, ValueError) as e:
-            raise ValueError(
-                f"leaf {spec.get('path')}: key_impl={spec['key_impl']!r} is not a "
-                f"PRNG implementation this JAX knows ({e})"
-            ) from None
+            return (
+                f"has key_impl={spec['key_impl']!r}, which is not a PRNG "
+                f"implementation this JAX knows ({e})"
+            )
+    return None
 
 
 def _holds_arrays(x: Any) -> bool:
@@ -105,7 +122,7 @@ def _describe(spec: dict[str, Any] | None) -> str:
 
 
 def check_structure(
-    where: Any, saved_leaves: tuple, saved_treedef: str, like: Any
+    folder: pathlib.Path, saved_leaves: tuple, saved_treedef: str, like: Any
 ) -> None:
     """Raise a `CheckpointError` listing how `like` differs from the saved state."""
     expected, treedef = structure(like)
@@ -127,7 +144,7 @@ def check_structure(
         if not lines:
             lines = ["  the leaves are the same but in a different order"]
         raise CheckpointError(
-            f"{where} does not match the template: {len(lines)} leaves "
+            f"{folder} does not match the template: {len(lines)} leaves "
             f"differ (saved {len(saved)} leaves, template {len(expected)}):\n"
             + "\n".join(lines[:8])
             + ("\n  ..." if len(lines) > 8 else "")
@@ -139,7 +156,7 @@ def check_structure(
         i = len(os.path.commonprefix([treedef, saved_treedef]))
         lo = max(0, i - 60)
         raise CheckpointError(
-            f"{where} does not match the template: the arrays agree but the "
+            f"{folder} does not match the template: the arrays agree but the "
             "static structure differs (e.g. an activation, a sampler setting or "
             "a layer option):\n"
             f"  saved:    ...{saved_treedef[lo : i + 60]}...\n"

@@ -134,15 +134,15 @@ def check_action_tree(env_name: str, action: Any, shapes: dict[str, Any]) -> Any
     return jax.tree.map(lambda a, s: check_action(env_name, a, s), action, shapes)
 
 
-def check_env(where: str, name: str, env: Any) -> None:
-    """Raise a `TypeError` naming `where`'s argument `name` unless `env` follows
-    the protocol: an instance with `reset(key)` and `step(state, action)`.
+def check_env(env: Any, name: str = "env") -> None:
+    """Raise a `TypeError` naming the argument `name` unless `env` follows the
+    protocol: a hashable instance with `reset(key)` and `step(state, action)`.
 
     Catches, before anything is traced, an env class passed for an instance
     and a raw gymnax env (whose `reset` / `step` take `params` and return
     tuples).
     """
-    _check_not_batched(where, name, env)
+    _check_not_batched(name, env)
     if isinstance(env, AbstractEnv):
         return
     if isinstance(env, type):
@@ -170,7 +170,7 @@ def check_env(where: str, name: str, env: Any) -> None:
             "MuJoCo Playground protocol), e.g. eqx_ppo.envs.make('cartpole')"
         )
     raise TypeError(
-        f"{where}({name}=...): expected an env, got {describe(env)}. Fix: {fix}."
+        f"{name}=...: expected an env, got {describe(env)}. Fix: {fix}."
     )
 
 
@@ -185,7 +185,7 @@ _TRAINING_WRAPPERS = {
 }
 
 
-def _check_not_batched(where: str, name: str, env: Any) -> None:
+def _check_not_batched(name: str, env: Any) -> None:
     """Raise a `TypeError` if `env` is wrapped for Brax's training loop: a
     batched env fails inside JAX with a shape error, and an auto-resetting
     one trains silently on the next episode's first observation in place of
@@ -195,7 +195,7 @@ def _check_not_batched(where: str, name: str, env: Any) -> None:
         wrapper = type(inner).__name__
         if wrapper in _TRAINING_WRAPPERS:
             raise TypeError(
-                f"{where}({name}=...): the env is wrapped in {wrapper}, which "
+                f"{name}=...: the env is wrapped in {wrapper}, which "
                 f"{_TRAINING_WRAPPERS[wrapper]}; eqx_ppo vmaps single-env "
                 "`reset` / `step` and resets episodes itself. Fix: pass the env "
                 "before Brax's / Playground's training wrappers, e.g. "

@@ -1,11 +1,16 @@
 """GymnaxAdapter: gymnax environments under the Brax-style protocol."""
 
+import dataclasses
 import math
+import typing
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+from beartype import BeartypeConf
+from beartype.door import is_bearable
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from ._env import AbstractEnv, check_switches, describe
@@ -16,6 +21,55 @@ def _is_discrete(space: Any) -> bool:
     from gymnax.environments import spaces
 
     return isinstance(space, spaces.Discrete)
+
+
+_TOWER = BeartypeConf(is_pep484_tower=True)  # an int is a valid float
+# Fields that count steps: a whole number >= 1 (gymnax divides by the memory
+# length, and an episode limit of 0 steps trains on nothing).
+_COUNTS = ("max_steps_in_episode", "memory_length")
+
+
+def _name(kind: Any) -> str:
+    """A type as an error names it: `str`, `gymnax.....cartpole.EnvParams`."""
+    module = getattr(kind, "__module__", "builtins")
+    name = getattr(kind, "__qualname__", str(kind))
+    return name if module == "builtins" else f"{module}.{name}"
+
+
+def _check_params(env: Any, params: Any) -> None:
+    """Refuse params that gymnax would fail on at the first step, or train on
+    silently: another class than the env's own, a field that is not of its
+    declared type (an array of any dtype passes, as vmapped params are), or a
+    count that is not a whole number >= 1."""
+    expected = type(env.default_params)
+    call = f"GymnaxAdapter({env.name}, env_params=...)"
+    if not isinstance(params, expected):
+        raise TypeError(
+            f"{call}: expected the env's own {_name(expected)}, got "
+            f"{_name(type(params))}. Fix: pass "
+            "env.default_params.replace(field=value), or a dict of the fields to "
+            "change as make('gymnax:<name>', env_params={...})."
+        )
+    hints = typing.get_type_hints(expected)
+    problems = []
+    for field in dataclasses.fields(params):
+        value = getattr(params, field.name)
+        hint = hints.get(field.name, Any)
+        if not is_bearable(
+            value, hint | jax.Array | np.ndarray | np.generic, conf=_TOWER
+        ):
+            problems.append(f"{field.name}={value!r} is not of type {_name(hint)}")
+        elif (
+            field.name in _COUNTS
+            and not isinstance(value, jax.core.Tracer)
+            and not (np.all(value >= 1) and np.all(np.mod(value, 1) == 0))
+        ):
+            problems.append(f"{field.name}={value!r} is not a whole number >= 1")
+    if problems:
+        raise ValueError(
+            f"{call}: {'; '.join(problems)}. Fix: give each field a value of its "
+            f"type and range (the defaults: {env.default_params})."
+        )
 
 
 def _strong(tree: Any) -> Any:
@@ -55,7 +109,11 @@ class GymnaxAdapter(AbstractEnv):
     **Arguments:**
 
     - `env`: a gymnax environment, e.g. `gymnax.make("CartPole-v1")[0]`.
-    - `env_params`: its parameters; `env.default_params` if `None`.
+    - `env_params`: its parameters; `env.default_params` if `None`. Checked
+      here: an instance of the env's own params class, each field of its
+      declared type (an int may stand for a float; arrays pass, for
+      vmapped params), and `max_steps_in_episode` and `memory_length` whole
+      numbers >= 1.
     - `rescale_actions`: map continuous actions from `[-1, 1]` to the Box bounds.
     - `flatten_obs`: flatten observations to a vector; `False` keeps their
       shape (images stay `[H, W, C]` for a CNN).
@@ -96,8 +154,10 @@ class GymnaxAdapter(AbstractEnv):
         )
         if truncation_from_info is not None:
             check_switches("GymnaxAdapter", truncation_from_info=truncation_from_info)
+        env_params = env.default_params if env_params is None else env_params
+        _check_params(env, env_params)
         self.env = env
-        self.env_params = env.default_params if env_params is None else env_params
+        self.env_params = env_params
         self.rescale_actions = rescale_actions
         self.flatten_obs = flatten_obs
         if truncation_from_info is None:

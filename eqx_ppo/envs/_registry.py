@@ -2,9 +2,10 @@
 or popgym-arcade."""
 
 import dataclasses
+import difflib
 import functools
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import jax
@@ -53,6 +54,18 @@ def registered_names() -> tuple[str, ...]:
     return tuple(sorted(_BUILTIN))
 
 
+def _unknown(call: str, source: str, name: str, known: Sequence[str]) -> ValueError:
+    """The error for a name `source` does not have: the closest of its
+    `known` names (by spelling, ignoring case), and all of them."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
+    guess = f" Did you mean {by_lower[close[0]]!r}?" if close else ""
+    return ValueError(
+        f"{call}: {source} has no env {name!r}.{guess} It has: "
+        f"{', '.join(sorted(known))}."
+    )
+
+
 def _missing(package: str, extra: str) -> ImportError:
     return ImportError(
         f"This env needs `{package}`, which is not installed. Install it with "
@@ -65,10 +78,9 @@ def _brax(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
         from brax import envs as brax_envs
     except ImportError as e:
         raise _missing("brax", "brax") from e
-    try:
-        return brax_envs.get_environment(name, **kwargs), 1000
-    except KeyError as e:
-        raise ValueError(f"make('brax:{name}'): brax has no env {name!r}.") from e
+    if name not in brax_envs._envs:  # brax's registry: it has no public list
+        raise _unknown(f"make('brax:{name}')", "brax", name, list(brax_envs._envs))
+    return brax_envs.get_environment(name, **kwargs), 1000
 
 
 def _playground(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
@@ -77,8 +89,8 @@ def _playground(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
     except ImportError as e:
         raise _missing("mujoco_playground", "playground") from e
     if name not in registry.ALL_ENVS:
-        raise ValueError(
-            f"make('playground:{name}'): MuJoCo Playground has no env {name!r}."
+        raise _unknown(
+            f"make('playground:{name}')", "MuJoCo Playground", name, registry.ALL_ENVS
         )
     if "impl" not in kwargs and jax.default_backend() == "cpu":
         warnings.warn(
@@ -129,7 +141,7 @@ def _gymnax(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
     except ImportError as e:
         raise _missing("gymnax", "gymnax") from e
     if name not in gymnax.registered_envs:
-        raise ValueError(f"make('gymnax:{name}'): gymnax has no env {name!r}.")
+        raise _unknown(f"make('gymnax:{name}')", "gymnax", name, gymnax.registered_envs)
     env_params = kwargs.pop("env_params", None)
     env, params = gymnax.make(name, **kwargs)
     if isinstance(env_params, Mapping):
@@ -153,10 +165,7 @@ def _popgym_arcade(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
         raise _missing("popgym-arcade", "popgym-arcade") from e
     known = popgym_arcade.registration.REGISTERED_ENVIRONMENTS
     if name not in known:
-        raise ValueError(
-            f"make('popgym_arcade:{name}'): popgym-arcade has no env {name!r}; it "
-            f"has {', '.join(known)}."
-        )
+        raise _unknown(f"make('popgym_arcade:{name}')", "popgym-arcade", name, known)
     env, params = popgym_arcade.make(name, **kwargs)
     # The limit lives on the env under one of two names; the params' field,
     # where there is one, is the stable-gymnax default (1) for some envs.

@@ -24,7 +24,7 @@ class AbstractWrapper(AbstractEnv):
     env: eqx.AbstractVar[Any]
 
     def __check_init__(self):
-        check_env(type(self).__name__, "env", self.env)
+        check_env(self.env)
 
     @property
     def observation_size(self) -> Size:

@@ -1,4 +1,5 @@
-"""Keys: checking one, and the key each child of a container gets.
+"""Keys: the key each child of a container gets, and the check that a
+stochastic layer got one.
 
 A container hands child `i` of a `Sequential` the key
 `jax.random.fold_in(key, i)`, and the child named `name` of a dict container
@@ -10,16 +11,11 @@ removes a key no layer draws from.
 """
 
 import functools
-import reprlib
 import zlib
 from typing import Any
 
-import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jaxtyping import Array, Key
-
-from ._errors import array_spec
 
 
 def child_key(
@@ -34,26 +30,6 @@ def child_key(
     for _ in range(key.ndim):
         fold = jax.vmap(fold)
     return fold(key)
-
-
-def check_key(
-    where: str, key: Any, several: str = "vmap over keys to use several"
-) -> None:
-    """Raise a `TypeError` unless `key` is one typed PRNG key
-    (`jax.random.key`). `several` tells how `where` takes more than one key."""
-    if eqx.is_array(key) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.shape == ():
-            return
-    if eqx.is_array(key):
-        value, seen = array_spec(key), f"a {array_spec(key)} array"
-    else:
-        value, seen = reprlib.repr(key), type(key).__name__
-    raise TypeError(
-        f"{where}(key={value}): expected a PRNG key such as jax.random.key(0), got "
-        f"{seen}. Fix: pass a single key, e.g. key=jax.random.key(seed) "
-        f"({several}); raw key data, as jax.random.PRNGKey returns, becomes a key "
-        "with jax.random.wrap_key_data."
-    )
 
 
 def check_draws(layer: Any, key: Key[Array, ""] | None) -> None:

@@ -1,14 +1,10 @@
-"""The training engine: configs, rollout, GAE, learners, the pure `init` /
-`step` and the driver; PPO is its first learner."""
+"""The training engine: learners, the pure `init` / `step`, the rollout and the
+driver; PPO is its first learner. Writing a learner needs `replay` (a
+minibatch's replay with bootstrap values), `gae` and, to reuse PPO's loss,
+`ppo_loss`."""
 
-from . import _legacy as _legacy
 from ._config import (
-    DriverConfig as DriverConfig,
     EvalConfig as EvalConfig,
-    IterationConfig as IterationConfig,
-    LearnerConfig as LearnerConfig,
-    OptimizerConfig as OptimizerConfig,
-    PPOConfig as PPOConfig,
     TrainConfig as TrainConfig,
     VideoConfig as VideoConfig,
 )
@@ -20,32 +16,19 @@ from ._learner import (
 )
 from ._loss import ppo_loss as ppo_loss, replay as replay
 from ._rollout import (
-    SaveAt as SaveAt,
-    Steps as Steps,
     Transition as Transition,
     eval_rollout as eval_rollout,
     record_activations_rollout as record_activations_rollout,
-    rollout as rollout,
-    run_episodes as run_episodes,
-    run_fresh_episodes as run_fresh_episodes,
-    start_episodes as start_episodes,
 )
-from ._step import (
-    TrainingState as TrainingState,
-    init as init,
-    make_optimizer as make_optimizer,
-    ppo_init as ppo_init,
-    ppo_run as ppo_run,
-    ppo_step as ppo_step,
-    scan_steps as scan_steps,
-    step as step,
+from ._sharding import (
+    make_mesh as make_mesh,
+    shard_state as shard_state,
+    shard_step as shard_step,
 )
+from ._step import TrainingState as TrainingState, init as init, step as step
 from ._train import (
     TrainResult as TrainResult,
     VideoData as VideoData,
-    init_state as init_state,
-    init_states as init_states,
     select_seed as select_seed,
     train as train,
-    train_ppo as train_ppo,
 )

@@ -13,7 +13,7 @@ than the rollout's.
 """
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +22,12 @@ from jaxtyping import Array, Float, Key, PyTree
 from ..logging import LoggingLevel
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, SequenceOutput, State
-from ._config import PPOConfig
 from ._gae import gae
 from ._rollout import Transition, apply_network, reset_carry
 from ._sharding import gather_envs, mean, pmean, variance
+
+if TYPE_CHECKING:
+    from ._learner import PPO
 
 
 class Replay(NamedTuple):
@@ -139,7 +141,7 @@ def _advantages_for_loglikelihoods(
         return advantages
     raise ValueError(
         "Dict rewards need either one action log-likelihood per reward key "
-        "(same structure) or `PPOConfig(combine_advantages=True)`.\n"
+        "(same structure) or `PPO(combine_advantages=True)`.\n"
         f"  rewards: {jax.tree.structure(advantages)}\n"
         f"  loglikelihoods: {jax.tree.structure(loglikelihoods)}"
     )
@@ -165,7 +167,7 @@ def ppo_loss(
     state0: State,
     data: Transition,
     final_obs: PyTree[Array],
-    config: PPOConfig,
+    learner: "PPO",
     *,
     axis_name: str | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Any]]:
@@ -191,10 +193,10 @@ def ppo_loss(
         state0,
         data,
         final_obs,
-        bootstrap_truncation=config.truncation == "bootstrap",
+        bootstrap_truncation=learner.truncation == "bootstrap",
     )
     values = rep.output.value_estimates
-    rewards = jax.tree.map(lambda r: r * config.reward_scaling, data.reward)
+    rewards = jax.tree.map(lambda r: r * learner.reward_scaling, data.reward)
     advantages = jax.tree.map(
         lambda r, v, nv: gae(
             r,
@@ -202,9 +204,9 @@ def ppo_loss(
             jax.lax.stop_gradient(nv),
             data.done,
             data.truncated,
-            gamma=config.discounting_factor,
-            lambda_=config.gae_lambda,
-            bootstrap_truncation=config.truncation == "bootstrap",
+            gamma=learner.discounting_factor,
+            lambda_=learner.gae_lambda,
+            bootstrap_truncation=learner.truncation == "bootstrap",
         ),
         rewards,
         values,
@@ -214,13 +216,13 @@ def ppo_loss(
         lambda v, a: jax.lax.stop_gradient(v) + a, values, advantages
     )
     policy_advantages = _advantages_for_loglikelihoods(
-        advantages, rep.output.loglikelihoods, config.combine_advantages
+        advantages, rep.output.loglikelihoods, learner.combine_advantages
     )
-    if config.normalize_advantages:
+    if learner.normalize_advantages:
         policy_advantages = jax.tree.map(
             lambda a: _standardize(a, axis_name), policy_advantages
         )
-    clip = config.clip_range
+    clip = learner.clip_range
 
     def surrogate(new_ll, old_ll, adv):
         ratio = jnp.exp(new_ll - old_ll)
@@ -234,7 +236,7 @@ def ppo_loss(
         policy_advantages,
     )
     critic_losses = jax.tree.map(
-        lambda v, old, t: value_loss(v, old, t, config.value_clip_range),
+        lambda v, old, t: value_loss(v, old, t, learner.value_clip_range),
         values,
         data.output.value_estimates,
         targets,
@@ -242,9 +244,9 @@ def ppo_loss(
     regularization = jnp.mean(rep.regularization)
     actor = sum(jax.tree.leaves(actor_losses))
     critic = sum(jax.tree.leaves(critic_losses))
-    total = actor + config.critic_loss_weight * critic + regularization
+    total = actor + learner.critic_loss_weight * critic + regularization
 
-    level = config.logging_level
+    level = learner.logging_level
     # Every device's share of the minibatch has the same size, so the mean of
     # the devices' means is the minibatch mean.
     log_ratios = jax.tree.map(

@@ -6,7 +6,6 @@ mask, before the next step. The transition keeps the pre-reset (terminal)
 observation for truncation bootstrapping.
 """
 
-import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -15,24 +14,16 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
+from .._typecheck import Int, checked
 from ..envs._env import check_env, reported_truncation
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
-from ..nn._keys import check_key
-from ..nn._module import (
-    AbstractStatefulModule,
-    State,
-    checked_output,
-    reset_where,
-)
-from ..samplers import CategoricalSampler
-from ._config import EVAL_LEVELS_EXAMPLE
+from ..nn._module import AbstractStatefulModule, State, checked_output, reset_where
 from ._sharding import shard_env_keys
 from ._validate import (
-    check_flags,
-    check_int,
-    check_network_argument,
-    check_one_network,
+    check_actions,
+    check_network_output,
+    check_samplers,
     check_step_output,
 )
 
@@ -94,109 +85,10 @@ def reset_carry(
     return jax.vmap(lambda d, s: reset_where(network, d, s))(done, state)
 
 
-def _check_output(output: Any, reward: Any) -> None:
-    if not isinstance(output, PPONetworkOutput):
-        raise TypeError(
-            "The network's output must be a `PPONetworkOutput` (end it with "
-            f"`PPOAdapter(action=..., value=...)`); got {type(output).__name__}."
-        )
-    value_struct = jax.tree.structure(output.value_estimates)
-    reward_struct = jax.tree.structure(reward)
-    if value_struct != reward_struct:
-        raise ValueError(
-            "The network's value estimates must have the env reward's structure "
-            "(one value head per reward key).\n"
-            f"  value_estimates: {value_struct}\n  reward: {reward_struct}\n"
-            "Fix: give the value port one output per reward key (e.g. a `Splitter` "
-            "or `Parallel` with the reward's keys)."
-        )
-    # One number per env for each log-likelihood and value leaf: a sampler
-    # that left its action axis unsummed would otherwise broadcast against
-    # the advantages in the loss, into a wrong surrogate or a shape error.
-    n_envs = jnp.shape(jax.tree.leaves(reward)[0])[:1]
-    for name, tree in (
-        ("loglikelihoods", output.loglikelihoods),
-        ("value_estimates", output.value_estimates),
-    ):
-        for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            if jnp.shape(x) != n_envs:
-                raise ValueError(
-                    f"The network's {name}{jax.tree_util.keystr(path)} has shape "
-                    f"{jnp.shape(x)[1:]} per env; expected one number per env "
-                    "(shape ()). Fix: a sampler's log_likelihood must sum over "
-                    "its action's dimensions (e.g. jnp.sum(log_probs)), and a "
-                    "value head must output one number per reward key."
-                )
-
-
-def _check_categorical_samplers(env: Any, network: AbstractStatefulModule) -> None:
-    """Raise unless every `CategoricalSampler` of `network` draws from the
-    `env.n_actions` choices of a discrete env (its actions are then in range);
-    with dict actions, from those of the action key it sits under."""
-    n_actions = getattr(env, "n_actions", None)
-    if n_actions is None:
-        return
-    is_sampler = lambda x: isinstance(x, CategoricalSampler)  # noqa: E731
-    flat = jax.tree_util.tree_flatten_with_path(network, is_leaf=is_sampler)[0]
-    for path, sampler in flat:
-        if not is_sampler(sampler):
-            continue
-        where, expected = "", n_actions
-        if isinstance(n_actions, Mapping):
-            keys = [p.key for p in path if getattr(p, "key", None) in n_actions]
-            if keys:
-                where, expected = f"[{keys[-1]!r}]", n_actions[keys[-1]]
-        if sampler.n_actions != expected:
-            raise ValueError(
-                f"The network's CategoricalSampler{where} has {sampler.n_actions!r} "
-                f"actions but env.n_actions{where} = {expected!r}. Fix: build it "
-                f"with action_size=env.n_actions ({n_actions!r}), discrete=True."
-            )
-
-
-def _expected_action_shapes(env: Any) -> Any:
-    """Per-env action shapes a continuous env declares, or `None` if it declares
-    none (a discrete env's samplers are checked by `_check_categorical_samplers`).
-    """
-    if getattr(env, "n_actions", None) is not None:
-        return None
-    size = getattr(env, "action_size", None)
-    if isinstance(size, int):
-        return (size,)
-    if isinstance(size, Mapping):
-        return {k: (v,) if isinstance(v, int) else tuple(v) for k, v in size.items()}
-    return None
-
-
 def _step_envs(env: Any, env_state: Any, actions: Any) -> Any:
-    """`env.step` vmapped, after checking the actions against `env.action_size`;
-    its obs, reward and done are checked against `env_state` (at trace time)."""
-    shapes = jax.tree.map(lambda a: tuple(a.shape[1:]), actions)
-    expected = _expected_action_shapes(env)
-    if expected is not None:
-        is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
-        if jax.tree.structure(shapes, is_leaf=is_shape) != jax.tree.structure(
-            expected, is_leaf=is_shape
-        ) or jax.tree.leaves(shapes, is_leaf=is_shape) != jax.tree.leaves(
-            expected, is_leaf=is_shape
-        ):
-            discrete = any(
-                jnp.issubdtype(a.dtype, jnp.integer) for a in jax.tree.leaves(actions)
-            )
-            fix = (
-                "the network samples discrete actions, but the env is continuous "
-                "(it has no n_actions): build it with discrete=False (a Gaussian "
-                "sampler)"
-                if discrete
-                else "build the network with the env's action_size (for dict "
-                "actions, a `Map` of samplers with the same keys)"
-            )
-            raise ValueError(
-                "The network's actions do not match the env's action_size.\n"
-                f"  network actions (per env): {shapes}\n"
-                f"  env.action_size: {env.action_size}\n"
-                f"Fix: {fix}."
-            )
+    """`env.step` vmapped, with the actions and the returned state checked
+    against the env's declarations (at trace time)."""
+    check_actions(env, actions)
     next_env = jax.vmap(env.step)(env_state, actions)
     check_step_output(env_state, next_env)
     return next_env
@@ -268,7 +160,6 @@ def start_episodes(
     env: Any, network: AbstractStatefulModule, key: PRNGKeyArray, n_envs: int
 ) -> StepCarry:
     """Fresh envs (`env.reset` with `env_keys(key, n_envs)`) and initial carries."""
-    check_env("start_episodes", "env", env)
     env_state = jax.vmap(env.reset)(env_keys(key, n_envs))
     return StepCarry(env_state, network.initialize_state(n_envs))
 
@@ -322,8 +213,7 @@ def run_episodes(
     with `axis_name`, `carry` holds this device's envs and they draw their
     keys from the split for all envs.
     """
-    check_env("run_episodes", "env", env)
-    _check_categorical_samplers(env, network)
+    check_samplers(env, network)
     n_envs = jnp.shape(carry.env_state.done)[0]
 
     def keys_of(k):
@@ -342,7 +232,7 @@ def run_episodes(
         step_key, reset_key = xs
         net_keys = keys_of(step_key)
         out = apply_network(network, net_state, env_state.obs, None, net_keys)
-        _check_output(out.output, env_state.reward)
+        check_network_output(out.output, env_state.reward)
         next_env = _step_envs(env, env_state, out.output.actions)
         done = jnp.asarray(next_env.done).astype(bool)
         transition = Transition(
@@ -418,23 +308,16 @@ def rollout(
 
 
 def _single_episodes(
-    caller: str,
     env: Any,
     network: AbstractStatefulModule,
-    key: Any,
+    key: PRNGKeyArray,
     n_envs: int,
     max_episode_length: int,
     save: SaveAt,
 ) -> Steps:
-    """One episode per env from fresh envs, for evaluation and recording.
-
-    Envs are never reset: each runs `max_episode_length` steps and
-    `Steps.finished` masks the steps after its first `done`. `key` is checked
-    first, then the sizes, so a bad one is reported as `caller`'s.
-    """
-    check_key(caller, key)
-    check_int(caller, "n_envs", n_envs)
-    check_int(caller, "max_episode_length", max_episode_length)
+    """One episode per env from fresh envs, for evaluation and recording: envs
+    are never reset, each runs `max_episode_length` steps, and
+    `Steps.finished` masks the steps after its first `done`."""
     return run_fresh_episodes(
         env,
         network,
@@ -451,13 +334,14 @@ def _mask_leaf(alive: Bool[Array, "..."], x: Array) -> Array:
     return jnp.where(alive.reshape(alive.shape + (1,) * (x.ndim - alive.ndim)), x, 0.0)
 
 
+@checked
 def eval_rollout(
     env: Any,
     network: AbstractStatefulModule,
     key: PRNGKeyArray,
     *,
-    n_envs: int,
-    max_episode_length: int,
+    n_envs: Int,
+    max_episode_length: Int,
     logging_level: LoggingLevel = LoggingLevel.NONE,
     logging_percentiles: tuple[int | float, ...] | None = None,
 ) -> dict[str, Array]:
@@ -474,16 +358,7 @@ def eval_rollout(
     into `(reset, run)`, the envs start from `env_keys(reset, n_envs)` and
     [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
     """
-    check_env("eval_rollout", "env", env)
-    check_network_argument("eval_rollout", "network", network)
-    check_one_network("eval_rollout", "network", network)
-    check_flags(
-        "eval_rollout",
-        "logging_level",
-        logging_level,
-        LoggingLevel,
-        EVAL_LEVELS_EXAMPLE,
-    )
+    check_env(env)
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,
@@ -491,7 +366,6 @@ def eval_rollout(
     }
     fields = ("reward",) + tuple(groups[g] for g, on in wanted.items() if on)
     steps = _single_episodes(
-        "eval_rollout",
         env,
         network,
         key,
@@ -534,20 +408,16 @@ def eval_rollout(
     return metrics
 
 
+@checked
 def record_activations_rollout(
     env: Any,
     network: AbstractStatefulModule,
-    *positional: Any,
-    n_envs: int | None = None,
-    max_episode_length: int | None = None,
-    key: PRNGKeyArray | None = None,
+    *,
+    n_envs: Int,
+    max_episode_length: Int,
+    key: PRNGKeyArray,
 ) -> tuple[PyTree[Array], Bool[Array, "time env"]]:
     """Run one deterministic episode per env and stack every layer's activations.
-
-    Call it as `record_activations_rollout(env, network, *, n_envs,
-    max_episode_length, key)`, like [`eqx_ppo.eval_rollout`][]. The old
-    positional form `(env, network, n_envs, max_episode_length, key)` still
-    works for one release, with a `DeprecationWarning`.
 
     `network` is copied with [`eqx_ppo.with_recording`][] and put in inference
     mode; the original is untouched. Envs are **not** reset mid-rollout: each
@@ -558,54 +428,13 @@ def record_activations_rollout(
     Returns `(activations, dones)`: `activations` mirrors the network like
     [`eqx_ppo.extract_activations`][], each leaf `[max_episode_length, n_envs,
     ...]`. Memory: `max_episode_length * n_envs * (sum of all units)` floats
-    stay on the device; shrink `n_envs` or the length on a small GPU.
+    stay on the device; shrink `n_envs` or the length on a small device.
     """
     from ..recording import with_recording
 
-    n_envs, max_episode_length, key = _keyword_only(
-        positional, n_envs=n_envs, max_episode_length=max_episode_length, key=key
-    )
-    check_env("record_activations_rollout", "env", env)
-    check_network_argument("record_activations_rollout", "network", network)
-    check_one_network("record_activations_rollout", "network", network)
+    check_env(env)
     recorder = eqx.nn.inference_mode(with_recording(network))
     steps = _single_episodes(
-        "record_activations_rollout",
-        env,
-        recorder,
-        key,
-        n_envs,
-        max_episode_length,
-        SaveAt(activations=True),
+        env, recorder, key, n_envs, max_episode_length, SaveAt(activations=True)
     )
     return steps.activations, steps.finished
-
-
-def _keyword_only(positional: tuple, **given: Any) -> tuple:
-    """`record_activations_rollout`'s arguments, given by keyword or (deprecated)
-    by position."""
-    names = list(given)
-    if positional:
-        if len(positional) > len(names) or any(
-            given[n] is not None for n in names[: len(positional)]
-        ):
-            raise TypeError(
-                "record_activations_rollout(env, network, *, n_envs, "
-                "max_episode_length, key): pass these three by keyword."
-            )
-        warnings.warn(
-            "record_activations_rollout(env, network, n_envs, max_episode_length, "
-            "key) is deprecated: pass n_envs=, max_episode_length= and key= by "
-            "keyword, as eval_rollout takes them.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        given.update(zip(names, positional, strict=False))
-    missing = [n for n in names if given[n] is None]
-    if missing:
-        raise TypeError(
-            f"record_activations_rollout: missing keyword arguments {missing}; "
-            "call it as record_activations_rollout(env, network, n_envs=..., "
-            "max_episode_length=..., key=...)."
-        )
-    return tuple(given[n] for n in names)

@@ -70,23 +70,23 @@ def make_mesh(devices: Any = None) -> Mesh:
     return Mesh(np.asarray(devices), (ENV_AXIS,), axis_types=(AxisType.Auto,))
 
 
-def check_mesh(mesh: Any, n_envs: int, n_minibatches: int, *, where: str) -> None:
+def check_mesh(mesh: Any, n_envs: int, n_minibatches: int) -> None:
     """Raise if `mesh` is not a 1-D `"env"` mesh that divides the minibatches."""
     if not isinstance(mesh, Mesh):
         raise TypeError(
-            f"{where}(mesh=...): expected a `jax.sharding.Mesh` (see "
+            f"train(mesh=...): expected a `jax.sharding.Mesh` (see "
             f"`eqx_ppo.make_mesh`); got {type(mesh).__name__}."
         )
     if tuple(mesh.axis_names) != (ENV_AXIS,):
         raise ValueError(
-            f"{where}(mesh=...): expected a 1-D mesh with the axis name "
+            f"train(mesh=...): expected a 1-D mesh with the axis name "
             f"{ENV_AXIS!r}; got axis names {tuple(mesh.axis_names)}. Fix: build it "
             "with `eqx_ppo.make_mesh(devices)`."
         )
     explicit = [t for t in mesh.axis_types if t != AxisType.Auto]
     if explicit:
         raise ValueError(
-            f"{where}(mesh=...): the axis {ENV_AXIS!r} has type {explicit[0].name}; "
+            f"train(mesh=...): the axis {ENV_AXIS!r} has type {explicit[0].name}; "
             "eqx_ppo places arrays itself and needs Auto. Fix: "
             "eqx_ppo.make_mesh(devices), or jax.make_mesh(..., "
             "axis_types=(jax.sharding.AxisType.Auto,))."
@@ -95,7 +95,7 @@ def check_mesh(mesh: Any, n_envs: int, n_minibatches: int, *, where: str) -> Non
     if n_envs % (n_devices * n_minibatches):
         per_step = n_devices * n_minibatches
         raise ValueError(
-            f"{where}(mesh=...): n_envs={n_envs} must be divisible by n_devices * "
+            f"train(mesh=...): n_envs={n_envs} must be divisible by n_devices * "
             f"n_minibatches = {n_devices} * {n_minibatches} = {per_step}, because "
             "each device holds n_envs / n_devices envs and splits them into "
             f"n_minibatches local minibatches. Fix: use n_envs="

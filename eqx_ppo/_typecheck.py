@@ -1,0 +1,90 @@
+"""Declared types, checked at the public boundary.
+
+Public functions and constructors are annotated, and `checked` makes
+beartype check the annotations at run time. A module's converted field is
+checked against its converter's parameter annotation (Equinox puts that in
+`__init__`'s signature), so a value is checked before it is converted: a
+string where a bool, int or float belongs is refused naming the parameter,
+never parsed. What a type cannot say (ranges, agreement between arguments)
+is checked by hand, once, where the value enters.
+"""
+
+import math
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from beartype import BeartypeConf, BeartypeStrategy, beartype
+from beartype.vale import IsInstance
+from jaxtyping import Array, ArrayLike, Float, Real
+
+# Every item of a container is checked (beartype samples one by default): the
+# containers at the boundary are small settings such as percentile levels.
+_CONF = BeartypeConf(
+    is_color=False, strategy=BeartypeStrategy.On, violation_type=TypeError
+)
+
+Int = Annotated[int, ~IsInstance[bool]]
+"""An int, not a bool (`isinstance(True, int)` holds in Python)."""
+
+Scalar = Annotated[Real[ArrayLike, ""], ~IsInstance[bool]]
+"""A real number: an `int` or `float` (not a `bool`), or a scalar array, traced
+ones included (a learner built inside `jax.vmap`)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checked(obj: F) -> F:
+    """Check `obj`'s annotations at every call: a function's arguments, or a
+    class's `__init__` arguments (for an `eqx.Module`, converted fields by
+    their converter's annotation)."""
+    if isinstance(obj, type):
+        obj.__init__ = beartype(conf=_CONF)(obj.__init__)
+        return obj
+    return beartype(conf=_CONF)(obj)
+
+
+def float32(value: Scalar) -> Float[Array, ""]:
+    """A coefficient as a float32 array: a pytree leaf, so changing it does not
+    recompile and `jax.vmap` can sweep it. A concrete value stays concrete
+    inside a trace (a learner built under `jit`), so its range is checked."""
+    with jax.ensure_compile_time_eval():
+        return jnp.asarray(value, jnp.float32)
+
+
+def optional_float32(value: Scalar | None) -> Float[Array, ""] | None:
+    """`float32`, with `None` kept: a switch that `None` turns off."""
+    return None if value is None else float32(value)
+
+
+def check_range(
+    call: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    open_low: bool = False,
+) -> None:
+    """Raise a `ValueError` unless a concrete scalar `value` is finite and in
+    `[low, high]` (`(low, high]` with `open_low`). `call` is the call to name,
+    e.g. `"PPO(clip_range=-0.1)"`'s `"PPO(clip_range="`. Traced values and
+    `None` pass."""
+    if value is None or isinstance(value, jax.core.Tracer):
+        return
+    array = np.asarray(value)
+    if array.ndim:
+        raise ValueError(
+            f"{call}array of shape {array.shape}): must be a scalar. Fix: to sweep "
+            "it, build the learner inside `jax.vmap`."
+        )
+    v = float(array)
+    too_low = low is not None and (v < low or (open_low and v == low))
+    if math.isfinite(v) and not too_low and (high is None or v <= high):
+        return
+    wanted = [f"{'>' if open_low else '>='} {low}"] if low is not None else []
+    wanted += [f"<= {high}"] if high is not None else []
+    # float32's shortest repr: the value as written (0.001, not 0.0010000000474974513).
+    shown = str(np.float32(v)) if array.dtype == np.float32 else repr(v)
+    raise ValueError(f"{call}{shown}): must be finite{''.join(' and ' + w for w in wanted)}.")

@@ -1,0 +1,330 @@
+"""Lesions: hold some units of one layer at fixed values, or shift them.
+
+An intervention is a pure tree transform, like `eqx.nn.inference_mode` and
+[`eqx_ppo.with_recording`][]: [`eqx_ppo.analysis.ablate`][],
+[`eqx_ppo.analysis.clamp`][] and [`eqx_ppo.analysis.perturb`][] return a new
+network in which the layer that `where` selects is wrapped in an
+[`eqx_ppo.analysis.Intervention`][]. The arrays are shared with the original,
+which is left untouched. The units are data (an array leaf), not a static
+field, so one compiled program serves every choice of units: that is what
+lets [`eqx_ppo.analysis.unit_importance`][] lesion every unit in one `vmap`.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PyTree
+
+from ..graph import PopulationGraph
+from ..nn._filters import coefficient
+from ..nn._module import (
+    AbstractStatefulModule,
+    SequenceOutput,
+    State,
+    StatefulModuleOutput,
+)
+
+Site = Literal["output", "carry", "input"]
+
+Units = Int[ArrayLike, " k"] | Bool[ArrayLike, " units"] | Sequence[int]
+"""Which units: an index array (or list) of them, or a boolean mask over all."""
+
+Values = Float[ArrayLike, "..."] | Sequence[float]
+"""The values to hold the units at, or to add: one, or one per entry of `units`."""
+
+
+class Intervention(AbstractStatefulModule):
+    """Runs `layer` with some units held at given values, or shifted by them.
+
+    With `mode="clamp"` the selected units are replaced by `values`; with
+    `mode="add"` `values` is added to them. The other units pass through
+    bit for bit. The units are those of
+
+    - `site="output"`: the layer's forward output (its entry `entry` when the
+      output is a dict). The layer's own carry is untouched: lesioning a
+      recurrent layer's output silences what the rest of the network reads
+      from those units, while its recurrence still sees them.
+    - `site="carry"`: the carry the layer starts each step from, the same
+      units of every carry array (an LSTM's `h` and `c`, an LRU's real and
+      imaginary parts). Held at zero, those units forget at every step but
+      still respond to the input: the layer's memory in them is removed.
+    - `site="input"`: the layer's input; a population of a graph is
+      lesioned this way, in every connection that reads it.
+
+    Everything else is the layer's: carry, resets, statistics, key, and
+    its own (possibly parallel) replay, whose outputs get the same
+    intervention, so a lesioned network also trains as one (with
+    `site="carry"` the replay scans the steps instead). A `Recorder` inside
+    the wrapper (from [`eqx_ppo.with_recording`][], applied before or after)
+    records the layer's own output, before an output intervention.
+
+    Build it with [`eqx_ppo.analysis.ablate`][], [`eqx_ppo.analysis.clamp`][]
+    or [`eqx_ppo.analysis.perturb`][].
+
+    **Fields:**
+
+    - `layer`: the wrapped layer.
+    - `units`: an integer index array, or a boolean mask over all units.
+    - `values`: a scalar, one value per index, or one per unit for a mask;
+        never trained (a [`coefficient`][eqx_ppo.nn.coefficient] field).
+    - `mode`: `"clamp"` or `"add"`.
+    - `site`: `"output"`, `"carry"` or `"input"`.
+    - `entry`: the key of a dict output (or input) to act on, or `None`.
+    """
+
+    layer: AbstractStatefulModule
+    units: Int[Array, " k"] | Bool[Array, " units"]
+    values: Float[Array, "..."] = coefficient()
+    mode: Literal["clamp", "add"] = eqx.field(static=True, default="clamp")
+    site: Site = eqx.field(static=True, default="output")
+    entry: str | None = eqx.field(static=True, default=None)
+
+    def _units_of(self, y: Any) -> Any:
+        """`y` with the selected units held or shifted (any leading axes)."""
+        if self.site == "carry":
+            return jax.tree.map(self._units_of_array, y)
+        if self.entry is not None:
+            return {**y, self.entry: self._units_of_array(y[self.entry])}
+        return self._units_of_array(y)
+
+    def _units_of_array(self, y: Any) -> Array:
+        n = n_units_of(self.layer, self.site, y)
+        if self.units.dtype == jnp.bool_:
+            if self.units.shape != (n,):
+                raise ValueError(
+                    f"Intervention(layer={type(self.layer).__name__}): a mask of "
+                    f"{self.units.shape[0]} units for a {self.site} of {n} units. "
+                    f"Fix: pass a boolean mask of length {n}, or unit indices."
+                )
+            mask = self.units
+            values = jnp.broadcast_to(self.values, (n,))
+        else:
+            index = eqx.error_if(
+                self.units,
+                (self.units < -n) | (self.units >= n),
+                f"Intervention: a unit index outside the layer's {n} units.",
+            )
+            mask = jnp.zeros(n, jnp.bool_).at[index].set(True)
+            values = (
+                jnp.zeros(n, jnp.float32)
+                .at[index]
+                .set(jnp.broadcast_to(self.values, index.shape))
+            )
+        values = values.astype(y.dtype)
+        if self.mode == "clamp":
+            return jnp.where(mask, values, y)
+        return jnp.where(mask, y + values, y)
+
+    def _at(self, site: Site, tree: Any) -> Any:
+        return self._units_of(tree) if self.site == site else tree
+
+    def __call__(
+        self,
+        state: State,
+        x: Any,
+        extras: Any = None,
+        *,
+        key: Key[Array, ""] | None = None,
+    ) -> StatefulModuleOutput:
+        state, x = self._at("carry", state), self._at("input", x)
+        out = self.layer(state, x, extras, key=key)
+        return out._replace(output=self._at("output", out.output))
+
+    def replay(
+        self,
+        state0: State,
+        xs: Any,
+        extras: Any,
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
+    ) -> SequenceOutput:
+        if self.site == "carry":
+            # Every step's carry is held: the default replay, a scan of
+            # this module's own `__call__`.
+            return AbstractStatefulModule.replay(self, state0, xs, extras, keys, done)
+        out = self.layer.replay(state0, self._at("input", xs), extras, keys, done)
+        return out._replace(output=self._at("output", out.output))
+
+    def initial_state(self) -> State:
+        return self.layer.initial_state()
+
+    def reset_state(self, prev_state: State) -> State:
+        return self.layer.reset_state(prev_state)
+
+    def update_statistics(self, extras: Any) -> "Intervention":
+        return dataclasses.replace(self, layer=self.layer.update_statistics(extras))
+
+
+def ablate(
+    network: PyTree,
+    where: Callable[[PyTree], Any],
+    units: Units,
+    *,
+    site: Literal["output", "carry"] = "output",
+    population: str | None = None,
+) -> PyTree:
+    """A copy of `network` whose selected units of one layer are held at zero.
+
+    **Arguments:**
+
+    - `network`: any network (or a tree holding one).
+    - `where`: a function from `network` to the layer, as for `eqx.tree_at`,
+        e.g. `lambda net: net.layers[1].action.layers[0]` for the actor LSTM
+        of [`eqx_ppo.nn.make_lstm_actor_critic`][].
+    - `units`: the units to hold: unit indices, or a boolean mask over all
+        the units.
+    - `site`: `"output"` holds units of the layer's output, as the rest of
+        the network reads it; `"carry"` holds the same units of every array
+        of the carry the layer starts each step from, which removes their
+        memory (see [`eqx_ppo.analysis.Intervention`][]).
+    - `population`: when `where` selects a
+        [`eqx_ppo.graph.PopulationGraph`][], the name of the population whose
+        units to hold: every connection reading it (delayed ones included)
+        reads the held activity, and so does the graph's output if it is an
+        output population (only with `site="output"`).
+
+    Returns a new network; `network` is untouched. An empty selection gives
+    outputs bit-identical to `network`'s. See
+    [`eqx_ppo.analysis.Intervention`][] for what is and is not held.
+
+    ```python
+    actor_lstm = lambda net: net.layers[1].action.layers[0]
+    silenced = ablate(net, actor_lstm, [3, 7])  # units 3 and 7 read as 0
+    amnesic = ablate(net, actor_lstm, jnp.ones(16, bool), site="carry")
+    ```
+    """
+    return _intervene(network, where, units, 0.0, "clamp", site, population)
+
+
+def clamp(
+    network: PyTree,
+    where: Callable[[PyTree], Any],
+    units: Units,
+    values: Values,
+    *,
+    site: Literal["output", "carry"] = "output",
+    population: str | None = None,
+) -> PyTree:
+    """A copy of `network` whose selected units of one layer are held at `values`.
+
+    As [`eqx_ppo.analysis.ablate`][], with `values` a scalar, one value per
+    index in `units`, or, for a boolean mask, one value per unit of the layer
+    (read only where the mask is set).
+    """
+    return _intervene(network, where, units, values, "clamp", site, population)
+
+
+def perturb(
+    network: PyTree,
+    where: Callable[[PyTree], Any],
+    units: Units,
+    delta: Values,
+    *,
+    site: Literal["output", "carry"] = "output",
+    population: str | None = None,
+) -> PyTree:
+    """A copy of `network` that adds `delta` to the selected units of one layer.
+
+    A constant push at every step, e.g. along a direction a
+    [`eqx_ppo.analysis.linear_probe`][] or [`eqx_ppo.analysis.pca`][] found.
+    `delta` is laid out as `values` in [`eqx_ppo.analysis.clamp`][]; the other
+    arguments are [`eqx_ppo.analysis.ablate`][]'s.
+    """
+    return _intervene(network, where, units, delta, "add", site, population)
+
+
+def _intervene(
+    network: PyTree,
+    where: Callable[[PyTree], Any],
+    units: Any,
+    values: Any,
+    mode: Literal["clamp", "add"],
+    site: Literal["output", "carry"],
+    population: str | None,
+) -> PyTree:
+    units = jnp.asarray(units)
+    if units.size == 0:
+        units = units.astype(jnp.int32)
+    values = jnp.asarray(values, jnp.float32)
+    if values.shape not in ((), units.shape):
+        raise ValueError(
+            f"values (or delta) of shape {values.shape} for units of shape "
+            f"{units.shape}. Fix: pass one value, or one per entry of `units`."
+        )
+    target = where(network)
+    if population is None:
+        if not isinstance(target, AbstractStatefulModule):
+            raise TypeError(
+                f"where=...: `where` selected a {type(target).__name__}, not a "
+                "layer. Fix: return a layer of the network, e.g. "
+                "`lambda net: net.layers[1]`."
+            )
+        if site == "carry" and not jax.tree.leaves(target.initial_state()):
+            raise ValueError(
+                f'site="carry": the selected {type(target).__name__} has no '
+                'carry. Fix: select a recurrent layer, or use site="output".'
+            )
+        wrapped = Intervention(target, units, values, mode, site)
+    elif site != "output":
+        raise ValueError(
+            f"site={site!r}, population={population!r}: a population has no carry "
+            'of its own; its activity is its output. Fix: site="output".'
+        )
+    else:
+        wrapped = _intervene_population(target, population, units, values, mode)
+    return eqx.tree_at(where, network, wrapped)
+
+
+def n_units_of(layer: AbstractStatefulModule, site: Site, y: Any) -> int:
+    """The number of units in `y`, what `layer` has at `site` (its last axis),
+    or an error if `y` is not an array of units."""
+    if not (eqx.is_array(y) or isinstance(y, jax.ShapeDtypeStruct)) or not y.shape:
+        raise TypeError(
+            f"where=...: the selected {type(layer).__name__}'s {site} is "
+            f"{jax.tree.map(jnp.shape, y)}, not an array of units. Fix: select a "
+            "layer whose output is an array, or a graph's population with "
+            "`population=`."
+        )
+    return y.shape[-1]
+
+
+def population_spec(graph: Any, population: str) -> Any:
+    """The `PopulationSpec` named `population` of `graph`, or an error naming
+    the graph's populations."""
+    if not isinstance(graph, PopulationGraph):
+        raise TypeError(
+            f"population={population!r}: `where` selected a {type(graph).__name__}, "
+            "not a PopulationGraph. Fix: select the graph holding the population."
+        )
+    specs = {pop.name: pop for pop in graph.populations}
+    if population not in specs:
+        raise ValueError(
+            f"population={population!r}: the graph has the populations {sorted(specs)}."
+        )
+    return specs[population]
+
+
+def _intervene_population(
+    graph: PopulationGraph,
+    population: str,
+    units: Array,
+    values: Array,
+    mode: Literal["clamp", "add"],
+) -> AbstractStatefulModule:
+    """`graph` whose connections from `population` read its held activity, and
+    whose output of it, if any, is held too."""
+    spec = population_spec(graph, population)
+    transforms = dict(graph.transforms)
+    for connection in graph.connections:
+        if connection.src == population:
+            transforms[connection.name] = Intervention(
+                transforms[connection.name], units, values, mode, site="input"
+            )
+    held: AbstractStatefulModule = dataclasses.replace(graph, transforms=transforms)
+    if spec.role == "output":
+        held = Intervention(held, units, values, mode, entry=spec.output_to)
+    return held

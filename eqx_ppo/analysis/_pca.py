@@ -1,0 +1,71 @@
+"""Principal components of recorded activity, over the live steps only."""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+
+class PCA(NamedTuple):
+    """What [`eqx_ppo.analysis.pca`][] returns.
+
+    **Fields:**
+
+    - `components`: `[n_components, units]`, orthonormal rows, by decreasing
+        variance; each signed so that its largest-magnitude entry is positive.
+    - `explained_variance_ratio`: `[n_components]`, each component's share of
+        the live steps' total variance.
+    - `projections`: `[*batch, n_components]`, every step's activity minus
+        `mean`, on the components; the masked steps are projected too (they
+        took no part in the fit): mask them with `dones` as the activity.
+    - `mean`: `[units]`, the mean activity over the live steps; project other
+        states `h` with `(h - mean) @ components.T`.
+    """
+
+    components: Float[Array, "n_components units"]
+    explained_variance_ratio: Float[Array, " n_components"]
+    projections: Float[Array, "*batch n_components"]
+    mean: Float[Array, " units"]
+
+
+def pca(
+    activations: Float[ArrayLike, "*batch units"],
+    dones: Bool[ArrayLike, "*batch"],
+    n_components: int,
+) -> PCA:
+    """Principal component analysis of one layer's activity over the live steps.
+
+    `activations` is one recorded layer, e.g. `[T, N, units]` from
+    [`eqx_ppo.record_activations_rollout`][], and `dones` its pre-step flags
+    `[T, N]`: steps with `dones` set (after the episode ended) are left out
+    of the mean and of the covariance, whatever they hold (NaN included).
+    The components are the right singular vectors of the centred live steps,
+    so they match an SVD of those rows alone. Jittable with `n_components`
+    static.
+    """
+    activations = jnp.asarray(activations, jnp.float32)
+    n_units = activations.shape[-1]
+    if not 1 <= n_components <= n_units:
+        raise ValueError(
+            f"pca(n_components={n_components}): the activity has {n_units} units. "
+            f"Fix: ask for 1 to {n_units} components."
+        )
+    rows = activations.reshape(-1, n_units)
+    live = ~jnp.asarray(dones).reshape(-1, 1)
+    n_live = jnp.sum(live).astype(jnp.float32)
+    mean = jnp.sum(jnp.where(live, rows, 0.0), axis=0) / n_live
+    # Masked rows become zeros, which add nothing to the covariance.
+    centred = jnp.where(live, rows - mean, 0.0)
+    _, singular, right = jnp.linalg.svd(centred, full_matrices=False)
+    variance = singular**2
+    components = right[:n_components]
+    largest = jnp.take_along_axis(
+        components, jnp.argmax(jnp.abs(components), axis=1)[:, None], axis=1
+    )
+    components = components * jnp.where(largest < 0, -1.0, 1.0)
+    return PCA(
+        components=components,
+        explained_variance_ratio=variance[:n_components] / jnp.sum(variance),
+        projections=(activations - mean) @ components.T,
+        mean=mean,
+    )

@@ -1,0 +1,119 @@
+"""Plots of the analyses, with matplotlib imported only when one is drawn."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
+
+from ._fixed_points import FixedPoints
+from ._pca import PCA
+
+
+def _axes(ax: Any) -> Any:
+    if ax is not None:
+        return ax
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError(
+            "eqx_ppo.analysis plots need matplotlib. Fix: "
+            'pip install "eqx_ppo[analysis]" (or pip install matplotlib).'
+        ) from error
+    return plt.subplots(figsize=(6, 4))[1]
+
+
+def plot_importance(
+    importance: Float[ArrayLike, " units"], *, ax: Any = None, sort: bool = True
+) -> Any:
+    """Bars of [`eqx_ppo.analysis.unit_importance`][]: one per unit, the most
+    important first if `sort`, labelled with the unit's index. Returns the
+    matplotlib axes (new ones unless `ax` is given)."""
+    ax = _axes(ax)
+    values = np.asarray(importance, np.float64)
+    order = np.argsort(-values, kind="stable") if sort else np.arange(len(values))
+    ax.bar(np.arange(len(values)), values[order], color="C0")
+    ax.set_xticks(
+        np.arange(len(values)),
+        [str(i) for i in order],
+        fontsize="small",
+        rotation=90 if len(values) > 8 else 0,
+    )
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.set(xlabel="unit", ylabel="drop in return when ablated")
+    return ax
+
+
+def plot_trajectories(
+    result: PCA,
+    dones: Bool[ArrayLike, "time env"],
+    color_by: Float[ArrayLike, " env"],
+    *,
+    components: tuple[int, int] = (0, 1),
+    ax: Any = None,
+    cmap: str = "coolwarm",
+) -> Any:
+    """Each env's live steps in the plane of two principal components of
+    [`eqx_ppo.analysis.pca`][] on `[time, env, units]` activity, the line
+    coloured by a task variable per env (e.g. the cue), a dot at its first
+    step. Returns the matplotlib axes."""
+    ax = _axes(ax)
+    import matplotlib as mpl
+
+    projections = np.asarray(result.projections)
+    live = ~np.asarray(dones)
+    value = np.asarray(color_by, np.float64)
+    norm = mpl.colors.Normalize(value.min(), value.max() + 1e-12)
+    colors = mpl.colormaps[cmap](norm(value))
+    a, b = components
+    for env in range(projections.shape[1]):
+        steps = projections[live[:, env], env]
+        ax.plot(steps[:, a], steps[:, b], color=colors[env], alpha=0.6, lw=1)
+        ax.plot(steps[:1, a], steps[:1, b], "o", color=colors[env], ms=3)
+    ratio = np.asarray(result.explained_variance_ratio)
+    ax.set(
+        xlabel=f"PC{a + 1} ({100 * ratio[a]:.0f}% of variance)",
+        ylabel=f"PC{b + 1} ({100 * ratio[b]:.0f}% of variance)",
+    )
+    ax.figure.colorbar(mpl.cm.ScalarMappable(norm, cmap), ax=ax)
+    return ax
+
+
+def plot_fixed_points(
+    points: FixedPoints,
+    *,
+    select: Callable[[PyTree[Array]], Float[Array, "points units"]] | None = None,
+    pca: PCA | None = None,
+    components: tuple[int, int] = (0, 1),
+    ax: Any = None,
+) -> Any:
+    """The points of [`eqx_ppo.analysis.fixed_points`][]: stable ones filled,
+    unstable ones as open circles, in two coordinates of `select(states)`
+    (default the flattened carry) or, given `pca`, on two of its components,
+    so they can be drawn over [`eqx_ppo.analysis.plot_trajectories`][]
+    (e.g. `select=lambda s: s[0]` for an LSTM's `h`, the recorded output).
+    Returns the matplotlib axes."""
+    ax = _axes(ax)
+    if select is None:
+        vectors = jax.vmap(lambda s: ravel_pytree(s)[0])(points.states)
+    else:
+        vectors = select(points.states)
+    vectors = np.asarray(vectors, np.float64)
+    if pca is not None:
+        vectors = (vectors - np.asarray(pca.mean)) @ np.asarray(pca.components).T
+    xy = vectors[:, list(components)]
+    stable = np.asarray(points.stable)
+    ax.scatter(*xy[stable].T, s=80, c="k", marker="o", label="stable", zorder=3)
+    ax.scatter(
+        *xy[~stable].T,
+        s=80,
+        facecolors="none",
+        edgecolors="k",
+        lw=1.5,
+        label="unstable",
+        zorder=3,
+    )
+    ax.legend()
+    return ax

@@ -1,0 +1,153 @@
+"""The non-finite guard: one fused check per iteration in the compiled step,
+read on the host when a chunk returns.
+
+In the graph (`flags`), every value that enters an update is checked: the
+observations the network saw and the one the value bootstraps from, the
+rewards, the loss, and the updated parameters and optimiser state; with the
+largest finite magnitudes, which tell an overflow of huge but finite inputs
+from a NaN. On the host (`raise_if_nonfinite`), the first iteration with a
+problem raises a `FloatingPointError` naming the cause and its fix, before
+the state is returned or checkpointed.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, PyTree
+
+from ._rollout import Transition
+
+OVERFLOW = 1e18
+"""Finite values beyond this overflow float32 arithmetic once squared
+(variances, value errors): they are named as an overflow, not a NaN."""
+
+
+def _inexact(tree: PyTree) -> list[Array]:
+    return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+
+
+def _finite_per(tree: PyTree, n_axes: int) -> Bool[Array, "..."]:
+    """Whether every value of the leading `n_axes` positions is finite."""
+    leaves = _inexact(tree)
+    if not leaves:
+        return jnp.array(True)
+    per = [jnp.isfinite(x).reshape(*x.shape[:n_axes], -1).all(axis=-1) for x in leaves]
+    return jnp.stack(per).all(axis=0)
+
+
+def _magnitude(tree: PyTree) -> Array:
+    leaves = [jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0), initial=0.0) for x in _inexact(tree)]
+    return jnp.max(jnp.stack(leaves)) if leaves else jnp.zeros(())
+
+
+def _first(bad: Bool[Array, "time env"]) -> tuple[Array, Array]:
+    """`(t, env)` of the first bad entry in time order (`(-1, -1)` if none)."""
+    index = jnp.argmax(bad.ravel())
+    t, env = jnp.divmod(index, bad.shape[1])
+    found = bad.any()
+    return jnp.where(found, t, -1).astype(jnp.int32), jnp.where(found, env, -1).astype(jnp.int32)
+
+
+def flags(
+    data: Transition, final_obs: PyTree[Array], loss: Array, updated: PyTree
+) -> dict[str, Array]:
+    """The guard's per-iteration flags (under `debug/`)."""
+    obs_ok = jnp.concatenate([_finite_per(data.obs, 2), _finite_per(final_obs, 1)[None]])
+    if data.terminal_obs is not None:
+        # A time limit's terminal observation, kept for bootstrapping: it came
+        # from `env.step` like the step's reward.
+        obs_ok = obs_ok.at[1:].set(obs_ok[1:] & _finite_per(data.terminal_obs, 2))
+    t, env = _first(~obs_ok)
+    # An observation after a `done` is a start state from `env.reset`.
+    after_done = jnp.concatenate([jnp.zeros_like(data.done[:1]), data.done])
+    reward_t, reward_env = _first(~_finite_per(data.reward, 2))
+    return {
+        "debug/obs_step": t,
+        "debug/obs_env": env,
+        "debug/obs_from_reset": after_done[jnp.maximum(t, 0), jnp.maximum(env, 0)],
+        "debug/reward_env": reward_env,
+        "debug/obs_max": jnp.maximum(_magnitude(data.obs), _magnitude(final_obs)),
+        "debug/reward_max": _magnitude(data.reward),
+        "debug/finite_loss": jnp.isfinite(loss).all(),
+        "debug/finite_update": _finite_per(updated, 0),
+    }
+
+
+def _problem(f: dict[str, np.ndarray], learner: Any) -> tuple[str, str] | None:
+    """What went wrong in one iteration's flags, and the fix."""
+    env_fix = (
+        "Check the env (run it with `jax.config.update('jax_debug_nans', True)` "
+        "to find the operation)."
+    )
+    if f["debug/obs_env"] >= 0:
+        source = "env.reset (a start state)" if f["debug/obs_from_reset"] else "env.step"
+        return (
+            f"observation from env {int(f['debug/obs_env'])}, returned by {source}",
+            env_fix,
+        )
+    if f["debug/reward_env"] >= 0:
+        return f"reward from env {int(f['debug/reward_env'])}, returned by env.step", env_fix
+    if f["debug/finite_loss"] and f["debug/finite_update"]:
+        return None
+    what = "loss" if not f["debug/finite_loss"] else "optimiser update (parameters or Adam state)"
+    scaling = float(np.asarray(getattr(learner, "reward_scaling", 1.0)))
+    if f["debug/obs_max"] > OVERFLOW:
+        return what, (
+            f"The observations are finite but reach {float(f['debug/obs_max']):.3g}, "
+            "which overflows float32 arithmetic (their squares exceed 3.4e38): "
+            "scale the env's observations down."
+        )
+    if f["debug/reward_max"] * scaling > OVERFLOW:
+        return what, (
+            f"The rewards times reward_scaling reach "
+            f"{float(f['debug/reward_max']) * scaling:.3g}, which overflows float32 "
+            "arithmetic: lower `reward_scaling` or scale the env's rewards down."
+        )
+    clipping = (
+        "set `gradient_clipping`"
+        if getattr(learner, "gradient_clipping", None) is None
+        else "keep `gradient_clipping` on"
+    )
+    if what == "loss":
+        stop = ", or set `target_kl`" if hasattr(learner, "target_kl") else ""
+        return what, (
+            "The observations and rewards were finite, so the update diverged: "
+            f"lower `learning_rate`, {clipping}{stop}."
+        )
+    return what, (
+        "The loss was finite, so the optimiser step overflowed: lower "
+        f"`learning_rate` or `weight_decay`, {clipping}."
+    )
+
+
+def raise_if_nonfinite(
+    chunk: dict[str, np.ndarray], first_iteration: int, n_active: int, learner: Any
+) -> None:
+    """Raise for the chunk's first iteration with a problem. `chunk` holds the
+    host flags, `[seeds, iterations]` each."""
+    for i in range(n_active):
+        for seed in range(chunk["debug/finite_loss"].shape[0]):
+            found = _problem({k: v[seed, i] for k, v in chunk.items()}, learner)
+            if found is None:
+                continue
+            what, fix = found
+            seed_note = f" (seed index {seed})" if chunk["debug/finite_loss"].shape[0] > 1 else ""
+            raise FloatingPointError(
+                f"Non-finite {what}{seed_note} at iteration {first_iteration + i + 1}; "
+                "training stopped, and no state from that iteration on was returned "
+                f"or checkpointed. {fix} To train on regardless, set "
+                "`check_finite=False`."
+            )
+
+
+def check_host_values(tree: PyTree, what: str, fix: str) -> None:
+    """Raise a `FloatingPointError` if a host-side tree holds NaN or inf."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        x = np.asarray(x)
+        if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
+            raise FloatingPointError(
+                f"Non-finite {what} ({jax.tree_util.keystr(path) or 'value'}); "
+                f"training stopped before anything was checkpointed. {fix}"
+            )

@@ -1,0 +1,124 @@
+"""What the driver does on the host: metrics as floats, compile timing, the
+progress bar and videos."""
+
+import time
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PRNGKeyArray
+
+from ..nn._module import AbstractStatefulModule
+from ._rollout import SaveAt, run_fresh_episodes
+
+
+def to_host(metrics: dict[str, Any], n_seeds: int, index: int | None = None) -> dict[str, Any]:
+    """Device metrics `[seed, ...]` as floats (one seed) or per-seed lists,
+    taking row `index` of a chunk's `[seed, iteration]` metrics."""
+    out = {}
+    for name, value in jax.device_get(metrics).items():
+        value = np.asarray(value, np.float64)
+        value = value if index is None else value[:, index]
+        out[name] = float(value[0]) if n_seeds == 1 else [float(v) for v in value]
+    return out
+
+
+class CompileTimer:
+    """The seconds JAX spends tracing, lowering and compiling while the
+    context is open (`seconds`, from `jax.monitoring`), and the wall time
+    left for running (`running`, once closed), so that a chunk that compiled
+    reports the rate of its running time only."""
+
+    _EVENTS = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
+
+    def __enter__(self) -> "CompileTimer":
+        self.seconds = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._add)
+        self._start = time.perf_counter()
+        return self
+
+    def _add(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event in self._EVENTS:
+            self.seconds += duration
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.running = max(time.perf_counter() - self._start - self.seconds, 1e-9)
+        jax.monitoring.unregister_event_duration_listener(self._add)
+
+
+class Progress:
+    """A bar of env steps over all seeds. It says "compiling" until the first
+    chunk returns, and its elapsed time, rate and estimate leave compilation
+    out (a run's first estimate otherwise counts its compile as training)."""
+
+    def __init__(self, enabled: bool, initial: int, total: int):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(
+                total=total, initial=initial, unit="env-step", unit_scale=True, desc="compiling"
+            )
+
+    def advance(self, n: int, timer: CompileTimer, rate: float) -> None:
+        if self.bar is None:
+            return
+        self.bar.start_t += timer.seconds
+        self.bar.set_description("train")
+        self.bar.update(n)
+        self.bar.set_postfix_str(f"{rate:,.0f} steps/s now", refresh=False)
+
+    def show_return(self, value: float | list[float]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(eval_return=f"{float(np.mean(value)):.3g}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@eqx.filter_jit
+def _episode(env, network, length: int, key: PRNGKeyArray):
+    # Episodes continue past `done` in the video: env and carry reset
+    # together, exactly as in training.
+    steps = run_fresh_episodes(
+        env,
+        network,
+        key,
+        n_envs=1,
+        length=length,
+        reset="fresh",
+        save=SaveAt(transitions=("reward",), env_states=True),
+    )
+    alive = ~steps.finished[:, 0]
+    reward = sum(jax.tree.leaves(steps.transitions.reward))[:, 0]
+    total = jnp.sum(jnp.where(alive, reward, 0.0))
+    states = jax.tree.map(lambda x: x[:, 0], steps.env_states)
+    return states, total, jnp.sum(alive.astype(jnp.int32))
+
+
+def record_video(
+    env: Any, network: AbstractStatefulModule, config: Any, key: PRNGKeyArray, step: int
+) -> tuple[np.ndarray, int, float, int] | None:
+    """`(frames, step, episode_reward, episode_length)` of one inference-mode
+    episode of `config.episode_length` steps (`key` folded with `step`), or
+    `None` for an env without `render`. `env.render` gets Playground's env
+    states, or Brax's and the built-in envs' `pipeline_state`s."""
+    render = getattr(env, "render", None)
+    if render is None:
+        return None
+    length = config.episode_length
+    key = jax.random.fold_in(key, step)
+    states, total, steps = _episode(env, eqx.nn.inference_mode(network), length, key)
+    trajectory = states if hasattr(states, "data") else states.pipeline_state
+    frames = render(
+        [jax.tree.map(lambda x, i=i: x[i], trajectory) for i in range(length)],
+        **config.render_kwargs,
+    )
+    return np.stack([np.asarray(f) for f in frames]), step, float(total), int(steps)
