@@ -4,12 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.nn import (
-    AR1VariationalBottleneck,
-    VariationalBottleneck,
-    apply_batched,
-    reset_where,
-)
+from eqx_ppo.nn import AR1VariationalBottleneck, VariationalBottleneck, apply_batched
+from eqx_ppo.nn._module import reset_where
 from tests._helpers import assert_ulp_close
 
 KEY = jax.random.key(0)
