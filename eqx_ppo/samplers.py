@@ -119,7 +119,7 @@ class _AbstractGaussianSampler(_AbstractSampler):
     `std = (softplus(pre_std) + min_std) * std_scale`; `_draw` samples or
     scores the action."""
 
-    entropy_weight: Float[Array, ""] = coefficient()
+    entropy_weight: Float[Array, ""] = coefficient(nonnegative=True)
     min_std: float = eqx.field(static=True, default=1e-3)
     std_scale: float = eqx.field(static=True, default=1.0)
     inference: bool = False
@@ -248,7 +248,7 @@ class CategoricalSampler(_AbstractSampler):
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    entropy_weight: Float[Array, ""] = coefficient()
+    entropy_weight: Float[Array, ""] = coefficient(nonnegative=True)
     n_actions: int | tuple[int, ...] = eqx.field(static=True)
     inference: bool = False
 

@@ -21,7 +21,7 @@ def _is_statistics(node: Any) -> bool:
     return isinstance(node, AbstractStatistics)
 
 
-def coefficient(**kwargs: Any) -> Any:
+def coefficient(*, nonnegative: bool = False, **kwargs: Any) -> Any:
     """A field for a layer's coefficient, e.g. an entropy or KL weight.
 
     The value is stored as a float32 array: a pytree leaf, so changing it
@@ -30,13 +30,15 @@ def coefficient(**kwargs: Any) -> Any:
     `eqx.tree_at` skips the conversion: replace it with an array,
     `jnp.float32(0.02)`, not a Python float (which `eqx.filter_jit` would
     treat as a static value, compiling once per value).
-    Every layer checks that its concrete coefficients are finite and `>= 0`;
-    a value stays concrete even when the layer is built inside a trace (a
-    factory under `eqx.filter_jit`), so it is still checked there.
+
+    With `nonnegative=True` the layer refuses a concrete value (every entry
+    of it) that is negative, infinite or NaN, as a weight of a loss term must
+    not be; a value stays concrete even when the layer is built inside a
+    trace (a factory under `eqx.filter_jit`), so it is still checked there.
     """
     return eqx.field(
         converter=_concrete_float32,
-        metadata={"coefficient": True},
+        metadata={"coefficient": True, "nonnegative": nonnegative},
         **kwargs,
     )
 
@@ -45,6 +47,16 @@ def _concrete_float32(x: Any) -> Array:
     """`jnp.asarray(x, float32)`, evaluated now unless `x` is itself traced."""
     with jax.ensure_compile_time_eval():
         return jnp.asarray(x, jnp.float32)
+
+
+def nonnegative_coefficients(node: Any) -> dict[str, Array]:
+    """A module's `coefficient(nonnegative=True)` fields, by name."""
+    fields = dataclasses.fields(node)
+    return {
+        f.name: getattr(node, f.name)
+        for f in fields
+        if f.metadata.get("nonnegative", False)
+    }
 
 
 def coefficient_names(node: Any) -> tuple[str, ...]:

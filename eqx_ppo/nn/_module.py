@@ -49,10 +49,11 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Key, PyTree
 
 from ._errors import carry_spec, tree_spec
-from ._filters import coefficient_names
+from ._filters import nonnegative_coefficients
 
 State = PyTree
 """A per-env carry: any pytree of arrays, `()` for stateless layers."""
@@ -100,14 +101,16 @@ class AbstractStatefulModule(eqx.Module):
     `initial_state`; layers that keep running statistics override
     `update_statistics`; containers (and recurrences with a parallel form)
     override `replay`. See the module docstring for the batching convention.
-    Every layer refuses a concrete [`coefficient`][eqx_ppo.nn.coefficient]
-    field that is negative, infinite or NaN.
+    Every layer refuses a concrete `coefficient(nonnegative=True)` field
+    (see [`eqx_ppo.nn.coefficient`][]) that is negative, infinite or NaN.
     """
 
     def __check_init__(self):
-        for name in coefficient_names(self):
-            value = getattr(self, name)
-            if isinstance(value, jax.core.Tracer) or 0 <= float(value) < math.inf:
+        for name, value in nonnegative_coefficients(self).items():
+            if isinstance(value, jax.core.Tracer):
+                continue
+            # NumPy, not jnp: under a trace jnp would stage even a concrete value.
+            if np.all((np.asarray(value) >= 0) & (np.asarray(value) < math.inf)):
                 continue
             raise ValueError(
                 f"`{type(self).__name__}({name}={value!s})`: {name} must be "

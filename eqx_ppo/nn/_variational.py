@@ -86,7 +86,7 @@ class VariationalBottleneck(AbstractStatefulModule):
     """
 
     head: GaussianHead
-    kl_weight: Float[Array, ""] = coefficient()
+    kl_weight: Float[Array, ""] = coefficient(nonnegative=True)
     inference: bool = False
 
     def __init__(
@@ -154,8 +154,8 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
     """
 
     head: GaussianHead
-    kl_weight: Float[Array, ""] = coefficient()
-    ar1_weight: Float[Array, ""] = coefficient()
+    kl_weight: Float[Array, ""] = coefficient(nonnegative=True)
+    ar1_weight: Float[Array, ""] = coefficient(nonnegative=True)
     backprop_through_time: bool = eqx.field(static=True)
     inference: bool = False
 
