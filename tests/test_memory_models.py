@@ -99,6 +99,9 @@ def test_bad_cell_and_hidden_size_name_the_argument():
         nn.make_recurrent_actor_critic(3, 2, 4, cell="rnn", key=jax.random.key(0))
     with pytest.raises(TypeError, match="hidden_size"):
         nn.make_recurrent_actor_critic(3, 2, 2.5, key=jax.random.key(0))
+    # A range the type cannot say: the factory names its own argument.
+    with pytest.raises(ValueError, match=r"\(hidden_size=0\).*positive int"):
+        nn.make_recurrent_actor_critic(3, 2, 0, key=jax.random.key(0))
 
 
 def test_lru_state_size_sets_the_complex_states_and_keeps_the_output_width():

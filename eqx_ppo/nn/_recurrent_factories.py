@@ -170,6 +170,11 @@ def make_recurrent_actor_critic(
       and costs a slower replay (see the guide "Choosing a memory model");
       the output stays `hidden_size` wide. Only with `cell="lru"`.
     """
+    if hidden_size < 1:
+        raise ValueError(
+            f"make_recurrent_actor_critic(hidden_size={hidden_size}): the width "
+            "of each memory must be a positive int."
+        )
     if lru_state_size is not None and cell != "lru":
         raise ValueError(
             f"lru_state_size={lru_state_size!r} sizes the LRU's state, but "
