@@ -146,14 +146,9 @@ def _without_recurrence(network):
 
     from eqx_ppo import nn
     from eqx_ppo.nn import SequenceOutput
-    from eqx_ppo.nn._module import merge_envs, split_envs
 
-    class NoRecurrence(nn.AbstractReplayEnvs):
+    class NoRecurrence(nn.AbstractStatefulModule):
         cell: nn.LRU | nn.MinGRU
-
-        @property
-        def uses_key(self):
-            return False
 
         def initial_state(self):
             return self.cell.initial_state()
@@ -161,12 +156,16 @@ def _without_recurrence(network):
         def __call__(self, state, x, extras=None, *, key=None):
             return self.cell(state, x, extras, key=key)
 
-        def replay_envs(self, state0, xs, extras, keys, done):
+        def replay(self, state0, xs, extras, keys, done):
             # All T x M steps in one batch, merged as the cells' own replay does.
-            steps = merge_envs(xs)
+            steps = xs.reshape(-1, xs.shape[-1])
             _, drive = self.cell._coefficients(steps)
-            output = split_envs(self.cell._output(drive, steps), done.shape[1])
-            return SequenceOutput(state0, output, jnp.zeros(done.shape, jnp.float32))
+            output = self.cell._output(drive, steps)
+            return SequenceOutput(
+                state0,
+                output.reshape(*done.shape, -1),
+                jnp.zeros(done.shape, jnp.float32),
+            )
 
     def swap(node):
         return NoRecurrence(node) if isinstance(node, (nn.LRU, nn.MinGRU)) else node

@@ -29,7 +29,7 @@ from .checkpoint import (
 from .envs._registry import pinned_kwargs
 from .logging import JSONLLogger, LoggingLevel, replace_file
 from .nn import make_mlp_actor_critic, make_recurrent_actor_critic
-from .nn._factories import default_lru_state_size
+from .nn._recurrent_factories import default_lru_state_size
 from .ppo import PPO, EvalConfig, TrainConfig, select_seed, train
 
 DEFAULT_ENV = "move_to_center"

@@ -49,12 +49,12 @@ from .checkpoint import register_config
 from .checkpoint._codec import SavedPytree
 from .logging import LoggingLevel
 from .nn._adapter import PPONetworkOutput, _is_sampler_dict
+from .nn._errors import tree_spec
 from .nn._module import (
     AbstractLayerWrapper,
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
-    tree_spec,
 )
 from .ppo import AbstractLearner, Minibatch
 from .ppo._learner import Axis, Loss, Module, Number, setting

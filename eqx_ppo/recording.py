@@ -152,16 +152,6 @@ def extract_activations(metrics: Mapping | None) -> PyTree | None:
     there are no activations at all. Works on metrics of any leading shape:
     one env, `[B]` from `apply_batched`, `[T, N]` from a stacked rollout.
     """
-    if metrics is not None and not isinstance(metrics, Mapping):
-        fix = (
-            "pass its `.metrics`"
-            if isinstance(metrics, StatefulModuleOutput)
-            else "pass the `metrics` of a recording network's output"
-        )
-        raise TypeError(
-            f"extract_activations(metrics) takes a metrics dict (`out.metrics`), "
-            f"got {type(metrics).__name__}; {fix}."
-        )
     return _activations_in(metrics)
 
 

@@ -25,26 +25,14 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Int, Key
 
-from .nn._module import (
-    AbstractStatefulModule,
-    StatefulModuleOutput,
-    check_coefficient,
-    coefficient,
-    split_key,
-)
+from .nn._filters import coefficient
+from .nn._keys import check_draws
+from .nn._module import AbstractStatefulModule, StatefulModuleOutput
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
-
-
-def _require_key(sampler: str, key: PRNGKeyArray | None, inference: bool) -> None:
-    if key is None and not inference:
-        raise ValueError(
-            f"`{sampler}` samples an action and needs `key=`, got `key=None`; pass a "
-            "PRNG key, or use `eqx.nn.inference_mode(net)` for deterministic actions."
-        )
 
 
 def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
@@ -52,32 +40,6 @@ def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
     value and in the gradient."""
     finite = jnp.where(log_probs > -jnp.inf, log_probs, 0.0)
     return -jnp.sum(jnp.exp(log_probs) * finite)
-
-
-def _check_std_params(sampler: str, min_std: float, std_scale: float) -> None:
-    if not 0 <= min_std < math.inf:
-        raise ValueError(
-            f"`{sampler}(min_std={min_std})`: min_std must be finite and >= 0."
-        )
-    if not 0 < std_scale < math.inf:
-        raise ValueError(
-            f"`{sampler}(std_scale={std_scale})`: std_scale must be finite and > 0."
-        )
-
-
-def _mean_and_std(
-    sampler: str, x: Float[Array, " params"], min_std: float, std_scale: float
-) -> tuple[Float[Array, " action"], Float[Array, " action"]]:
-    """Split `[mean, pre_std]` and map `pre_std` to a std bounded below."""
-    if x.ndim != 1 or x.shape[0] % 2 != 0:
-        raise ValueError(
-            f"`{sampler}` expects one env's concatenated `[mean, pre_std]`, a vector "
-            f"of even size 2 * action_size, got shape {x.shape}; make the layer "
-            "before it output 2 * action_size features."
-        )
-    mean, pre_std = jnp.split(x, 2)
-    std = (jax.nn.softplus(pre_std) + min_std) * std_scale
-    return mean, std
 
 
 def _normal_logpdf(
@@ -97,6 +59,10 @@ def _normal_entropy(std: Float[Array, " action"]) -> Float[Array, " action"]:
 def _tanh_log_det(z: Float[Array, " action"]) -> Float[Array, " action"]:
     """`log(1 - tanh(z)^2)`, written so it neither overflows nor hits `log(0)`."""
     return 2.0 * (_LOG_2 - z - jax.nn.softplus(-2.0 * z))
+
+
+_Vec = Float[Array, " action"]
+"""One value per action dimension: a mean, a std or a pre-squash action."""
 
 
 class _SamplerStep(NamedTuple):
@@ -121,7 +87,10 @@ class _AbstractSampler(AbstractStatefulModule):
 
     @abc.abstractmethod
     def _sample(
-        self, x: Float[Array, " params"], extras: Array | None, key: PRNGKeyArray | None
+        self,
+        x: Float[Array, " params"],
+        extras: Array | None,
+        key: Key[Array, ""] | None,
     ) -> _SamplerStep:
         """A fresh action if `extras` is `None`, else the stored one, scored."""
 
@@ -131,10 +100,10 @@ class _AbstractSampler(AbstractStatefulModule):
         x: Float[Array, " params"],
         extras: Array | None = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         del state
-        _require_key(type(self).__name__, key, self.inference)
+        check_draws(self, key)
         step = self._sample(x, extras, key)
         return StatefulModuleOutput(
             next_state=(),
@@ -145,40 +114,53 @@ class _AbstractSampler(AbstractStatefulModule):
         )
 
 
-_Vec = Float[Array, " action"]
-"""One value per action dimension: a mean, a std or a pre-squash action."""
+class _AbstractGaussianSampler(_AbstractSampler):
+    """A Gaussian over actions from one env's `[mean, pre_std]`, with
+    `std = (softplus(pre_std) + min_std) * std_scale`; `_draw` samples or
+    scores the action."""
 
-
-class _GaussianSampler(_AbstractSampler):
-    """What the two Gaussian samplers share: the fields, the checks, the
-    `[mean, pre_std]` parameterisation and the metrics; `_draw` differs."""
-
-    entropy_weight: Float[Array, ""] = coefficient()
+    entropy_weight: Float[Array, ""] = coefficient(nonnegative=True)
     min_std: float = eqx.field(static=True, default=1e-3)
     std_scale: float = eqx.field(static=True, default=1.0)
     inference: bool = False
 
     def __check_init__(self):
-        name = type(self).__name__
-        check_coefficient(f"{name}(entropy_weight)", self.entropy_weight)
-        _check_std_params(name, self.min_std, self.std_scale)
+        for name, value, bound, ok in (
+            ("min_std", self.min_std, ">= 0", 0 <= self.min_std < math.inf),
+            ("std_scale", self.std_scale, "> 0", 0 < self.std_scale < math.inf),
+        ):
+            if not ok:
+                raise ValueError(
+                    f"`{type(self).__name__}({name}={value})`: {name} must be "
+                    f"finite and {bound}."
+                )
 
     @abc.abstractmethod
     def _draw(
-        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
     ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
-        """`_sample` given the Gaussian: the action, its extras (the pre-squash
-        action), the log-likelihood and the entropy."""
+        """The action, its extras, its log-likelihood and the entropy."""
 
     def _sample(
-        self, x: Float[Array, " params"], extras: _Vec | None, key: PRNGKeyArray | None
+        self,
+        x: Float[Array, " params"],
+        extras: _Vec | None,
+        key: Key[Array, ""] | None,
     ) -> _SamplerStep:
-        mean, std = _mean_and_std(type(self).__name__, x, self.min_std, self.std_scale)
+        if x.ndim != 1 or x.shape[0] % 2 != 0:
+            raise ValueError(
+                f"`{type(self).__name__}` expects one env's concatenated "
+                "`[mean, pre_std]`, a vector of even size 2 * action_size, got "
+                f"shape {x.shape}; make the layer before it output "
+                "2 * action_size features."
+            )
+        mean, pre_std = jnp.split(x, 2)
+        std = (jax.nn.softplus(pre_std) + self.min_std) * self.std_scale
         draw = self._draw(mean, std, extras, key)
         return _SamplerStep(*draw, metrics={"mu": mean, "sigma": std})
 
 
-class NormalTanhSampler(_GaussianSampler):
+class NormalTanhSampler(_AbstractGaussianSampler):
     """A Gaussian squashed by `tanh`: actions in `(-1, 1)`.
 
     The input is one env's `[mean, pre_std]` (size `2 * action_size`):
@@ -208,7 +190,7 @@ class NormalTanhSampler(_GaussianSampler):
     """
 
     def _draw(
-        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
     ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
         if key is None:
             action_noise = entropy_noise = jnp.zeros_like(mean)
@@ -223,7 +205,7 @@ class NormalTanhSampler(_GaussianSampler):
         return jnp.tanh(raw), raw, log_likelihood, entropy
 
 
-class NormalSampler(_GaussianSampler):
+class NormalSampler(_AbstractGaussianSampler):
     """An unsquashed Gaussian: `action = mean + std * eps`, unbounded.
 
     Same input and std parameterisation as [`eqx_ppo.nn.NormalTanhSampler`][]
@@ -236,7 +218,7 @@ class NormalSampler(_GaussianSampler):
     """
 
     def _draw(
-        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: PRNGKeyArray | None
+        self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
     ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
         if self.inference:
             sampled = mean
@@ -266,12 +248,11 @@ class CategoricalSampler(_AbstractSampler):
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
-    entropy_weight: Float[Array, ""] = coefficient()
+    entropy_weight: Float[Array, ""] = coefficient(nonnegative=True)
     n_actions: int | tuple[int, ...] = eqx.field(static=True)
     inference: bool = False
 
     def __check_init__(self):
-        check_coefficient("CategoricalSampler(entropy_weight)", self.entropy_weight)
         sizes = self._group_sizes()
         if not sizes or any(
             isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes
@@ -290,7 +271,7 @@ class CategoricalSampler(_AbstractSampler):
         self,
         x: Float[Array, " logits"],
         extras: Int[Array, "*subactions"] | None,
-        key: PRNGKeyArray | None,
+        key: Key[Array, ""] | None,
     ) -> _SamplerStep:
         sizes = self._group_sizes()
         if x.shape != (sum(sizes),):
@@ -301,10 +282,10 @@ class CategoricalSampler(_AbstractSampler):
             )
         split_at = [sum(sizes[:i]) for i in range(1, len(sizes))]
         log_probs = [jax.nn.log_softmax(group) for group in jnp.split(x, split_at)]
-        keys = split_key(key, len(sizes))
         if self.inference:
             sampled = [jnp.argmax(lp) for lp in log_probs]
         else:
+            keys = jax.random.split(key, len(sizes))
             sampled = [
                 jax.random.categorical(k, lp)
                 for k, lp in zip(keys, log_probs, strict=True)

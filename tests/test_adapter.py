@@ -1,5 +1,7 @@
 """PPOAdapter: two ports, sampler dicts lifted into PPONetworkOutput."""
 
+import zlib
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -43,10 +45,10 @@ def test_single_head_output_shapes_and_lifting(getkey):
     assert out.output.actions.shape == (3,)
     assert out.output.loglikelihoods.shape == ()
     assert out.output.value_estimates.shape == ()  # (1,) squeezed
-    # Only the action port draws randomness, so it gets the key itself; the
-    # adapter lifts its fields.
-    assert net.action.uses_key and not net.value.uses_key
-    port = net.action(net.action.initial_state(), x, key=key)
+    # The action port draws from its own fold of the key; the adapter lifts
+    # its fields.
+    action_key = jax.random.fold_in(key, zlib.crc32(b"action"))
+    port = net.action(net.action.initial_state(), x, key=action_key)
     assert jnp.array_equal(out.output.actions, port.output["action"])
     assert jnp.array_equal(out.output.loglikelihoods, port.output["log_likelihood"])
     value = net.value(net.value.initial_state(), x).output

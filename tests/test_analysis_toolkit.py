@@ -224,15 +224,16 @@ def test_carry_lesions_remove_the_memory_of_the_held_units(getkey):
     amnesic = analysis.ablate(
         net, lambda n: n.layers[0], jnp.ones(4, bool), site="carry"
     )
-    memoryless = jnp.stack([lstm.step(lstm.initial_state(), x)[1] for x in xs])
+    memoryless = jnp.stack([lstm(lstm.initial_state(), x).output for x in xs])
     assert_ulp_close(outputs(amnesic), memoryless, n_ulp=0)
     # Unit 2 held at 0.5 in both h and c before every step.
     held = analysis.clamp(net, lambda n: n.layers[0], [2], 0.5, site="carry")
     state, expected = lstm.initial_state(), []
     for x in xs:
         state = tuple(s.at[2].set(0.5) for s in state)
-        state, h = lstm.step(state, x)
-        expected.append(h)
+        out = lstm(state, x)
+        state = out.next_state
+        expected.append(out.output)
     assert_ulp_close(outputs(held), jnp.stack(expected), n_ulp=0)
     dense = nn.Sequential([known_dense()])
     with pytest.raises(ValueError, match="has no carry"):
@@ -247,14 +248,11 @@ def test_a_lesioned_network_replays_as_it_steps(site, getkey):
     xs = jax.random.normal(getkey(), (n_steps, n_envs, 2))
     done = jnp.zeros((n_steps, n_envs), bool).at[2, 0].set(True).at[4, 2].set(True)
     state0 = lesioned.initialize_state(n_envs)
-    replay = lesioned.replay_envs(state0, xs, None, None, done)
-    stepped = jax.vmap(
-        lambda s, x, d: nn.scan_sequence(lesioned, s, x, None, None, d),
-        in_axes=(0, 1, 1),
-        out_axes=1,
-    )(state0, xs, done)
+    replay = lesioned.replay(state0, xs, None, None, done)
+    # The default replay scans the lesioned network's own __call__.
+    stepped = nn.AbstractStatefulModule.replay(lesioned, state0, xs, None, None, done)
     assert_ulp_close(replay.output, stepped.output)
-    plain = net.replay_envs(state0, xs, None, None, done)
+    plain = net.replay(state0, xs, None, None, done)
     assert not np.allclose(replay.output, plain.output)
 
 

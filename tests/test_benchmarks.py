@@ -267,21 +267,23 @@ def test_memory_floor_replays_the_projections_without_the_recurrence(cell):
     ]
     assert len(floors) == 2  # the actor's and the critic's cell
     floor = floors[0]
-    xs = jax.random.normal(jax.random.key(1), (5, floor.cell.in_size))
-    done = jnp.zeros(5, bool)
-    out = floor.replay_sequence(floor.initial_state(), xs, None, None, done)
-    _, drive = floor.cell._coefficients(xs)
-    assert jnp.array_equal(out.output, floor.cell._output(drive, xs))
+    xs = jax.random.normal(jax.random.key(1), (5, 2, floor.cell.in_size))
+    done = jnp.zeros((5, 2), bool)
+    state0 = floor.initialize_state(2)
+    out = floor.replay(state0, xs, None, None, done)
+    steps = xs.reshape(10, -1)
+    _, drive = floor.cell._coefficients(steps)
+    assert jnp.array_equal(
+        out.output, floor.cell._output(drive, steps).reshape(5, 2, -1)
+    )
     assert "scan" not in str(
-        jax.make_jaxpr(
-            lambda x: (
-                floor.replay_sequence(floor.initial_state(), x, None, None, done).output
-            )
-        )(xs)
+        jax.make_jaxpr(lambda x: floor.replay(state0, x, None, None, done).output)(xs)
     )
     # The rollout still steps the real cell.
-    step = floor(floor.initial_state(), xs[0])
-    assert jnp.array_equal(step.output, floor.cell(floor.initial_state(), xs[0]).output)
+    step = floor(floor.initial_state(), xs[0, 0])
+    assert jnp.array_equal(
+        step.output, floor.cell(floor.initial_state(), xs[0, 0]).output
+    )
     assert isinstance(floor.cell, nn.LRU if cell == "lru" else nn.MinGRU)
 
 

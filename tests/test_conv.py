@@ -9,7 +9,7 @@ import pytest
 from eqx_ppo.nn._containers import Sequential
 from eqx_ppo.nn._conv import Conv2d, PixelScale, make_cnn_encoder
 from eqx_ppo.nn._dense import Dense
-from eqx_ppo.nn._module import trainable
+from eqx_ppo.nn._filters import trainable
 from eqx_ppo.nn._utils import Flattener
 from tests._helpers import assert_ulp_close
 
@@ -133,7 +133,6 @@ def test_encoder_shapes(obs_shape, kind, flat, out_size):
     assert all(isinstance(layer, Conv2d) for layer in encoder.layers[:-2])
     assert isinstance(encoder[-2], Flattener) and isinstance(encoder[-1], Dense)
     assert encoder[-1].in_size == flat and encoder[-1].out_size == out_size
-    assert not encoder.uses_key
     out = eqx.filter_eval_shape(
         lambda net, x: net(net.initial_state(), x).output,
         encoder,
@@ -182,15 +181,17 @@ def test_grads_finite_for_every_kernel(getkey, small_encoder):
     assert len(jax.tree.leaves(params)) == 6  # two convs and a Dense, with biases
 
 
-def test_replay_sequence_equals_loop(getkey, small_encoder):
-    n_steps = 4
-    xs = jax.random.normal(getkey(), (n_steps, 12, 12, 3))
-    state0 = small_encoder.initial_state()
-    done = jnp.zeros(n_steps, bool)
-    replay = eqx.filter_jit(small_encoder.replay_sequence)(state0, xs, None, None, done)
-    looped = jnp.stack([small_encoder(state0, x).output for x in xs])
+def test_replay_equals_loop(getkey, small_encoder):
+    n_steps, n_envs = 4, 2
+    xs = jax.random.normal(getkey(), (n_steps, n_envs, 12, 12, 3))
+    state0 = small_encoder.initialize_state(n_envs)
+    done = jnp.zeros((n_steps, n_envs), bool)
+    replay = eqx.filter_jit(small_encoder.replay)(state0, xs, None, None, done)
+    looped = jax.vmap(
+        jax.vmap(lambda x: small_encoder(small_encoder.initial_state(), x).output)
+    )(xs)
     assert_ulp_close(replay.output, looped)
-    assert replay.regularization_loss.shape == (n_steps,)
+    assert replay.regularization_loss.shape == (n_steps, n_envs)
     assert replay.last_state == state0
 
 
@@ -221,27 +222,17 @@ def test_the_smallest_image_that_fits():
     _abstract_encoder((36, 36, 1), kind="nature")
 
 
-@pytest.mark.parametrize("obs_shape", [(84, 84), (4, 84, 84, 4), (84, 0, 3)])
-def test_obs_shape_wrong_rank(getkey, obs_shape):
-    with pytest.raises(ValueError, match=r"obs_shape=.*\(height, width, channels\)"):
+@pytest.mark.parametrize("obs_shape", [(84, 84), (4, 84, 84, 4)])
+def test_obs_shape_is_one_envs_image(getkey, obs_shape):
+    # The declared `(height, width, channels)` refuses other ranks (the suite
+    # checks annotations at run time).
+    with pytest.raises(TypeError, match="obs_shape"):
         make_cnn_encoder(obs_shape, key=getkey())
 
 
-def test_bad_kind_and_sizes(getkey):
-    with pytest.raises(ValueError, match="kind='resnet'.*impala_small"):
+def test_an_unknown_kind_is_refused_by_its_declared_names(getkey):
+    with pytest.raises(TypeError, match="kind"):
         make_cnn_encoder((84, 84, 4), kind="resnet", key=getkey())
-    with pytest.raises(ValueError, match=r"kind=\(\(16, 0, 1\),\)"):
-        make_cnn_encoder((84, 84, 4), kind=((16, 0, 1),), key=getkey())
-    with pytest.raises(ValueError, match="out_size"):
-        make_cnn_encoder((84, 84, 4), out_size=0, key=getkey())
-    with pytest.raises(ValueError, match="kernel_size"):
-        Conv2d(3, 8, 0, key=getkey())
-    with pytest.raises(ValueError, match="stride"):
-        Conv2d(3, 8, 3, stride=(1, 0), key=getkey())
-    with pytest.raises(ValueError, match="in_channels"):
-        Conv2d(0, 8, 3, key=getkey())
-    with pytest.raises(ValueError, match="padding='FULL'"):
-        Conv2d(3, 8, 3, padding="FULL", key=getkey())
 
 
 def test_wrong_input_at_call_time(getkey):
@@ -253,14 +244,12 @@ def test_wrong_input_at_call_time(getkey):
         conv((), jnp.zeros((2, 64, 64, 3)))
     with pytest.raises(ValueError, match=r"shape \(64, 64\).*obs\[\.\.\., None\]"):
         jax.jit(lambda x: conv((), x).output)(jnp.zeros((64, 64)))
-    with pytest.raises(ValueError, match="smaller than the"):
-        conv((), jnp.zeros((2, 2, 3)))
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
 def test_pixel_scale_must_be_finite_and_positive(getkey, scale):
-    bound = rf"must be a finite number > 0, e.g. 1 / 255 .*got {scale}"
-    with pytest.raises(ValueError, match=rf"PixelScale\(factor=\.\.\.\) {bound}"):
+    message = rf"PixelScale\(factor={scale}\): the factor must be a finite number > 0"
+    with pytest.raises(ValueError, match=message):
         PixelScale(scale)
-    with pytest.raises(ValueError, match=rf"make_cnn_encoder\(scale=\.\.\.\) {bound}"):
+    with pytest.raises(ValueError, match=message):
         make_cnn_encoder((12, 12, 3), kind=((4, 3, 2),), scale=scale, key=getkey())

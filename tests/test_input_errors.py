@@ -492,9 +492,11 @@ def test_keys_must_be_prng_keys(unchecked, getkey, key, seen):
     [jax.random.PRNGKey(0), np.array([0, 1], np.uint32)],
     ids=["PRNGKey", "numpy-uint32[2]"],
 )
-def test_legacy_uint32_keys_are_accepted(unchecked, getkey, key):
-    state = init(ENV, mlp(getkey()), CONFIG, key=key)
-    assert state.key.shape == (2,)
+def test_raw_key_data_is_refused_with_the_fix(unchecked, getkey, key):
+    with pytest.raises(
+        TypeError, match=r"ppo_init\(key=uint32\[2\]\).*jax\.random\.wrap_key_data"
+    ):
+        ppo_init(ENV, mlp(getkey()), CONFIG, key=key)
 
 
 def test_train_keys_are_checked(unchecked, getkey):
@@ -538,20 +540,19 @@ def test_a_batch_of_seed_keys_may_be_legacy_key_data(unchecked, getkey):
         ("make_recurrent_actor_critic", (2, 2, 8)),
     ],
 )
-def test_factories_check_the_key(unchecked, factory, args):
-    with pytest.raises(
-        TypeError,
-        match=rf"{factory}\(key=0\): expected a PRNG key such as jax\.random\.key\(0\)",
-    ):
-        getattr(eqx_ppo.nn, factory)(*args, key=0)
+def test_factories_declare_one_typed_key(factory, args):
+    # Checked at run time in the suite; raw key data is not a typed key.
+    for key in (0, jax.random.PRNGKey(0)):
+        with pytest.raises(TypeError, match="key"):
+            getattr(eqx_ppo.nn, factory)(*args, key=key)
 
 
 def test_a_network_for_another_obs_size_names_the_fix(getkey):
     factory = lambda key: make_mlp_actor_critic(3, 2, [8], [8], key=key)  # noqa: E731
     with pytest.raises(
         ValueError,
-        match=r"Normalizer input leaf has shape \(2,\), expected \(3,\) \(one "
-        r"env's\)\. The sizes differ: build the network for one env's observation "
+        match=r"Normalizer expects one env's input float32\[3\], got float32\[2\]\. "
+        r"The sizes differ: build the network for one env's observation "
         r"\(obs_size=env\.observation_size\)",
     ):
         train(ENV, factory, TRAIN)
@@ -562,8 +563,8 @@ def test_a_network_for_another_obs_size_names_the_fix(getkey):
     [
         ("dense", jnp.zeros((5, 2)), r"input of shape \(2,\), got shape \(5, 2\)\. "),
         ("dense", jnp.zeros(3), r"input of shape \(2,\), got shape \(3,\)\. "),
-        ("normalizer", jnp.zeros((5, 2)), r"expected \(2,\) \(one env's\)\. "),
-        ("normalizer", jnp.zeros(3), r"expected \(2,\) \(one env's\)\. "),
+        ("normalizer", jnp.zeros((5, 2)), r"float32\[2\], got float32\[5, 2\]\. "),
+        ("normalizer", jnp.zeros(3), r"float32\[2\], got float32\[3\]\. "),
     ],
     ids=["dense-batched", "dense-size", "normalizer-batched", "normalizer-size"],
 )
@@ -577,15 +578,6 @@ def test_input_shape_errors_tell_a_batch_from_a_wrong_size(
     fix = "Layers work on a single env: vmap" if x.ndim == 2 else "The sizes differ"
     with pytest.raises(ValueError, match=match + fix):
         module(module.initial_state(), x, key=getkey())
-
-
-@pytest.mark.parametrize("state", [(), {0: ()}], ids=["tuple", "missing-layer"])
-def test_container_state_must_come_from_initialize_state(unchecked, getkey, state):
-    net = mlp(getkey())  # a Sequential of a normaliser and a PPOAdapter
-    with pytest.raises(
-        TypeError, match=r"`Sequential`: the state must be the dict .*initial_state\(\)"
-    ):
-        net(state, jnp.zeros(2), key=getkey())
 
 
 def test_record_activations_rollout_takes_keywords(getkey):
@@ -896,24 +888,14 @@ def lstm(key):
     return eqx_ppo.make_lstm_actor_critic(2, 2, lstm_size=8, key=key)
 
 
-def test_apply_batched_needs_one_env_axis_on_every_leaf(unchecked, getkey):
+def test_apply_batched_takes_one_env_axis_on_every_leaf(unchecked, getkey):
     from eqx_ppo.nn import apply_batched
 
     net = lstm(getkey())
-    fix = r"\. Fix: batch them alike"
-    with pytest.raises(
-        ValueError,
-        match=r"apply_batched\(state\[1\]\['action'\]\[0\]\[0\]=\.\.\.\): every leaf "
-        rf"of state, x and extras needs the same leading env axis \[B\] \(x has 4\), "
-        rf"but it has 3{fix}",
-    ):
+    with pytest.raises(ValueError, match="inconsistent sizes"):
         apply_batched(net, net.initialize_state(3), jnp.zeros((4, 2)), key=getkey())
-    with pytest.raises(ValueError, match=rf"apply_batched\(x=\.\.\.\): .*scalar{fix}"):
-        apply_batched(net, net.initialize_state(3), jnp.zeros(()), key=getkey())
-    feedforward = mlp(getkey())  # no carry: its state has no array leaves
-    with pytest.raises(ValueError, match=r"x has no array leaves"):
-        apply_batched(feedforward, feedforward.initialize_state(2), {}, key=getkey())
     # One env's observation reaches the normaliser as [].
+    feedforward = mlp(getkey())
     with pytest.raises(
         ValueError,
         match=r"The input has fewer axes than one env's: vmap and `apply_batched` "
@@ -924,19 +906,6 @@ def test_apply_batched_needs_one_env_axis_on_every_leaf(unchecked, getkey):
         )
     out = apply_batched(net, net.initialize_state(3), jnp.zeros((3, 2)), key=getkey())
     assert out.output.value_estimates.shape == (3,)
-
-
-def test_initialize_state_takes_a_number_of_envs(unchecked, getkey):
-    net = lstm(getkey())
-    with pytest.raises(
-        ValueError,
-        match=r"Sequential\.initialize_state\(batch_size=-1\): the number of envs "
-        r"must be >= 0",
-    ):
-        net.initialize_state(-1)
-    with pytest.raises(TypeError, match=r"batch_size=2\.0\): expected an int"):
-        net.initialize_state(2.0)
-    assert jax.tree.leaves(net.initialize_state(0))[0].shape[0] == 0
 
 
 @pytest.mark.parametrize(
@@ -1002,12 +971,11 @@ def test_logging_levels_must_be_flags(unchecked, config, level):
         ("AR1VariationalBottleneck", (2, 4)),
     ],
 )
-def test_layers_check_the_key(unchecked, layer, args):
-    with pytest.raises(
-        TypeError,
-        match=rf"{layer}\(key=0\): expected a PRNG key such as jax\.random\.key\(0\)",
-    ):
-        getattr(eqx_ppo.nn, layer)(*args, key=0)
+def test_layers_declare_one_typed_key(layer, args):
+    # Checked at run time in the suite; raw key data is not a typed key.
+    for key in (0, jax.random.PRNGKey(0)):
+        with pytest.raises(TypeError, match="key"):
+            getattr(eqx_ppo.nn, layer)(*args, key=key)
 
 
 @pytest.mark.parametrize("learner", [CONFIG, None], ids=["PPOConfig", "None"])

@@ -9,14 +9,14 @@ import pytest
 
 import eqx_ppo
 from eqx_ppo.nn import (
+    AbstractStatefulModule,
     Dense,
     SequenceOutput,
     Sequential,
-    linear_recurrence,
-    scan_sequence,
     trainable,
 )
 from eqx_ppo.nn._linear_recurrent import LRU, MinGRU, _log_of_draw
+from eqx_ppo.nn._recurrence import linear_recurrence
 
 T = 64
 # float32: the associative scan sums the same terms as the step loop in
@@ -33,14 +33,32 @@ def _step(layer, state, x):
     return layer(state, x)
 
 
-@eqx.filter_jit
-def _replay(layer, state0, xs, done):
-    return layer.replay_sequence(state0, xs, None, None, done)
+def replay_one(layer, state0, xs, done, replay=None):
+    """`layer.replay` (or `replay(layer, ...)`) of one env's `[T]` sequence,
+    as a batch of one env."""
+    replay = type(layer).replay if replay is None else replay
+    out = replay(
+        layer,
+        jax.tree.map(lambda s: s[None], state0),
+        xs[:, None],
+        None,
+        None,
+        done[:, None],
+    )
+    return SequenceOutput(
+        jax.tree.map(lambda s: s[0], out.last_state),
+        *jax.tree.map(lambda a: a[:, 0], (out.output, out.regularization_loss)),
+    )
 
 
-@eqx.filter_jit
-def _reference(layer, state0, xs, done):
-    return scan_sequence(layer, state0, xs, None, None, done)
+def scan_one(layer, state0, xs, done):
+    """The reference: the default replay of a module with a carry, its
+    `__call__` scanned step by step."""
+    return replay_one(layer, state0, xs, done, AbstractStatefulModule.replay)
+
+
+_replay = eqx.filter_jit(replay_one)
+_reference = eqx.filter_jit(scan_one)
 
 
 def _done_patterns():
@@ -234,7 +252,7 @@ def test_lru_init_and_real_parameters(getkey):
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
-def test_replay_equals_scan_sequence(getkey, name):
+def test_replay_equals_the_scan_of_calls(getkey, name):
     layer = _with_random_initial_state(LAYERS[name](getkey()), getkey())
     xs = jax.random.normal(getkey(), (T, 3))
     state0 = _random_state(layer, getkey())
@@ -242,10 +260,7 @@ def test_replay_equals_scan_sequence(getkey, name):
     done = jnp.stack(list(patterns.values()))
 
     def both(layer, state0, xs, done):
-        return (
-            layer.replay_sequence(state0, xs, None, None, done),
-            scan_sequence(layer, state0, xs, None, None, done),
-        )
+        return replay_one(layer, state0, xs, done), scan_one(layer, state0, xs, done)
 
     parallel, reference = eqx.filter_jit(jax.vmap(both, in_axes=(None, None, None, 0)))(
         layer, state0, xs, done
@@ -262,7 +277,7 @@ def test_replay_equals_scan_sequence(getkey, name):
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
-def test_replay_envs_equals_each_envs_scan(getkey, name):
+def test_replay_of_envs_equals_each_envs_scan(getkey, name):
     # The loss's path: the coefficients of all T x M steps in one batch, the
     # recurrence env by env. Each env has its own carry and done pattern, so
     # a mixed-up env axis shows; the gradients go through the same path.
@@ -283,11 +298,11 @@ def test_replay_envs_equals_each_envs_scan(getkey, name):
         )
 
     def batch(layer):
-        return layer.replay_envs(state0, xs, None, None, done)
+        return layer.replay(state0, xs, None, None, done)
 
     def each_env(layer):
         return jax.vmap(
-            lambda s, x, d: scan_sequence(layer, s, x, None, None, d),
+            lambda s, x, d: scan_one(layer, s, x, d),
             in_axes=(0, 1, 1),
             out_axes=SequenceOutput(0, 1, 1),
         )(state0, xs, done)
@@ -302,7 +317,7 @@ def test_replay_envs_equals_each_envs_scan(getkey, name):
 @pytest.mark.parametrize(
     "name", ["mingru_h0", "lru_h0", "mingru_h0_sequential", "lru_h0_sequential"]
 )
-def test_gradient_equals_scan_sequence(getkey, name):
+def test_gradient_equals_the_scan_of_calls(getkey, name):
     layer = _with_random_initial_state(LAYERS[name](getkey()), getkey())
     xs = jax.random.normal(getkey(), (16, 3))
     state0 = _random_state(layer, getkey())
@@ -311,7 +326,7 @@ def test_gradient_equals_scan_sequence(getkey, name):
 
     def loss(model_and_state, replay):
         model, state = model_and_state
-        out = replay(model, state, xs, None, None, done)
+        out = replay(model, state, xs, done)
         # Uneven weights, so every output's gradient path counts separately.
         weights = jnp.cos(jnp.arange(out.output.size)).reshape(out.output.shape)
         return jnp.sum(weights * out.output) + sum(
@@ -319,8 +334,8 @@ def test_gradient_equals_scan_sequence(getkey, name):
         )
 
     grad = eqx.filter_jit(eqx.filter_grad(loss))
-    parallel = grad((layer, state0), type(layer).replay_sequence)
-    reference = grad((layer, state0), scan_sequence)
+    parallel = grad((layer, state0), replay_one)
+    reference = grad((layer, state0), scan_one)
     _assert_tree_close(parallel, reference, **GRAD_TOL)
     # The resets inside the sequence pass gradient to the learned initial state.
     initial = (
@@ -359,7 +374,7 @@ def test_gradient_over_seeds_and_envs_equals_a_loop(getkey, name):
 
     def loss(layer, xs, done):
         def one_env(x, d):
-            out = layer.replay_sequence(layer.initial_state(), x, None, None, d)
+            out = replay_one(layer, layer.initial_state(), x, d)
             return jnp.sum(jnp.sin(out.output)) + sum(
                 jnp.sum(leaf) for leaf in jax.tree.leaves(out.last_state)
             )
@@ -372,6 +387,12 @@ def test_gradient_over_seeds_and_envs_equals_a_loop(getkey, name):
         layer, x, d = jax.tree.map(lambda leaf, i=seed: leaf[i], (seeds, xs, done))
         at = jax.tree.map(lambda leaf, i=seed: leaf[i], batched)
         _assert_tree_close(at, grad(layer, x, d), rtol=1e-5, atol=1e-5)
+
+
+def _as_pairs(x, n_time):
+    """A complex array as float32 `[*time, 2, size]`: its parts, flattened."""
+    x = x.reshape(*x.shape[:n_time], 1, -1)
+    return jnp.concatenate([jnp.real(x), jnp.imag(x)], -2).astype(jnp.float32)
 
 
 def _reference_recurrence(a, b, h0, done, h_reset):
@@ -411,7 +432,23 @@ def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_
         return jnp.sum(weights * jnp.abs(states) ** 2) + jnp.sum(jnp.abs(last) ** 2)
 
     def fast(a, b, h0, done, h_reset):
-        return linear_recurrence(a, b, h0, done, h_reset, parallel=parallel)
+        if dtype == jnp.float32:
+            return linear_recurrence(a, b, h0, done, h_reset, parallel=parallel)
+        # A complex recurrence as the LRU runs it: real and imaginary parts
+        # on a second-last axis of size 2.
+        states, last = linear_recurrence(
+            _as_pairs(a, 1),
+            _as_pairs(b, 1),
+            _as_pairs(h0, 0),
+            done,
+            _as_pairs(h_reset, 0),
+            parallel=parallel,
+            pairs=True,
+        )
+        return (
+            jax.lax.complex(states[:, 0], states[:, 1]).reshape(b.shape),
+            jax.lax.complex(last[0], last[1]).reshape(h0.shape),
+        )
 
     args = (*inputs, h_reset)
     _assert_tree_close(
@@ -432,7 +469,7 @@ def test_replay_compiles_once(getkey):
     @eqx.filter_jit
     def replay(layer, state0, xs, done):
         traces.append(type(layer).__name__)
-        return layer.replay_sequence(state0, xs, None, None, done)
+        return replay_one(layer, state0, xs, done)
 
     for cls in (MinGRU, LRU):
         for _ in range(2):
@@ -444,48 +481,20 @@ def test_replay_compiles_once(getkey):
 
 
 def test_bad_arguments_and_inputs(getkey):
-    for cls in (LRU, MinGRU):
-        with pytest.raises(ValueError, match="hidden_size"):
-            cls(2, 0, key=getkey())
-        with pytest.raises(ValueError, match="in_size"):
-            cls(-1, 3, key=getkey())
-    with pytest.raises(ValueError, match="out_size"):
-        LRU(2, 3, out_size=0, key=getkey())
-    with pytest.raises(ValueError, match=r"r_min=-0\.1.*\[0, 1\)"):
+    with pytest.raises(ValueError, match=r"r_min=-0\.1.*0 <= r_min <= r_max < 1"):
         LRU(2, 3, r_min=-0.1, key=getkey())
-    with pytest.raises(ValueError, match=r"r_max=1\.0.*\[0, 1\)"):
+    with pytest.raises(ValueError, match=r"r_max=1\.0\).*0 <= r_min <= r_max < 1"):
         LRU(2, 3, r_max=1.0, key=getkey())
-    with pytest.raises(ValueError, match="r_min must not exceed r_max"):
+    with pytest.raises(ValueError, match=r"r_min=0\.9, r_max=0\.5"):
         LRU(2, 3, r_min=0.9, r_max=0.5, key=getkey())
     with pytest.raises(ValueError, match="max_phase"):
         LRU(2, 3, max_phase=0.0, key=getkey())
-
     lru = LAYERS["lru"](getkey())  # in 3, hidden 5
-    done = jnp.zeros(4, bool)
     with pytest.raises(ValueError, match=r"LRU expects one env's input of shape \(3,"):
         lru(lru.initial_state(), jnp.ones(4))
-    with pytest.raises(ValueError, match=r"LRU expects one env's input of shape \(3,"):
-        lru.replay_sequence(lru.initial_state(), jnp.ones((4, 4)), None, None, done)
-    # A malformed carry is rejected by the runtime type checker when it is on
-    # (TypeError naming `state`), otherwise by the layer (ValueError).
-    with pytest.raises((ValueError, TypeError), match=r"tuple \(re, im\)|'state'"):
-        lru(jnp.zeros(5), jnp.ones(3))
-    with pytest.raises((ValueError, TypeError), match=r"carry im has|'state'"):
-        lru((jnp.zeros(5), jnp.zeros(4)), jnp.ones(3))
-    with pytest.raises(ValueError, match=r"carry re has shape \(4,\), expected \(5,"):
-        lru((jnp.zeros(4), jnp.zeros(4)), jnp.ones(3))
-    with pytest.raises(ValueError, match=r"carry re has shape \(4,\), expected \(5,"):
-        lru.replay_sequence(
-            (jnp.zeros(4), jnp.zeros(4)), jnp.ones((4, 3)), None, None, done
-        )
-
     gru = LAYERS["mingru"](getkey())  # in 3, hidden 5
     with pytest.raises(ValueError, match=r"MinGRU expects one env's input"):
         gru(gru.initial_state(), jnp.ones(2))
-    with pytest.raises(ValueError, match=r"MinGRU carry h has shape \(4,\)"):
-        gru(jnp.zeros(4), jnp.ones(3))
-    with pytest.raises(ValueError, match=r"MinGRU carry h has shape \(4,\)"):
-        gru.replay_sequence(jnp.zeros(4), jnp.ones((4, 3)), None, None, done)
 
 
 def _has_scan(jaxpr) -> bool:
@@ -496,7 +505,7 @@ def _has_scan(jaxpr) -> bool:
     )
 
 
-def test_inside_sequential_equals_scan_sequence(getkey):
+def test_inside_sequential_equals_the_scan_of_calls(getkey):
     net = Sequential(
         [
             Dense(3, 3, activation="tanh", key=getkey()),
@@ -522,7 +531,7 @@ def test_inside_sequential_equals_scan_sequence(getkey):
     _assert_tree_close(_replay(net, *args), _reference(net, *args), **TOL)
     # Dense layers run batched and the recurrences as associative scans: the
     # replay holds no sequential scan at all.
-    jaxpr = jax.make_jaxpr(net.replay_sequence)(state0, xs, None, None, done)
+    jaxpr = jax.make_jaxpr(replay_one)(net, state0, xs, done)
     assert not _has_scan(jaxpr.jaxpr)
 
 
@@ -544,7 +553,7 @@ def test_default_replay_is_the_sequential_scan_on_cpu(getkey, layer):
     done = jnp.zeros(T, bool)
 
     def replay(m):
-        return m.replay_sequence(m.initial_state(), xs, None, None, done).output
+        return replay_one(m, m.initial_state(), xs, done).output
 
     assert jax.default_backend() == "cpu"
     default = layer(3, 5, key=jax.random.key(0))
@@ -553,49 +562,3 @@ def test_default_replay_is_the_sequential_scan_on_cpu(getkey, layer):
     # The loop body is the elementwise update alone: no matmul inside it.
     assert "dot_general" not in {eqn.primitive.name for eqn in body.eqns}
     assert not _has_scan(jax.make_jaxpr(replay)(parallel).jaxpr)
-
-
-_T, _N = 5, 3
-_OK = {
-    "a": jnp.full((_T, _N), 0.5),
-    "b": jnp.ones((_T, _N)),
-    "h0": jnp.zeros(_N),
-    "done": jnp.zeros(_T, bool),
-    "h_reset": jnp.zeros(_N),
-}
-
-
-@pytest.mark.parametrize("parallel", [True, False])
-@pytest.mark.parametrize(
-    "bad, seen",
-    [
-        # The sequential path clamped a short `a` or a long `done` silently.
-        ({"a": jnp.full((2, _N), 0.5)}, r"a has shape \(2, 3\) and b \(5, 3\)"),
-        ({"a": jnp.full((_N,), 0.5)}, r"a has shape \(3,\) and b \(5, 3\)"),
-        ({"done": jnp.zeros(_T + 1, bool)}, r"done has shape \(6,\) and dtype bool"),
-        ({"done": jnp.zeros(_T)}, r"done has shape \(5,\) and dtype float32"),
-        ({"h0": jnp.zeros(_N + 1)}, r"h0 has shape \(4,\) and b \(5, 3\)"),
-        ({"h_reset": jnp.zeros((1, _N))}, r"h_reset has shape \(1, 3\)"),
-        ({"b": jnp.ones((_T, _N), jnp.int32)}, r"b has dtype int32, not a float"),
-    ],
-)
-def test_linear_recurrence_names_the_argument_that_does_not_fit(
-    unchecked, parallel, bad, seen
-):
-    args = {**_OK, **bad}
-    with pytest.raises(
-        ValueError, match=rf"^linear_recurrence: {seen}.*done: bool \[T\]"
-    ):
-        linear_recurrence(**args, parallel=parallel)
-
-
-def test_linear_recurrence_pairs_need_a_parts_axis(unchecked):
-    with pytest.raises(
-        ValueError, match=r"b has shape \(5, 3\)\. Expected b: .*\[\.\.\., 2, n\]"
-    ):
-        linear_recurrence(**_OK, pairs=True)
-    with pytest.raises(ValueError, match=r"second-last axis must hold 2 parts"):
-        shaped = {
-            k: v.reshape(*v.shape[:-1], 1, _N) for k, v in _OK.items() if k != "done"
-        }
-        linear_recurrence(**shaped, done=_OK["done"], pairs=True)

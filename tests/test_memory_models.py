@@ -93,19 +93,15 @@ def test_lstm_shortcut_is_the_lstm_cell():
 
 
 def test_bad_cell_and_hidden_size_name_the_argument():
-    with pytest.raises(ValueError, match=r"cell='rnn'.*'lstm', 'gru', 'lru'"):
+    # Declared types, checked at run time in the suite: the cell's names and
+    # an int size.
+    with pytest.raises(TypeError, match=r"cell.*'lstm', 'gru', 'lru'"):
         nn.make_recurrent_actor_critic(3, 2, 4, cell="rnn", key=jax.random.key(0))
-    # The factory names its own argument (not the first layer's, which would
-    # catch 0 too); a float is already refused by the annotation checker.
-    own = r"make_recurrent_actor_critic\(hidden_size=\.\.\.\) must be a positive int"
-    for size, error, match in (
-        (0, ValueError, own),
-        (-3, ValueError, own),
-        (True, TypeError, own),
-        (2.5, TypeError, "hidden_size"),
-    ):
-        with pytest.raises(error, match=match):
-            nn.make_recurrent_actor_critic(3, 2, size, key=jax.random.key(0))
+    with pytest.raises(TypeError, match="hidden_size"):
+        nn.make_recurrent_actor_critic(3, 2, 2.5, key=jax.random.key(0))
+    # A range the type cannot say: the factory names its own argument.
+    with pytest.raises(ValueError, match=r"\(hidden_size=0\).*positive int"):
+        nn.make_recurrent_actor_critic(3, 2, 0, key=jax.random.key(0))
 
 
 def test_lru_state_size_sets_the_complex_states_and_keeps_the_output_width():
@@ -133,11 +129,10 @@ def test_lru_state_size_sets_the_complex_states_and_keeps_the_output_width():
         nn.make_recurrent_actor_critic(
             3, 2, HIDDEN, cell="gru", lru_state_size=4, key=key
         )
-    for size in (0, -1, 2.5, True):
-        with pytest.raises((ValueError, TypeError), match="lru_state_size"):
-            nn.make_recurrent_actor_critic(
-                3, 2, HIDDEN, cell="lru", lru_state_size=size, key=key
-            )
+    with pytest.raises(TypeError, match="lru_state_size"):
+        nn.make_recurrent_actor_critic(
+            3, 2, HIDDEN, cell="lru", lru_state_size=2.5, key=key
+        )
 
 
 def test_pixel_observations_go_through_a_shared_cnn_encoder():

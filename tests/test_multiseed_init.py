@@ -4,7 +4,8 @@ On a 2-core CPU, `jax.nn.initializers.orthogonal` under `vmap` became one
 batched QR per recurrent kernel; XLA:CPU ran two of them at once on its
 two-thread intra-op pool, each waiting for sub-tasks on that same pool, and
 `train(..., TrainConfig(n_seeds=4))` with an LSTM(256) hung forever in
-its init. `eqx_ppo.nn.orthogonal` loops over the batch instead.
+its init. eqx_ppo's `orthogonal` (`eqx_ppo.nn._dense`) loops over the batch
+instead.
 """
 
 import subprocess
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from eqx_ppo import nn
+from eqx_ppo.nn._dense import orthogonal
 
 _HANG_REPRO = textwrap.dedent(
     """
@@ -55,7 +57,7 @@ def test_multi_seed_lstm_init_finishes():
 
 
 def test_orthogonal_gives_jax_values_unbatched_and_vmapped():
-    init = nn.orthogonal()
+    init = orthogonal()
     reference = jax.nn.initializers.orthogonal()
     keys = jax.random.split(jax.random.key(0), 3)
     one = init(keys[1], (6, 6))

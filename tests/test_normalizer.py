@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.nn import Normalizer, NormalizerStatistics, trainable
+from eqx_ppo.nn import Normalizer, trainable
+from eqx_ppo.nn._normalizer import NormalizerStatistics
 from tests._helpers import assert_ulp_close
 
 
@@ -175,20 +176,14 @@ def test_bad_arguments():
         Normalizer(2, clip=-1.0)
     with pytest.raises(TypeError, match="shape"):
         Normalizer("obs")
-    with pytest.raises(ValueError, match="negative"):
-        Normalizer((2, -1))
 
 
 def test_bad_inputs():
     norm = Normalizer({"a": 2})
-    with pytest.raises(ValueError, match="structure"):
+    expects = r"Normalizer expects one env's input \{'a': 'float32\[2\]'\}, got "
+    with pytest.raises(ValueError, match=expects + r"\{'b'.*structure it was built"):
         norm((), {"b": jnp.ones(2)})
-    with pytest.raises(ValueError, match=r"shape \(3,\), expected \(2,\)"):
+    with pytest.raises(ValueError, match=expects + r"\{'a': 'float32\[3\]'\}"):
         norm((), {"a": jnp.ones(3)})
-    with pytest.raises(ValueError, match="structure"):
-        norm.update_statistics(jnp.ones((2, 2, 2)))
-    with pytest.raises(ValueError, match=r"\[\*lead"):
-        norm.update_statistics({"a": jnp.ones((2, 2, 3))})
-    two = Normalizer({"a": 2, "b": 2})
-    with pytest.raises(ValueError, match="leading axes"):
-        two.update_statistics({"a": jnp.ones((2, 3, 2)), "b": jnp.ones((3, 2, 2))})
+    with pytest.raises(ValueError, match=r"float32\[4, 2\].*vmap over the env axis"):
+        norm((), {"a": jnp.ones((4, 2))})

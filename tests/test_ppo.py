@@ -543,6 +543,6 @@ def test_layerwise_replay_equals_a_stepwise_scan(getkey):
 
     _, (_, _, extras) = scan(None)
     ref_last, (ref_out, ref_reg, _) = scan(extras)
-    last, out, reg = eqx.filter_jit(net.replay_envs)(state0, obs, extras, keys, done)
+    last, out, reg = eqx.filter_jit(net.replay)(state0, obs, extras, keys, done)
     assert_ulp_close((out, reg, last), (ref_out, ref_reg, ref_last))
     assert float(jnp.std(reg)) > 0  # the KL term varies per step and env

@@ -7,7 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxtyping import Array, Float
 
+import eqx_ppo
 from eqx_ppo.nn import (
     CategoricalSampler,
     NormalSampler,
@@ -219,8 +221,8 @@ COEFFICIENT_LAYERS = [
 @pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, np.float64(-1.0)])
 def test_concrete_coefficients_are_checked_inside_a_trace(make, field, value):
     """A factory run under `filter_jit` (as `train` runs it) still checks them."""
-    where = rf"{type(make(0.0)).__name__}\({field}\)"
-    message = rf"`{where}={value}` must be finite and >= 0"
+    name = type(make(0.0)).__name__
+    message = rf"`{name}\({field}={value}\)`: {field} must be finite and >= 0"
     with pytest.raises(ValueError, match=message):
         make(value)
     with pytest.raises(ValueError, match=message):
@@ -452,3 +454,21 @@ def test_a_log_likelihood_per_action_dimension_is_named(getkey, action_size):
     state = eqx_ppo.init(env, network, config, key=getkey())
     with pytest.raises(ValueError, match=r"loglikelihoods has shape \(\d,\) per env"):
         eqx.filter_jit(eqx_ppo.step)(env, config, state)
+
+
+def test_only_nonnegative_coefficients_are_range_checked():
+    # A coefficient is any never-trained float32 leaf (a vector of shifts may
+    # be negative); `nonnegative=True` marks a loss weight, checked entry by
+    # entry when the layer is built.
+    class Shift(eqx_ppo.nn.AbstractStatefulModule):
+        values: Float[Array, " n"] = eqx_ppo.nn.coefficient()
+        weights: Float[Array, " n"] = eqx_ppo.nn.coefficient(nonnegative=True)
+
+        def __call__(self, state, x, extras=None, *, key=None):
+            out = x + self.values
+            return eqx_ppo.nn.StatefulModuleOutput(state, out, jnp.zeros(()), {}, None)
+
+    layer = Shift(jnp.array([-1.0, 2.0]), jnp.array([0.0, 3.0]))
+    assert not any(jax.tree.leaves(eqx_ppo.nn.trainable(layer)))
+    with pytest.raises(ValueError, match=r"Shift\(weights=\[ 1\. -2\.\]\)`: weights"):
+        Shift(jnp.zeros(2), jnp.array([1.0, -2.0]))

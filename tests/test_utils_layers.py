@@ -34,15 +34,10 @@ def test_splitter_works_under_jit_and_vmap():
     np.testing.assert_array_equal(out["value"], [[2.0], [5.0]])
 
 
-@pytest.mark.parametrize("size", [0, -2, True])
+@pytest.mark.parametrize("size", [0, -2])
 def test_splitter_rejects_non_positive_sizes(size):
     with pytest.raises(ValueError, match=r"Splitter\(b=.*positive integers"):
         Splitter(a=1, b=size)
-
-
-def test_splitter_needs_a_slice():
-    with pytest.raises(ValueError, match="at least one named slice"):
-        Splitter()
 
 
 def test_splitter_checks_the_sizes_add_up_at_trace_time():
@@ -73,9 +68,9 @@ def test_flattener_preserves_top_levels():
     }
     out = call(Flattener(preserve_levels=1), x)
     assert {k: v.shape for k, v in out.items()} == {"a": (12,), "b": (6,), "c": (6,)}
-    del x["b"]  # a leaf one level down cannot keep a second level
     out = call(Flattener(preserve_levels=2), x)
     assert out["a"]["p"].shape == (4,)
+    assert out["b"].shape == (6,)  # an array above the kept depth is raveled
     assert isinstance(out["c"], list) and out["c"][1].shape == (5,)
     np.testing.assert_array_equal(out["c"][1], [0.0, 0.0, 1.0, 1.0, 1.0])
 
@@ -83,8 +78,6 @@ def test_flattener_preserves_top_levels():
 def test_flattener_errors():
     with pytest.raises(ValueError, match="preserve_levels must be >= 0"):
         Flattener(preserve_levels=-1)
-    with pytest.raises(TypeError, match="1 more level"):
-        call(Flattener(preserve_levels=2), {"a": jnp.ones(2)})
 
 
 def test_filter_selects_by_key_path_and_callable():
@@ -114,8 +107,6 @@ def test_filter_errors():
         Filter([("a", "b")])
     with pytest.raises(TypeError):
         Filter({"x": 1.5})
-    with pytest.raises(ValueError, match="selects nothing"):
-        Filter({})
     with pytest.raises(ValueError, match=r"no entry 'q' at \('arm',\)"):
         call(Filter({"x": ("arm", "q")}), {"arm": {"p": jnp.ones(1)}})
 

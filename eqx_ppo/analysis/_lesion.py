@@ -17,16 +17,15 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PyTree
 
 from ..graph import PopulationGraph
+from ..nn._filters import coefficient
 from ..nn._module import (
     AbstractStatefulModule,
     SequenceOutput,
     State,
     StatefulModuleOutput,
-    coefficient,
-    scan_sequence,
 )
 
 Site = Literal["output", "carry", "input"]
@@ -56,7 +55,7 @@ class Intervention(AbstractStatefulModule):
     - `site="input"`: the layer's input; a population of a graph is
       lesioned this way, in every connection that reads it.
 
-    Everything else is the layer's: carry, resets, statistics, key use, and
+    Everything else is the layer's: carry, resets, statistics, key, and
     its own (possibly parallel) replay, whose outputs get the same
     intervention, so a lesioned network also trains as one (with
     `site="carry"` the replay scans the steps instead). A `Recorder` inside
@@ -83,10 +82,6 @@ class Intervention(AbstractStatefulModule):
     mode: Literal["clamp", "add"] = eqx.field(static=True, default="clamp")
     site: Site = eqx.field(static=True, default="output")
     entry: str | None = eqx.field(static=True, default=None)
-
-    @property
-    def uses_key(self) -> bool:
-        return self.layer.uses_key
 
     def _units_of(self, y: Any) -> Any:
         """`y` with the selected units held or shifted (any leading axes)."""
@@ -133,28 +128,13 @@ class Intervention(AbstractStatefulModule):
         x: Any,
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         state, x = self._at("carry", state), self._at("input", x)
         out = self.layer(state, x, extras, key=key)
         return out._replace(output=self._at("output", out.output))
 
-    def replay_sequence(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, " time"] | None,
-        done: Bool[Array, " time"],
-    ) -> SequenceOutput:
-        if self.site == "carry":
-            return scan_sequence(self, state0, xs, extras, keys, done)
-        out = self.layer.replay_sequence(
-            state0, self._at("input", xs), extras, keys, done
-        )
-        return out._replace(output=self._at("output", out.output))
-
-    def replay_envs(
+    def replay(
         self,
         state0: State,
         xs: Any,
@@ -163,12 +143,10 @@ class Intervention(AbstractStatefulModule):
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
         if self.site == "carry":
-            return jax.vmap(
-                self.replay_sequence,
-                in_axes=(0, 1, 1, 1, 1),
-                out_axes=SequenceOutput(0, 1, 1),
-            )(state0, xs, extras, keys, done)
-        out = self.layer.replay_envs(state0, self._at("input", xs), extras, keys, done)
+            # Every step's carry is held: the default replay, a scan of
+            # this module's own `__call__`.
+            return AbstractStatefulModule.replay(self, state0, xs, extras, keys, done)
+        out = self.layer.replay(state0, self._at("input", xs), extras, keys, done)
         return out._replace(output=self._at("output", out.output))
 
     def initial_state(self) -> State:

@@ -6,14 +6,14 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Int, Key
 
 from .._activation_key import ACTIVATION_KEY
+from ..nn._keys import child_key
 from ..nn._module import (
     AbstractStatefulModule,
     State,
     StatefulModuleOutput,
-    route_keys,
     zero_loss,
 )
 
@@ -92,9 +92,10 @@ class PopulationGraph(AbstractStatefulModule):
     transform's metrics under its connection's name, plus, when `record` is
     set, `{ACTIVATION_KEY: {population: activity}}` for every population.
     **Extras** are `{connection: extras}`, or `None` when no transform has any.
-    **Keys** go to the transforms that use one as in the named containers
-    ([`eqx_ppo.nn.route_keys`][], by sorted connection name), so each gets the
-    same noise eagerly, under `jit` and in the loss replay.
+    **Keys**: the transform of connection `name` gets
+    `jax.random.fold_in(key, crc32(name))`, as a named container's child
+    does, so each gets the same noise eagerly, under `jit` and in the loss
+    replay, whatever the other connections are.
 
     Do not construct it directly: call `PopulationGraphBuilder.finalize`.
 
@@ -155,17 +156,13 @@ class PopulationGraph(AbstractStatefulModule):
         }
         return dataclasses.replace(self, transforms=transforms)
 
-    @property
-    def uses_key(self) -> bool:
-        return any(t.uses_key for t in self.transforms.values())
-
     def __call__(
         self,
         state: GraphState,
         x: Any,
         extras: dict[str, Any] | None = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Run every population once for one env.
 
@@ -173,16 +170,6 @@ class PopulationGraph(AbstractStatefulModule):
         whole observation, else a dict holding each input's `input_from` key.
         """
         populations = {pop.name: pop for pop in self.populations}
-        # By sorted name, as the named containers route keys: a dict's own
-        # order does not survive a pytree round trip (`jit`, `tree_map`).
-        names = sorted(self.transforms)
-        keys = dict(
-            zip(
-                names,
-                route_keys(key, [self.transforms[n] for n in names]),
-                strict=True,
-            )
-        )
         buffers = state["buffers"]
         activity: dict[str, Float[Array, " size"]] = {}
         next_transform_state: dict[str, State] = {}
@@ -205,7 +192,7 @@ class PopulationGraph(AbstractStatefulModule):
                     state["transforms"][conn.name],
                     source,
                     None if extras is None else extras[conn.name],
-                    key=keys[conn.name],
+                    key=child_key(key, conn.name),
                 )
                 next_transform_state[conn.name] = out.next_state
                 transform_extras[conn.name] = out.extras
@@ -260,30 +247,21 @@ def _write_buffer(buffer: RingBuffer, activity: Float[Array, " size"]) -> RingBu
 def _external_input(pop: PopulationSpec, x: Any) -> Float[Array, " size"]:
     """The observation part an input population adds, checked at trace time."""
     if pop.input_from is None:
-        if isinstance(x, Mapping):
-            raise ValueError(
-                f"PopulationGraph input population {pop.name!r} reads the whole "
-                f"observation, but it is a dict with keys {sorted(x)}. Build the "
-                "input with input_from=<one of those keys>."
-            )
-        value = x
-        where = "the observation"
+        where, value = "the whole observation", x
     else:
-        if not isinstance(x, Mapping) or pop.input_from not in x:
-            found = sorted(x) if isinstance(x, Mapping) else type(x).__name__
-            raise ValueError(
-                f"PopulationGraph input population {pop.name!r} reads "
-                f"obs[{pop.input_from!r}], but the observation is {found}. Pass a "
-                f"dict observation with key {pop.input_from!r}, or build the input "
-                "with input_from=None to read the whole observation."
-            )
-        value = x[pop.input_from]
         where = f"obs[{pop.input_from!r}]"
-    if jnp.shape(value) != (pop.size,):
-        raise ValueError(
-            f"PopulationGraph input population {pop.name!r} has size {pop.size} "
-            f"and expects {where} of shape ({pop.size},) for one env; got shape "
-            f"{jnp.shape(value)}. Layers work on one env: vmap over envs or use "
-            "`eqx_ppo.nn.apply_batched`."
-        )
-    return value
+        value = x.get(pop.input_from) if isinstance(x, Mapping) else None
+    if eqx.is_array(value) and jnp.shape(value) == (pop.size,):
+        return value
+    seen = (
+        f"a dict with keys {sorted(x)}"
+        if isinstance(x, Mapping) and not eqx.is_array(value)
+        else f"shape {jnp.shape(value if eqx.is_array(value) else x)}"
+    )
+    raise ValueError(
+        f"PopulationGraph input population {pop.name!r} reads {where}, of shape "
+        f"({pop.size},) for one env; got {seen}. Fix: build the inputs with "
+        "input_from=<key> for a dict observation or input_from=None for an "
+        "array; layers work on one env: vmap over envs or use "
+        "`eqx_ppo.nn.apply_batched`."
+    )

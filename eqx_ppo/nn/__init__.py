@@ -13,52 +13,33 @@ from ._containers import (
     Parallel as Parallel,
     Sequential as Sequential,
 )
-from ._conv import (
-    Conv2d as Conv2d,
-    PixelScale as PixelScale,
-    make_cnn_encoder as make_cnn_encoder,
-)
+from ._conv import Conv2d as Conv2d, make_cnn_encoder as make_cnn_encoder
 from ._delay import Delay as Delay
-from ._dense import (
-    Dense as Dense,
-    get_activation as get_activation,
-    orthogonal as orthogonal,
-)
+from ._dense import Dense as Dense
 from ._factories import (
-    make_lstm_actor_critic as make_lstm_actor_critic,
     make_mlp as make_mlp,
     make_mlp_actor_critic as make_mlp_actor_critic,
-    make_recurrent_actor_critic as make_recurrent_actor_critic,
 )
-from ._linear_recurrent import (
-    LRU as LRU,
-    MinGRU as MinGRU,
-    linear_recurrence as linear_recurrence,
-)
-from ._module import (
-    AbstractReplayEnvs as AbstractReplayEnvs,
-    AbstractStatefulModule as AbstractStatefulModule,
-    AbstractStatelessLayer as AbstractStatelessLayer,
+from ._filters import (
     AbstractStatistics as AbstractStatistics,
-    SequenceOutput as SequenceOutput,
-    State as State,
-    StatefulModuleOutput as StatefulModuleOutput,
-    apply_batched as apply_batched,
     coefficient as coefficient,
-    reset_where as reset_where,
-    route_keys as route_keys,
-    route_sequence_keys as route_sequence_keys,
-    scan_sequence as scan_sequence,
     trainable as trainable,
 )
-from ._normalizer import (
-    Normalizer as Normalizer,
-    NormalizerStatistics as NormalizerStatistics,
+from ._linear_recurrent import LRU as LRU, MinGRU as MinGRU
+from ._module import (
+    AbstractStatefulModule as AbstractStatefulModule,
+    SequenceOutput as SequenceOutput,
+    StatefulModuleOutput as StatefulModuleOutput,
+    apply_batched as apply_batched,
 )
+from ._normalizer import Normalizer as Normalizer
 from ._recurrent import GRU as GRU, LSTM as LSTM
+from ._recurrent_factories import (
+    make_lstm_actor_critic as make_lstm_actor_critic,
+    make_recurrent_actor_critic as make_recurrent_actor_critic,
+)
 from ._utils import (
     Filter as Filter,
-    FilterSpec as FilterSpec,
     Flattener as Flattener,
     Scale as Scale,
     Splitter as Splitter,

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
-from ._containers import AbstractChildDict
+from ._containers import PerStep, Run, _AbstractContainer
 from ._module import AbstractStatefulModule
 
 
@@ -61,7 +61,7 @@ def ppo_output(samples: Any, values: Any) -> PPONetworkOutput:
     )
 
 
-class PPOAdapter(AbstractChildDict):
+class PPOAdapter(_AbstractContainer):
     """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
 
     The `action` port must output a *sampler dict* `{"action", "log_likelihood"}`
@@ -71,8 +71,8 @@ class PPOAdapter(AbstractChildDict):
     structure. The `value` port outputs an array of shape `(1,)`, squeezed to a
     scalar, or a dict of them (one value head per reward key).
 
-    State, extras and metrics are dicts `{"action": ..., "value": ...}`; the
-    key goes to the ports that use one, as containers route it (action first).
+    State, extras and metrics are dicts `{"action": ..., "value": ...}`; each
+    port gets its own key, as a named container's child does.
 
     **Arguments:**
 
@@ -88,16 +88,6 @@ class PPOAdapter(AbstractChildDict):
     action: AbstractStatefulModule
     value: AbstractStatefulModule
 
-    def __check_init__(self):
-        for name in ("action", "value"):
-            port = getattr(self, name)
-            if not isinstance(port, AbstractStatefulModule):
-                raise TypeError(
-                    f"`PPOAdapter({name}=...)` must be an AbstractStatefulModule, "
-                    f"got {type(port).__name__}."
-                )
-
-    @property
     def _children(self) -> dict[str, AbstractStatefulModule]:
         return {"action": self.action, "value": self.value}
 
@@ -106,5 +96,5 @@ class PPOAdapter(AbstractChildDict):
     ) -> "PPOAdapter":
         return PPOAdapter(**children)
 
-    def _combine(self, outputs: dict[str, Any]) -> PPONetworkOutput:
-        return ppo_output(outputs["action"], outputs["value"])
+    def _route(self, run: Run, x: Any, per_step: PerStep) -> PPONetworkOutput:
+        return per_step(ppo_output)(run("action", x), run("value", x))

@@ -7,25 +7,28 @@ transposes, so a network takes observations as the environment gives them.
 """
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray, Shaped
+from jaxtyping import Array, Float, Key, Shaped
 
 from ._containers import Sequential
-from ._dense import Dense, Initializer, check_size, get_activation, init_param
-from ._module import AbstractStatefulModule, AbstractStatelessLayer, check_key
+from ._dense import Activation, Dense, Initializer, get_activation
+from ._module import AbstractStatefulModule, AbstractStatelessLayer
 from ._utils import Flattener
 
-Padding = str | int
+Padding = Literal["VALID", "SAME"] | int
 """`"VALID"` (no padding), `"SAME"` (output size `ceil(size / stride)`), or
 `p >= 0` zeros on every side."""
 
-ConvSpec = Sequence[Sequence[int]]
+ConvSpec = tuple[tuple[int, int, int], ...]
 """A CNN stack: one `(out_channels, kernel_size, stride)` per `"VALID"` conv."""
+
+Kind = Literal["nature", "impala_small"]
+"""A standard CNN stack by name."""
 
 _KINDS: dict[str, tuple[tuple[tuple[int, int, int], ...], int]] = {
     # Mnih et al. 2015 (Nature DQN), as in CleanRL / PureJaxRL's Atari PPO.
@@ -35,24 +38,8 @@ _KINDS: dict[str, tuple[tuple[tuple[int, int, int], ...], int]] = {
 }
 
 
-def _pair(name: str, value: int | tuple[int, int]) -> tuple[int, int]:
-    pair = value if isinstance(value, tuple) else (value, value)
-    if len(pair) != 2:
-        raise ValueError(f"{name} must be an int or a pair of ints; got {value!r}.")
-    for v in pair:
-        check_size(name, v)
-    return pair
-
-
-def _check_padding(padding: Any) -> str | int:
-    if isinstance(padding, str) and padding.upper() in ("VALID", "SAME"):
-        return padding.upper()
-    if isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0:
-        return padding
-    raise ValueError(
-        f"Conv2d(padding={padding!r}) must be 'VALID', 'SAME' or an int >= 0 "
-        "(zeros added on every side)."
-    )
+def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
+    return value if isinstance(value, tuple) else (value, value)
 
 
 def _output_size(size: int, kernel: int, stride: int, padding: str | int) -> int:
@@ -70,7 +57,7 @@ class Conv2d(AbstractStatelessLayer):
     and runs the convolution on `[C, H, W]`; this layer moves the channel
     axis to the front and back, so its input and output are channels-last
     like the observations. Integer inputs (e.g. `uint8` pixels) are cast to
-    float first; scale them with [`eqx_ppo.nn.PixelScale`][] if wanted.
+    float first; [`eqx_ppo.nn.make_cnn_encoder`][] can scale them (`scale=1 / 255`).
 
     The initialisers follow [`eqx_ppo.nn.Dense`][] and flax: a LeCun-normal
     kernel and a zero bias. The initialiser is called on the kernel's
@@ -97,10 +84,10 @@ class Conv2d(AbstractStatelessLayer):
         out_channels: int,
         kernel_size: int | tuple[int, int],
         *,
-        key: PRNGKeyArray,
+        key: Key[Array, ""],
         stride: int | tuple[int, int] = 1,
         padding: Padding = "VALID",
-        activation: str | Callable[[Array], Array] | None = None,
+        activation: Activation | None = None,
         use_bias: bool = True,
         kernel_init: Initializer | None = None,
         bias_init: Initializer | None = None,
@@ -113,29 +100,21 @@ class Conv2d(AbstractStatelessLayer):
         - `key`: PRNG key for the initialisers.
         - `stride`: `s` or `(sh, sw)`.
         - `padding`: `"VALID"` (none), `"SAME"`, or zeros added on every side.
-        - `activation`: `None` (linear), a callable, or a name accepted by
-            [`eqx_ppo.nn.get_activation`][].
+        - `activation`: `None` (linear), a callable, or a name, as in
+            [`eqx_ppo.nn.Dense`][].
         - `use_bias`: whether to add a bias (one per output channel).
         - `kernel_init`: initialiser for the `[kh, kw, in, out]` kernel;
             default `jax.nn.initializers.lecun_normal()`.
         - `bias_init`: initialiser for the `[out]` bias; default zeros.
         """
-        check_key("Conv2d", key)
-        check_size("Conv2d(in_channels=...)", in_channels)
-        check_size("Conv2d(out_channels=...)", out_channels)
-        kernel_size = _pair("Conv2d(kernel_size=...)", kernel_size)
-        stride = _pair("Conv2d(stride=...)", stride)
-        padding = _check_padding(padding)
+        kernel_size, stride = _pair(kernel_size), _pair(stride)
         kernel_key, bias_key = jax.random.split(key)
         if kernel_init is None:
             kernel_init = jax.nn.initializers.lecun_normal()
         if bias_init is None:
             bias_init = jax.nn.initializers.zeros
-        kernel = init_param(
-            "Conv2d(kernel_init=...)",
-            kernel_init,
-            kernel_key,
-            (*kernel_size, in_channels, out_channels),
+        kernel = kernel_init(
+            kernel_key, (*kernel_size, in_channels, out_channels), jnp.float32
         )
         # Only Equinox's structure is wanted; our initialisers fill it, so its
         # own (PyTorch-style) initialisation is traced abstractly, never run.
@@ -150,11 +129,7 @@ class Conv2d(AbstractStatelessLayer):
             dtype=jnp.float32,
             key=key,
         )
-        bias = (
-            init_param("Conv2d(bias_init=...)", bias_init, bias_key, (out_channels,))
-            if use_bias
-            else None
-        )
+        bias = bias_init(bias_key, (out_channels,), jnp.float32) if use_bias else None
         conv = eqx.tree_at(
             lambda c: (c.weight, c.bias),
             conv,
@@ -192,22 +167,13 @@ class Conv2d(AbstractStatelessLayer):
 
     def _check_input(self, x: Array) -> None:
         shape = jnp.shape(x)
-        described = (
-            f"`Conv2d(in_channels={self.in_channels})` got input of shape {shape}"
-        )
         if len(shape) != 3 or shape[-1] != self.in_channels:
             raise ValueError(
-                f"{described}; observations must be [H, W, C] for one env, with "
+                f"`Conv2d(in_channels={self.in_channels})` got input of shape "
+                f"{shape}; observations must be [H, W, C] for one env, with "
                 f"C = {self.in_channels} channels last. Layers work on a single env: "
                 "vmap over the env axis, or use `eqx_ppo.nn.apply_batched`; add a "
                 "channel axis to a grayscale image (`obs[..., None]`)."
-            )
-        out_h, out_w, _ = self.output_shape(shape[0], shape[1])
-        if out_h < 1 or out_w < 1:
-            raise ValueError(
-                f"{described}: the image is smaller than the "
-                f"{self.conv.kernel_size} kernel; use a smaller kernel_size, "
-                "padding='SAME', or larger observations."
             )
 
     def forward(
@@ -234,47 +200,22 @@ class PixelScale(AbstractStatelessLayer):
       trained.
     """
 
-    factor: float = eqx.field(static=True)
+    factor: float = eqx.field(static=True, converter=float)
 
-    def __init__(self, factor: float):
-        check_pixel_scale("PixelScale(factor=...)", factor)
-        self.factor = float(factor)
+    def __check_init__(self):
+        if not 0 < self.factor < math.inf:
+            raise ValueError(
+                f"PixelScale(factor={self.factor}): the factor must be a finite "
+                "number > 0, e.g. 1 / 255 for uint8 pixels."
+            )
 
     def forward(self, x: Shaped[Array, "*shape"]) -> Float[Array, "*shape"]:
         return x.astype(jnp.float32) * self.factor
 
 
-def check_pixel_scale(name: str, value: Any) -> None:
-    """Raise unless `value` is a finite number > 0 (a pixel multiplier)."""
-    if not 0 < value < math.inf:
-        raise ValueError(
-            f"{name} must be a finite number > 0, e.g. 1 / 255 for uint8 pixels; "
-            f"got {value}."
-        )
-
-
-def _spec(kind: str | ConvSpec) -> tuple[tuple[tuple[int, int, int], ...], int]:
+def _stack(kind: Kind | ConvSpec) -> tuple[ConvSpec, int]:
     """The conv stack and default `out_size` of a `kind`."""
-    if isinstance(kind, str):
-        if kind not in _KINDS:
-            raise ValueError(
-                f"make_cnn_encoder(kind={kind!r}) is not a known kind; expected one "
-                f"of {sorted(_KINDS)} or a tuple of (channels, kernel, stride)."
-            )
-        return _KINDS[kind]
-    layers = tuple(tuple(layer) for layer in kind)
-    valid = all(
-        len(layer) == 3
-        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in layer)
-        for layer in layers
-    )
-    if not layers or not valid:
-        raise ValueError(
-            f"make_cnn_encoder(kind={kind!r}): a custom spec must be a non-empty "
-            "tuple of (channels, kernel, stride) triples of positive ints, e.g. "
-            "((16, 3, 1), (32, 3, 2))."
-        )
-    return layers, 256
+    return _KINDS[kind] if isinstance(kind, str) else (kind, 256)
 
 
 def _fits(stack: tuple[tuple[int, int, int], ...], height: int, width: int) -> bool:
@@ -304,27 +245,13 @@ def _fitting_kind(
     return f"kind={((16, min(height, width), 1),)!r}"
 
 
-def _check_obs_shape(obs_shape: Any) -> tuple[int, int, int]:
-    shape = tuple(obs_shape)
-    if len(shape) != 3 or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
-    ):
-        raise ValueError(
-            f"make_cnn_encoder(obs_shape={obs_shape!r}): obs_shape must be one env's "
-            "image shape (height, width, channels) of positive ints, channels last, "
-            "e.g. (84, 84, 4); for a grayscale (H, W) image add a channel axis "
-            "(`obs[..., None]`) and pass (H, W, 1)."
-        )
-    return shape
-
-
 def make_cnn_encoder(
-    obs_shape: Sequence[int],
+    obs_shape: tuple[int, int, int],
     *,
-    key: PRNGKeyArray,
-    kind: str | ConvSpec = "nature",
+    key: Key[Array, ""],
+    kind: Kind | ConvSpec = "nature",
     out_size: int | None = None,
-    activation: str | Callable[[Array], Array] = "relu",
+    activation: Activation = "relu",
     scale: float | None = None,
     kernel_init: Initializer | None = None,
 ) -> tuple[Sequential, int]:
@@ -349,11 +276,10 @@ def make_cnn_encoder(
     - `key`: PRNG key for the initialisers.
     - `kind`: `"nature"`, `"impala_small"` or a custom spec, as above.
     - `out_size`: features out; default 512 for `"nature"`, 256 otherwise.
-    - `activation`: a name accepted by [`eqx_ppo.nn.get_activation`][] or a
-      callable, applied after every layer, the final `Dense` included.
-    - `scale`: if given, a [`eqx_ppo.nn.PixelScale`][] first layer casts the
-      image to float and multiplies it by `scale` (`1 / 255` for `uint8`);
-      finite and `> 0`.
+    - `activation`: a name, as in [`eqx_ppo.nn.Dense`][], or a callable,
+      applied after every layer, the final `Dense` included.
+    - `scale`: if given, a first layer casts the image to float32 and
+      multiplies it by `scale` (`1 / 255` for `uint8`); finite and `> 0`.
     - `kernel_init`: the kernel initialiser of every layer; default
       LeCun-normal, as in [`eqx_ppo.nn.Conv2d`][] and [`eqx_ppo.nn.Dense`][].
 
@@ -367,13 +293,9 @@ def make_cnn_encoder(
     out.output.shape  # (512,)
     ```
     """
-    height, width, channels = _check_obs_shape(obs_shape)
-    stack, default_out = _spec(kind)
+    height, width, channels = obs_shape
+    stack, default_out = _stack(kind)
     out_size = default_out if out_size is None else out_size
-    check_size("make_cnn_encoder(out_size=...)", out_size)
-    if scale is not None:
-        check_pixel_scale("make_cnn_encoder(scale=...)", scale)
-    get_activation(activation)
     in_channels = []
     for i, (out_channels, kernel, stride) in enumerate(stack):
         new_height, new_width = (

@@ -6,10 +6,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Int, Key, PyTree
 
-from ._dense import check_int
-from ._module import AbstractDeterministicModule, StatefulModuleOutput, zero_loss
+from ._errors import tree_spec
+from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
 
 DelayState = dict[str, Any]
@@ -17,7 +17,7 @@ DelayState = dict[str, Any]
 "idx": <int32 scalar, the slot read and then overwritten this step>}`."""
 
 
-class Delay(AbstractDeterministicModule):
+class Delay(AbstractStatefulModule):
     """A `k_steps` delay line: the output at step `t` is the input at `t - k_steps`.
 
     For the first `k_steps` steps of an episode the output is `initial_value`.
@@ -42,7 +42,7 @@ class Delay(AbstractDeterministicModule):
 
     def __init__(
         self,
-        sample_input: PyTree[Any],
+        sample_input: PyTree[Array | jax.ShapeDtypeStruct],
         k_steps: int,
         initial_value: float = 0.0,
     ):
@@ -55,20 +55,12 @@ class Delay(AbstractDeterministicModule):
         - `initial_value`: what the buffer holds before it has been written
             `k_steps` times, and after each reset.
         """
-        check_int(
-            f"Delay(k_steps={k_steps!r})",
-            k_steps,
-            1,
-            "for no delay, leave the Delay out",
-        )
-        leaves, treedef = jax.tree.flatten(canonicalize(sample_input))
-        if not leaves or not all(
-            hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves
-        ):
-            raise TypeError(
-                "Delay(sample_input=...) must be a non-empty pytree of arrays or "
-                f"jax.ShapeDtypeStructs (one env's input); got {sample_input!r}."
+        if k_steps < 1:
+            raise ValueError(
+                f"Delay(k_steps={k_steps!r}) must be >= 1; for no delay, leave the "
+                "Delay out."
             )
+        leaves, treedef = jax.tree.flatten(canonicalize(sample_input))
         self.k_steps = k_steps
         self.initial_value = float(initial_value)
         self.treedef = treedef
@@ -92,22 +84,21 @@ class Delay(AbstractDeterministicModule):
         x: PyTree[Array],
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Push `x`, output the input of `k_steps` calls ago."""
         del extras, key
         leaves, treedef = jax.tree.flatten(canonicalize(x))
-        if treedef != self.treedef:
-            raise ValueError(
-                f"Delay input has structure {treedef}, expected {self.treedef} "
-                "(the structure of `sample_input`)."
+        if treedef != self.treedef or tuple(map(jnp.shape, leaves)) != self.shapes:
+            specs = zip(self.shapes, self.dtypes, strict=True)
+            expected = jax.tree.unflatten(
+                self.treedef, [jax.ShapeDtypeStruct(*spec) for spec in specs]
             )
-        for leaf, shape in zip(leaves, self.shapes, strict=True):
-            if jnp.shape(leaf) != shape:
-                raise ValueError(
-                    f"Delay input leaf has shape {jnp.shape(leaf)}, expected {shape} "
-                    "(one env's input, as in `sample_input`; vmap over envs)."
-                )
+            raise ValueError(
+                f"Delay expects one env's input shaped like its sample_input, "
+                f"{tree_spec(expected)}; got {tree_spec(x)}. Layers work on a single "
+                "env: vmap over the env axis, or use `eqx_ppo.nn.apply_batched`."
+            )
         idx: Int[Array, ""] = state["idx"]
         buffer = jax.tree.leaves(state["buffer"])
         delayed = [b[idx] for b in buffer]

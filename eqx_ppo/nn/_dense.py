@@ -1,14 +1,15 @@
 """Dense: a linear layer with an optional activation, and activation lookup."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Key
 
-from ._module import AbstractStatelessLayer, check_key, input_shape_fix
+from ._errors import check_input
+from ._module import AbstractStatelessLayer
 
 Initializer = Callable[..., Array]
 """A `jax.nn.initializers`-style callable `(key, shape, dtype) -> array`."""
@@ -31,65 +32,23 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 
-def get_activation(
-    activation: str | Callable[[Array], Array] | None,
-) -> Callable[[Array], Array]:
-    """Resolve an activation given by name, as a callable, or `None` (identity).
+ActivationName = Literal[
+    "relu", "tanh", "swish", "silu", "gelu", "sigmoid", "elu", "identity"
+]
+"""An activation by name: `"swish"` is `"silu"`, `"identity"` is none."""
 
-    Names: `"relu"`, `"tanh"`, `"swish"` (= `"silu"`), `"gelu"`, `"sigmoid"`,
-    `"elu"`, `"identity"`. A callable is returned unchanged.
-    """
+Activation = ActivationName | Callable[[Array], Array]
+"""An activation by name, or any callable from array to array."""
+
+
+def get_activation(activation: Activation | None) -> Callable[[Array], Array]:
+    """The callable of an activation given by name, as a callable, or `None`
+    (identity)."""
     if activation is None:
         return identity
     if isinstance(activation, str):
-        try:
-            return _ACTIVATIONS[activation]
-        except KeyError:
-            raise ValueError(
-                f"activation={activation!r} is not a known activation name; "
-                f"expected one of {sorted(_ACTIVATIONS)}, a callable, or None."
-            ) from None
-    if callable(activation):
-        return activation
-    raise TypeError(
-        "activation must be a name, a callable or None; got "
-        f"{type(activation).__name__} {activation!r}."
-    )
-
-
-def check_size(name: str, value: Any) -> None:
-    """Raise unless `value` is a positive Python int (a layer width)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} must be a positive int; got {type(value).__name__} {value!r}."
-        )
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value}.")
-
-
-def check_int(where: str, value: Any, minimum: int, meaning: str) -> None:
-    """Raise unless `value` is a Python int (not a bool) of at least `minimum`.
-
-    `where` names the argument as the call spelt it; `meaning` says, in the
-    range error, what the bound means or how to do without it.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{where} must be an int >= {minimum}; got {type(value).__name__} "
-            f"{value!r}."
-        )
-    if value < minimum:
-        raise ValueError(f"{where} must be >= {minimum} ({meaning}); got {value}.")
-
-
-def check_vector(layer: str, x: Any, size: int) -> None:
-    """Raise at trace time unless `x` is one env's feature vector of `size`."""
-    shape = jnp.shape(x)
-    if shape != (size,):
-        raise ValueError(
-            f"{layer} expects one env's input of shape ({size},), got shape {shape}. "
-            + input_shape_fix(shape, (size,))
-        )
+        return _ACTIVATIONS[activation]
+    return activation
 
 
 def orthogonal(scale: float = 1.0) -> Initializer:
@@ -106,7 +65,7 @@ def orthogonal(scale: float = 1.0) -> Initializer:
     """
     base = jax.nn.initializers.orthogonal(scale)
 
-    def init(key: PRNGKeyArray, shape: tuple[int, ...], dtype: Any = jnp.float32):
+    def init(key: Key[Array, ""], shape: tuple[int, ...], dtype: Any = jnp.float32):
         @jax.custom_batching.custom_vmap
         def one(k):
             return base(k, shape, dtype)
@@ -118,20 +77,6 @@ def orthogonal(scale: float = 1.0) -> Initializer:
         return one(key)
 
     return init
-
-
-def init_param(
-    name: str, init: Initializer, key: PRNGKeyArray, shape: tuple[int, ...]
-) -> Float[Array, "..."]:
-    """Call an initialiser and check it returned the requested shape."""
-    value = jnp.asarray(init(key, shape, jnp.float32))
-    if value.shape != shape:
-        raise ValueError(
-            f"{name} returned shape {value.shape}, expected {shape}; it must be a "
-            "`(key, shape, dtype) -> array` initialiser such as those in "
-            "`jax.nn.initializers`."
-        )
-    return value
 
 
 class Dense(AbstractStatelessLayer):
@@ -160,8 +105,8 @@ class Dense(AbstractStatelessLayer):
         in_size: int,
         out_size: int,
         *,
-        key: PRNGKeyArray,
-        activation: str | Callable[[Array], Array] | None = None,
+        key: Key[Array, ""],
+        activation: Activation | None = None,
         use_bias: bool = True,
         kernel_init: Initializer | None = None,
         bias_init: Initializer | None = None,
@@ -171,36 +116,28 @@ class Dense(AbstractStatelessLayer):
         - `in_size`: input features.
         - `out_size`: output features.
         - `key`: PRNG key for the initialisers.
-        - `activation`: `None` (linear), a callable, or a name accepted by
-            [`eqx_ppo.nn.get_activation`][].
+        - `activation`: `None` (linear), a callable, or a name: `"relu"`,
+            `"tanh"`, `"swish"` (= `"silu"`), `"gelu"`, `"sigmoid"`, `"elu"`,
+            `"identity"`.
         - `use_bias`: whether to add a bias.
         - `kernel_init`: initialiser for the `[in_size, out_size]` kernel;
             default `jax.nn.initializers.lecun_normal()`.
         - `bias_init`: initialiser for the bias; default zeros.
         """
-        check_key("Dense", key)
-        check_size("Dense(in_size=...)", in_size)
-        check_size("Dense(out_size=...)", out_size)
         kernel_key, bias_key = jax.random.split(key)
         if kernel_init is None:
             kernel_init = jax.nn.initializers.lecun_normal()
         if bias_init is None:
             bias_init = jax.nn.initializers.zeros
-        self.kernel = init_param(
-            "Dense(kernel_init=...)", kernel_init, kernel_key, (in_size, out_size)
-        )
-        self.bias = (
-            init_param("Dense(bias_init=...)", bias_init, bias_key, (out_size,))
-            if use_bias
-            else None
-        )
+        self.kernel = kernel_init(kernel_key, (in_size, out_size), jnp.float32)
+        self.bias = bias_init(bias_key, (out_size,), jnp.float32) if use_bias else None
         self.activation = get_activation(activation)
         self.in_size = in_size
         self.out_size = out_size
 
     def forward(self, x: Float[Array, " in_size"]) -> Float[Array, " out_size"]:
         """Apply the layer to one env's input."""
-        check_vector("Dense", x, self.in_size)
+        check_input(self, x, (self.in_size,))
         y = x @ self.kernel
         if self.bias is not None:
             y = y + self.bias

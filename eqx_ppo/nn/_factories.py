@@ -34,26 +34,23 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-from jaxtyping import Array, PRNGKeyArray
+from jaxtyping import Array, Key
 
 from ..samplers import CategoricalSampler, NormalTanhSampler
 from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
-from ._conv import check_pixel_scale, make_cnn_encoder
-from ._dense import Dense, check_size, get_activation
-from ._linear_recurrent import LRU, MinGRU
-from ._module import AbstractStatefulModule, check_key
+from ._conv import ConvSpec, Kind, make_cnn_encoder
+from ._dense import Activation, Dense
+from ._module import AbstractStatefulModule
 from ._normalizer import Normalizer
-from ._recurrent import GRU, LSTM
 from ._utils import Flattener, Splitter
 
-Activation = str | Callable[[Array], Array]
-ObsSize = int | tuple[int, int, int] | Mapping[str, Any]
-Encoder = str | tuple[tuple[int, int, int], ...]
+ObsSize = int | tuple[int, int, int] | Mapping[str, int | tuple[int, ...]]
+Encoder = Kind | ConvSpec
 ActionSize = int | tuple[int, ...] | Mapping[str, int | tuple[int, ...]]
 
 
-def _kernel_init(initializer_scale: float) -> Callable[..., Array]:
+def scaled_kernel_init(initializer_scale: float) -> Callable[..., Array]:
     if not initializer_scale > 0:
         raise ValueError(
             f"initializer_scale={initializer_scale} must be > 0; it scales the "
@@ -62,24 +59,10 @@ def _kernel_init(initializer_scale: float) -> Callable[..., Array]:
     return jax.nn.initializers.variance_scaling(initializer_scale, "fan_in", "uniform")
 
 
-def _check_sizes(name: str, sizes: Any) -> tuple[int, ...]:
-    if not isinstance(sizes, Sequence):
-        raise TypeError(
-            f"{name}={sizes!r} must be a list or tuple of positive ints, e.g. "
-            f"[64, 64] (or [] for no hidden layer), got {type(sizes).__name__}."
-        )
-    if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
-        raise ValueError(
-            f"{name}={sizes!r} must be a list or tuple of positive ints, e.g. "
-            "[64, 64] (or [] for no hidden layer)."
-        )
-    return tuple(sizes)
-
-
 def _dense_stack(
     sizes: Sequence[int],
     *,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
     activation: Activation,
     activate_final: bool,
     kernel_init: Callable[..., Array],
@@ -103,7 +86,7 @@ def make_mlp(
     hidden_sizes: Sequence[int],
     out_size: int,
     *,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
     activation: Activation = "swish",
     activate_final: bool = False,
     initializer_scale: float = 1.0,
@@ -116,34 +99,24 @@ def make_mlp(
     - `hidden_sizes`: widths of the hidden layers, e.g. `[64, 64]`; may be empty.
     - `out_size`: output features.
     - `key`: PRNG key for the initialisers.
-    - `activation`: a name accepted by [`eqx_ppo.nn.get_activation`][] or a
-      callable, applied after every hidden layer.
+    - `activation`: a name, as in [`eqx_ppo.nn.Dense`][], or a callable,
+      applied after every hidden layer.
     - `activate_final`: also apply `activation` after the output layer.
     - `initializer_scale`: variance scale of the (fan-in, uniform) kernel init.
     """
-    check_key("make_mlp", key)
-    hidden_sizes = _check_sizes("make_mlp(hidden_sizes)", hidden_sizes)
-    get_activation(activation)
     return Sequential(
         _dense_stack(
             (in_size, *hidden_sizes, out_size),
             key=key,
             activation=activation,
             activate_final=activate_final,
-            kernel_init=_kernel_init(initializer_scale),
+            kernel_init=scaled_kernel_init(initializer_scale),
         )
     )
 
 
-def _leaf_size(name: str, shape: Any) -> int:
-    if isinstance(shape, int) and not isinstance(shape, bool) and shape > 0:
-        return shape
-    if isinstance(shape, tuple) and all(isinstance(d, int) and d > 0 for d in shape):
-        return math.prod(shape)
-    raise ValueError(
-        f"obs_size entry {name!r} is {shape!r}; each entry must be a positive int "
-        "or a tuple of positive ints (one env's shape)."
-    )
+def _leaf_size(shape: int | tuple[int, ...]) -> int:
+    return shape if isinstance(shape, int) else math.prod(shape)
 
 
 def _preprocessing(
@@ -151,7 +124,7 @@ def _preprocessing(
     normalize_obs: bool,
     encoder: Encoder | None,
     pixel_scale: float | None,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
 ) -> tuple[list[AbstractStatefulModule], int]:
     """The layers before the adapter, and the feature size they produce."""
     if encoder is not None:
@@ -160,8 +133,6 @@ def _preprocessing(
                 f"encoder={encoder!r} reads images: obs_size={obs_size!r} must be "
                 "one env's image shape (height, width, channels)."
             )
-        if pixel_scale is not None:
-            check_pixel_scale("pixel_scale", pixel_scale)
         cnn, size = make_cnn_encoder(obs_size, key=key, kind=encoder, scale=pixel_scale)
         return [cnn], size
     if pixel_scale is not None:
@@ -177,21 +148,14 @@ def _preprocessing(
             "an int."
         )
     if isinstance(obs_size, Mapping):
-        if not obs_size:
-            raise ValueError("obs_size={} has no entries; name at least one.")
-        size = sum(_leaf_size(k, v) for k, v in obs_size.items())
+        size = sum(_leaf_size(v) for v in obs_size.values())
         flatten: list[AbstractStatefulModule] = [Flattener()]
         return ([Normalizer(dict(obs_size))] if normalize_obs else []) + flatten, size
-    if isinstance(obs_size, int) and not isinstance(obs_size, bool) and obs_size > 0:
-        return ([Normalizer(obs_size)] if normalize_obs else []), obs_size
-    raise ValueError(
-        f"obs_size={obs_size!r} must be a positive int (vector observations) or a "
-        "dict from observation key to its size or shape."
-    )
+    return ([Normalizer(obs_size)] if normalize_obs else []), obs_size
 
 
 def _sampler(
-    size: Any,
+    size: int | tuple[int, ...],
     *,
     discrete: bool,
     entropy_weight: float,
@@ -201,16 +165,11 @@ def _sampler(
     """One sampler for one action, and the number of features it reads."""
     if discrete:
         groups = size if isinstance(size, tuple) else (size,)
-        if not groups or not all(isinstance(n, int) and n > 0 for n in groups):
-            raise ValueError(
-                f"action_size={size!r}: with discrete=True each action is a number "
-                "of categories, a positive int, or a tuple of them (multi-discrete)."
-            )
         return sum(groups), CategoricalSampler(entropy_weight, size)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if isinstance(size, tuple):
         raise ValueError(
-            f"action_size={size!r} must be a positive int for continuous actions "
-            "(or pass discrete=True for categorical actions)."
+            f"action_size={size!r}: a tuple of sizes is a multi-discrete action; "
+            "pass discrete=True, or an int for a continuous one."
         )
     return 2 * size, NormalTanhSampler(
         entropy_weight, min_std=min_std, std_scale=std_scale
@@ -224,24 +183,22 @@ def _action_head(
     if not isinstance(action_size, Mapping):
         size, sampler = _sampler(action_size, **sampler_kwargs)
         return size, [sampler]
-    if not action_size:
-        raise ValueError("action_size={} has no entries; name at least one action.")
     sizes, samplers = {}, {}
     for name in sorted(action_size):
         sizes[name], samplers[name] = _sampler(action_size[name], **sampler_kwargs)
     return sum(sizes.values()), [Splitter(**sizes), Map(samplers)]
 
 
-def _actor_critic(
+def actor_critic(
     obs_size: ObsSize,
     action_size: ActionSize,
     make_trunk: Callable[
-        [str, int, PRNGKeyArray], tuple[list[AbstractStatefulModule], int]
+        [str, int, Key[Array, ""]], tuple[list[AbstractStatefulModule], int]
     ],
     actor_hidden_sizes: Sequence[int],
     critic_hidden_sizes: Sequence[int],
     *,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
     activation: Activation,
     normalize_obs: bool,
     initializer_scale: float,
@@ -252,10 +209,7 @@ def _actor_critic(
     encoder: Encoder | None,
     pixel_scale: float | None,
 ) -> Sequential:
-    actor_hidden_sizes = _check_sizes("actor_hidden_sizes", actor_hidden_sizes)
-    critic_hidden_sizes = _check_sizes("critic_hidden_sizes", critic_hidden_sizes)
-    get_activation(activation)
-    kernel_init = _kernel_init(initializer_scale)
+    kernel_init = scaled_kernel_init(initializer_scale)
     if encoder is not None:
         key, encoder_key = jax.random.split(key)
     else:
@@ -305,7 +259,7 @@ def make_mlp_actor_critic(
     actor_hidden_sizes: Sequence[int],
     critic_hidden_sizes: Sequence[int],
     *,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
     activation: Activation = "swish",
     normalize_obs: bool = True,
     initializer_scale: float = 1.0,
@@ -360,13 +314,11 @@ def make_mlp_actor_critic(
       first, e.g. `1 / 255` for `uint8` images; finite and `> 0`.
     """
 
-    check_key("make_mlp_actor_critic", key)
-
     def no_trunk(port, features, key):
         del port, key
         return [], features
 
-    return _actor_critic(
+    return actor_critic(
         obs_size,
         action_size,
         no_trunk,
@@ -382,227 +334,4 @@ def make_mlp_actor_critic(
         std_scale=std_scale,
         encoder=encoder,
         pixel_scale=pixel_scale,
-    )
-
-
-_CELLS = ("lstm", "gru", "lru", "mingru")
-
-
-def default_lru_state_size(hidden_size: int) -> int:
-    """The LRU's complex states in a memory `hidden_size` wide: half, rounded
-    up, so its carry holds as many reals as the GRU's and MinGRU's."""
-    return -(-hidden_size // 2)
-
-
-def _cell(
-    cell: str,
-    features: int,
-    hidden_size: int,
-    *,
-    key: PRNGKeyArray,
-    activation: Activation,
-    kernel_init: Callable[..., Array],
-    trainable_initial_state: bool,
-    parallel_replay: bool | None,
-    lru_state_size: int | None,
-) -> list[AbstractStatefulModule]:
-    """The recurrent trunk of one port: the cell, and for the linear
-    recurrences a nonlinear input projection in front of it."""
-    if cell == "lstm":
-        return [
-            LSTM(
-                features,
-                hidden_size,
-                key=key,
-                kernel_init=kernel_init,
-                trainable_initial_state=trainable_initial_state,
-            )
-        ]
-    if cell == "gru":
-        return [
-            GRU(
-                features,
-                hidden_size,
-                key=key,
-                kernel_init=kernel_init,
-                trainable_initial_state=trainable_initial_state,
-            )
-        ]
-    projection_key, cell_key = jax.random.split(key)
-    projection = Dense(
-        features,
-        hidden_size,
-        key=projection_key,
-        activation=activation,
-        kernel_init=kernel_init,
-    )
-    if cell == "lru":
-        recurrence: AbstractStatefulModule = LRU(
-            hidden_size,
-            default_lru_state_size(hidden_size)
-            if lru_state_size is None
-            else lru_state_size,
-            key=cell_key,
-            trainable_initial_state=trainable_initial_state,
-            parallel_replay=parallel_replay,
-        )
-    else:
-        recurrence = MinGRU(
-            hidden_size,
-            hidden_size,
-            key=cell_key,
-            kernel_init=kernel_init,
-            trainable_initial_state=trainable_initial_state,
-            parallel_replay=parallel_replay,
-        )
-    return [projection, recurrence]
-
-
-def make_recurrent_actor_critic(
-    obs_size: ObsSize,
-    action_size: ActionSize,
-    hidden_size: int,
-    *,
-    key: PRNGKeyArray,
-    cell: str = "lstm",
-    recurrent_critic: bool = True,
-    actor_hidden_sizes: Sequence[int] = (),
-    critic_hidden_sizes: Sequence[int] = (),
-    activation: Activation = "swish",
-    normalize_obs: bool = True,
-    initializer_scale: float = 1.0,
-    entropy_weight: float = 1e-2,
-    min_std: float = 1e-1,
-    std_scale: float = 1.0,
-    discrete: bool = False,
-    encoder: Encoder | None = None,
-    pixel_scale: float | None = None,
-    trainable_initial_state: bool = False,
-    parallel_replay: bool | None = None,
-    lru_state_size: int | None = None,
-) -> Sequential:
-    """A recurrent actor and critic, each port with its own memory, then an MLP.
-
-    The actor (and, with `recurrent_critic=True`, the critic) gets its own
-    recurrent trunk reading the (normalised, flattened) observation, so the
-    memories are trained by their own losses and never interfere:
-
-    - `cell="lstm"`: an [`eqx_ppo.nn.LSTM`][] of width `hidden_size`;
-    - `cell="gru"`: an [`eqx_ppo.nn.GRU`][];
-    - `cell="lru"`: `Dense(-> hidden_size, activation)` then an
-      [`eqx_ppo.nn.LRU`][] with `lru_state_size` (default half of
-      `hidden_size`) complex states and `hidden_size` outputs;
-    - `cell="mingru"`: `Dense(-> hidden_size, activation)` then a
-      [`eqx_ppo.nn.MinGRU`][].
-
-    The linear recurrences (LRU, MinGRU) are linear in their input, so a
-    nonlinear projection comes first; they replay a whole sequence with one
-    associative scan instead of a length-`T` scan. With no hidden sizes the
-    LSTM network is
-
-    ```python
-    Sequential([
-        Normalizer(obs_size),
-        PPOAdapter(
-            action=Sequential([LSTM, Dense(-> 2 * action_size), NormalTanhSampler]),
-            value=Sequential([LSTM, Dense(-> 1)]),
-        ),
-    ])
-    ```
-
-    and the carry is `{1: {"action": {0: (h, c), ...}, "value": {0: (h, c), ...}}}`
-    alongside the stateless layers' `()`.
-
-    **Arguments:**
-
-    - `obs_size`, `action_size`, `key`, `activation`, `normalize_obs`,
-      `initializer_scale`, `entropy_weight`, `min_std`, `std_scale`,
-      `discrete`, `encoder`, `pixel_scale`: as in
-      [`eqx_ppo.nn.make_mlp_actor_critic`][].
-    - `hidden_size`: the width of each memory.
-    - `cell`: `"lstm"`, `"gru"`, `"lru"` or `"mingru"`.
-    - `recurrent_critic`: give the critic its own memory (the default); with
-      `False` the critic is a feed-forward MLP on the observation, the
-      cheaper common layout of recurrent PPO.
-    - `actor_hidden_sizes`, `critic_hidden_sizes`: widths of the MLP layers
-      between each trunk and its output layer; default none.
-    - `trainable_initial_state`: learn each memory's initial carry.
-    - `parallel_replay`: how the LRU and MinGRU replay (see
-      [`eqx_ppo.nn.LRU`][]): `None` picks by backend, `True` forces the
-      associative scan, `False` the sequential scan of the elementwise update.
-    - `lru_state_size`: the number of the LRU's complex states (the paper's
-      `N`); default `hidden_size / 2` (rounded up), so its carry holds as
-      many reals as the GRU's and MinGRU's. `hidden_size` doubles the state
-      and costs a slower replay (see the guide "Choosing a memory model");
-      the output stays `hidden_size` wide. Only with `cell="lru"`.
-    """
-    check_key("make_recurrent_actor_critic", key)
-    if cell not in _CELLS:
-        raise ValueError(
-            f"cell={cell!r} is not a recurrent cell; choose one of "
-            f"{', '.join(repr(c) for c in _CELLS)}."
-        )
-    check_size("make_recurrent_actor_critic(hidden_size=...)", hidden_size)
-    if lru_state_size is not None:
-        if cell != "lru":
-            raise ValueError(
-                f"lru_state_size={lru_state_size!r} sizes the LRU's state, but "
-                f"cell={cell!r}; pass cell='lru' or drop lru_state_size."
-            )
-        check_size("make_recurrent_actor_critic(lru_state_size=...)", lru_state_size)
-    get_activation(activation)
-    kernel_init = _kernel_init(initializer_scale)
-
-    def trunk(port, features, key):
-        if port == "value" and not recurrent_critic:
-            return [], features
-        layers = _cell(
-            cell,
-            features,
-            hidden_size,
-            key=key,
-            activation=activation,
-            kernel_init=kernel_init,
-            trainable_initial_state=trainable_initial_state,
-            parallel_replay=parallel_replay,
-            lru_state_size=lru_state_size,
-        )
-        return layers, hidden_size
-
-    return _actor_critic(
-        obs_size,
-        action_size,
-        trunk,
-        actor_hidden_sizes,
-        critic_hidden_sizes,
-        key=key,
-        activation=activation,
-        normalize_obs=normalize_obs,
-        initializer_scale=initializer_scale,
-        discrete=discrete,
-        entropy_weight=entropy_weight,
-        min_std=min_std,
-        std_scale=std_scale,
-        encoder=encoder,
-        pixel_scale=pixel_scale,
-    )
-
-
-def make_lstm_actor_critic(
-    obs_size: ObsSize, action_size: ActionSize, lstm_size: int, **kwargs: Any
-) -> Sequential:
-    """[`eqx_ppo.nn.make_recurrent_actor_critic`][] with `cell="lstm"`.
-
-    `lstm_size` is its `hidden_size`; the keyword arguments (`key=` among
-    them) are its own.
-    """
-    if "cell" in kwargs:
-        raise TypeError(
-            "make_lstm_actor_critic builds LSTMs; for another cell call "
-            f"make_recurrent_actor_critic(..., cell={kwargs['cell']!r})."
-        )
-    if isinstance(lstm_size, bool) or not isinstance(lstm_size, int) or lstm_size < 1:
-        raise ValueError(f"lstm_size={lstm_size!r} must be a positive int.")
-    return make_recurrent_actor_critic(
-        obs_size, action_size, lstm_size, cell="lstm", **kwargs
     )

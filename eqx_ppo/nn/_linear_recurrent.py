@@ -2,329 +2,33 @@
 
 Both layers update their carry as `h_t = a_t * h_{t-1} + b_t` with `a_t`, `b_t`
 computed from the input `x_t` alone. A step is one such update. The loss
-replay computes the coefficients of all `T` steps at once, as one matmul over
-the whole sequence, and then composes them (`linear_recurrence`), episode
-resets included, in one of two orders:
-
-- with `jax.lax.associative_scan`, in `O(log T)` depth instead of a
-  length-`T` loop;
-- with a sequential loop whose body is only the elementwise update, written
-  in place over the offsets. Its own `vmap` rule keeps the per-step reads
-  and writes plain slices of the batched arrays (a vmapped slice would
-  become a gather and a scatter), and its hand-written VJP is the same loop
-  run backwards, so neither pass stacks per-step buffers. The LRU's
-  `lambda`, the same at every step, is never broadcast over the sequence.
-
-Depth only pays where there is parallel width to spend it on. On a CPU the
-associative scan's extra passes over the sequence cost more than the
-sequential loop saves (`python -m benchmarks.memory`), so by default
-(`parallel_replay=None`) the layers compose with the associative scan on
-GPUs and TPUs and sequentially on CPUs; `True` or `False` forces one. The
-sequential path supports reverse-mode differentiation (`grad`, `vjp`), not
-forward mode (`jvp`).
+replay computes the coefficients of all `T x M` steps at once, as one matmul
+over the whole minibatch, and then composes them env by env, episode resets
+included, sequentially or with an associative scan (see `_recurrence.py`).
 """
 
 import abc
-import functools
 import math
-from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax import custom_batching
-from jaxtyping import Array, Bool, Float, Inexact, Key, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Key
 
-from ._dense import Initializer, check_size
+from ._dense import Initializer
+from ._errors import check_input
 from ._module import (
-    AbstractReplayEnvs,
+    AbstractStatefulModule,
     SequenceOutput,
-    check_env_batch,
-    check_key,
-    merge_envs,
-    split_envs,
+    StatefulModuleOutput,
+    zero_loss,
 )
-from ._recurrent import (
-    _AbstractRecurrentCell,
-    _init_input_weights,
-    _initial_parameter,
-)
+from ._recurrence import linear_recurrence, product, use_associative_scan
+from ._recurrent import init_input_weights, initial_parameter, initial_part
 
 LRUState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LRU carry `(re, im)`: the real and imaginary parts of the complex state."""
-
-
-def _product(
-    a: Float[Array, "..."], h: Float[Array, "..."], *, pairs: bool, conjugate: bool
-) -> Float[Array, "..."]:
-    """`a * h`, elementwise; with `pairs`, of complex vectors stored as their
-    real and imaginary parts along the second-last axis, `a` conjugated if
-    `conjugate`."""
-    if not pairs:
-        return a * h
-    a_re, a_im = a[..., :1, :], a[..., 1:, :]
-    if conjugate:
-        a_im = -a_im
-    h_re, h_im = h[..., :1, :], h[..., 1:, :]
-    return jnp.concatenate([a_re * h_re - a_im * h_im, a_re * h_im + a_im * h_re], -2)
-
-
-def _compose(
-    earlier: tuple[Float[Array, "..."], Float[Array, "..."]],
-    later: tuple[Float[Array, "..."], Float[Array, "..."]],
-    *,
-    pairs: bool,
-) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
-    """The affine map `h -> a h + b` of `earlier` followed by that of `later`."""
-    a1, b1 = earlier
-    a2, b2 = later
-    return (
-        _product(a2, a1, pairs=pairs, conjugate=False),
-        _product(a2, b1, pairs=pairs, conjugate=False) + b2,
-    )
-
-
-def _at(x: Array, t: Any, axis: int) -> Array:
-    """Step `t` of `x` along `axis`, kept as an axis of length 1; an `x` that is
-    the same at every step has length 1 there already."""
-    if x.shape[axis] == 1:
-        return x
-    return jax.lax.dynamic_slice_in_dim(x, t, 1, axis)
-
-
-class _Steps(NamedTuple):
-    """What the sequential loop runs: `h_t = a_t * start_t + b_t`, starting
-    from `h0` at `t = 0`, then from the state before where `keep[t]`, else
-    from `h_reset`. Every leaf has a time axis; `a`'s may have length 1."""
-
-    a: Float[Array, "#time ..."]
-    b: Float[Array, "time ..."]
-    keep: Bool[Array, "time ..."]
-    h0: Float[Array, "1 ..."]
-    h_reset: Float[Array, "1 ..."]
-
-
-def _forward_loop(steps: _Steps, axis: int, pairs: bool) -> Float[Array, "..."]:
-    """Every state, along time `axis`, written in place over `steps.b`."""
-    a, b, keep, h0, h_reset = steps
-    first = _product(_at(a, 0, axis), h0, pairs=pairs, conjugate=False)
-    h = jax.lax.dynamic_update_slice_in_dim(b, first + _at(b, 0, axis), 0, axis)
-
-    def step(t, h):
-        a_t = _at(a, t, axis)
-        # Select after multiplying: a select feeding the product costs XLA:CPU
-        # several times the loop's arithmetic.
-        update = jnp.where(
-            _at(keep, t, axis),
-            _product(a_t, _at(h, t - 1, axis), pairs=pairs, conjugate=False),
-            _product(a_t, h_reset, pairs=pairs, conjugate=False),
-        )
-        return jax.lax.dynamic_update_slice_in_dim(h, update + _at(h, t, axis), t, axis)
-
-    return jax.lax.fori_loop(1, b.shape[axis], step, h)
-
-
-def _backward_loop(
-    steps: _Steps, cotangent: Float[Array, "..."], axis: int, pairs: bool
-) -> Float[Array, "..."]:
-    """The forward loop's adjoint: the gradient of every state, in place.
-
-    State `t` gets its own cotangent plus `conj(a[t + 1])` times the gradient
-    of state `t + 1`, unless step `t + 1` restarted.
-    """
-    n_steps = cotangent.shape[axis]
-
-    def step(i, d):
-        t = n_steps - 2 - i
-        back = _product(
-            _at(steps.a, t + 1, axis), _at(d, t + 1, axis), pairs=pairs, conjugate=True
-        )
-        back = jnp.where(_at(steps.keep, t + 1, axis), back, 0.0)
-        return jax.lax.dynamic_update_slice_in_dim(d, back + _at(d, t, axis), t, axis)
-
-    return jax.lax.fori_loop(0, n_steps - 1, step, cotangent)
-
-
-@functools.cache
-def _batched(loop: Callable, axis: int, pairs: bool) -> Callable:
-    """`loop` over time `axis`, vmapped by running it one axis further along.
-
-    `vmap` of the loop's slices would batch them into gathers and scatters,
-    several small ops per step; this rule keeps them plain slices of the
-    batched arrays, in whatever layout the batched coefficients come.
-    """
-
-    @custom_batching.custom_vmap
-    def batched(*args):
-        return loop(*args, axis, pairs)
-
-    @batched.def_vmap
-    def _(axis_size, in_batched, *args):
-        args = jax.tree.map(
-            lambda x, is_batched: (
-                x if is_batched else jnp.broadcast_to(x, (axis_size, *x.shape))
-            ),
-            args,
-            tuple(in_batched),
-        )
-        return _batched(loop, axis + 1, pairs)(*args), True
-
-    return batched
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _sequential(steps: _Steps, pairs: bool) -> Float[Array, "time ..."]:
-    """Every state of the recurrence, one step after another.
-
-    Its gradient is the same kind of loop run backwards (`_backward_loop`):
-    neither pass stores more than the inputs and the states, and neither
-    materialises an `a` that is the same at every step.
-    """
-    return _batched(_forward_loop, 0, pairs)(steps)
-
-
-def _sequential_forward(steps, pairs):
-    states = _sequential(steps, pairs)
-    return states, (steps, states)
-
-
-def _sequential_backward(pairs, residuals, cotangent):
-    steps, states = residuals
-    a, _, keep, h0, h_reset = steps
-    d_states = _batched(_backward_loop, 0, pairs)(steps, cotangent)
-    # What each step multiplied by `a`: the state before it, or where it started.
-    d_first = _product(h0, d_states[:1], pairs=pairs, conjugate=True)
-    d_rest = _product(
-        jnp.where(keep[1:], states[:-1], h_reset),
-        d_states[1:],
-        pairs=pairs,
-        conjugate=True,
-    )
-    d_h0 = _product(a[:1], d_states[:1], pairs=pairs, conjugate=True)
-    if a.shape[0] == 1:
-        # A shared `a` factors out of both sums, which spares a full-length
-        # product and concatenation (the LRU's update, ~6% faster on a CPU).
-        d_a = d_first + jnp.sum(d_rest, 0, keepdims=True)
-        restarts = jnp.sum(jnp.where(keep[1:], 0.0, d_states[1:]), 0, keepdims=True)
-        d_reset = _product(a, restarts, pairs=pairs, conjugate=True)
-    else:
-        d_a = jnp.concatenate([d_first, d_rest])
-        d_start = _product(a[1:], d_states[1:], pairs=pairs, conjugate=True)
-        d_reset = jnp.sum(jnp.where(keep[1:], 0.0, d_start), 0, keepdims=True)
-    return (_Steps(d_a, d_states, None, d_h0, d_reset),)
-
-
-_sequential.defvjp(_sequential_forward, _sequential_backward)
-
-
-def _as_pairs(x: Inexact[Array, "..."], n_time: int) -> Float[Array, "..."]:
-    """A complex array as float32 `[*time, 2, size]`: its parts, flattened."""
-    x = x.reshape(*x.shape[:n_time], 1, -1)
-    return jnp.concatenate([jnp.real(x), jnp.imag(x)], -2).astype(jnp.float32)
-
-
-def _check_recurrence(a, b, h0, done, h_reset, pairs: bool) -> None:
-    """Raise a `ValueError` naming the argument of `linear_recurrence` whose
-    shape or dtype does not fit `b`'s `[T, *state]` (at trace time: the
-    sequential path would otherwise clamp a short `a` or `done` silently)."""
-    b_shape = jnp.shape(b)
-    layout = "[T, *state] with *state = [..., 2, n]" if pairs else "[T, *state]"
-
-    def fail(problem: str) -> None:
-        raise ValueError(
-            f"linear_recurrence: {problem}. Expected b: {layout}; a: the same, or "
-            "[1, *state] for the same coefficients at every step; h0 and h_reset: "
-            "[*state]; done: bool [T]."
-        )
-
-    if len(b_shape) < 1 + (2 if pairs else 0):
-        fail(f"b has shape {b_shape}")
-    n_steps, state = b_shape[0], b_shape[1:]
-    if pairs and state[-2] != 2:
-        fail(f"b's second-last axis must hold 2 parts (pairs=True); b: {b_shape}")
-    for name, x in (("a", a), ("b", b), ("h0", h0), ("h_reset", h_reset)):
-        if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-            fail(f"{name} has dtype {jnp.result_type(x)}, not a float or complex one")
-    if jnp.shape(a) not in ((n_steps, *state), (1, *state)):
-        fail(f"a has shape {jnp.shape(a)} and b {b_shape}")
-    for name, x in (("h0", h0), ("h_reset", h_reset)):
-        if jnp.shape(x) != state:
-            fail(f"{name} has shape {jnp.shape(x)} and b {b_shape}")
-    if jnp.shape(done) != (n_steps,) or jnp.result_type(done) != jnp.bool_:
-        dtype = jnp.result_type(done)
-        fail(f"done has shape {jnp.shape(done)} and dtype {dtype}, b {b_shape}")
-
-
-def linear_recurrence(
-    a: Inexact[Array, " #time *state"],
-    b: Inexact[Array, " time *state"],
-    h0: Inexact[Array, "*state"],
-    done: Bool[Array, " time"],
-    h_reset: Inexact[Array, "*state"],
-    *,
-    parallel: bool = True,
-    pairs: bool = False,
-) -> tuple[Inexact[Array, " time *state"], Inexact[Array, "*state"]]:
-    """All states of `h_t = a_t * h_{t-1} + b_t` from `h0`, resetting on `done`.
-
-    As in [`eqx_ppo.nn.scan_sequence`][], `done[t]` replaces the state after
-    step `t` by `h_reset` before step `t + 1`. Returns the state after every
-    step (before its reset: what step `t` outputs) and the carry after the
-    last step (reset if that step was done).
-
-    Real float32 or complex64; or, with `pairs=True`, complex vectors as
-    float32 arrays whose second-last axis (size 2) holds their real and
-    imaginary parts, `[..., 2, n]`: the LRU's layout, which spares the
-    conversions to and from complex64. `a` may have a time axis of length 1:
-    the same coefficients at every step, never broadcast over the sequence.
-
-    `parallel=True` composes the steps by one associative scan: a step that
-    starts from a known state (`h0` at `t = 0`, `h_reset` after a done) folds
-    it into its offset, `b_t <- a_t * start + b_t`, and forgets everything
-    before it, `a_t <- 0`, and the offsets the scan accumulates are the
-    states themselves. `parallel=False` runs the steps one after another, in
-    place; its gradient is a hand-written VJP, the same loop run backwards,
-    so this path supports reverse-mode differentiation (`grad`, `vjp`) but
-    not `jvp`.
-    """
-    _check_recurrence(a, b, h0, done, h_reset, pairs)
-    if not pairs and any(jnp.iscomplexobj(x) for x in (a, b, h0, h_reset)):
-        states, last = linear_recurrence(
-            _as_pairs(a, 1),
-            _as_pairs(b, 1),
-            _as_pairs(h0, 0),
-            done,
-            _as_pairs(h_reset, 0),
-            parallel=parallel,
-            pairs=True,
-        )
-        return (
-            jax.lax.complex(states[:, 0], states[:, 1]).reshape(b.shape),
-            jax.lax.complex(last[0], last[1]).reshape(h0.shape),
-        )
-    n_steps = done.shape[0]
-    per_step = (n_steps,) + (1,) * (b.ndim - 1)
-    first = (jnp.arange(n_steps) == 0).reshape(per_step)
-    restart = first | jnp.roll(done, 1).reshape(per_step)
-    if parallel:
-        a = jnp.broadcast_to(a, b.shape)
-        start = jnp.where(first, h0, h_reset)
-        b = jnp.where(restart, _product(a, start, pairs=pairs, conjugate=False) + b, b)
-        a = jnp.where(restart, jnp.zeros_like(a), a)
-        _, states = jax.lax.associative_scan(
-            functools.partial(_compose, pairs=pairs), (a, b)
-        )
-    else:
-        states = _sequential(_Steps(a, b, ~restart, h0[None], h_reset[None]), pairs)
-    return states, jnp.where(done[-1], h_reset, states[-1])
-
-
-def _parallel(parallel_replay: bool | None) -> bool:
-    """Whether to replay with the associative scan (`None`: off CPUs)."""
-    if parallel_replay is None:
-        return jax.default_backend() != "cpu"
-    return parallel_replay
 
 
 def _log_of_draw(value: Float[Array, "..."]) -> Float[Array, "..."]:
@@ -334,20 +38,12 @@ def _log_of_draw(value: Float[Array, "..."]) -> Float[Array, "..."]:
 
 
 def _normal(
-    key: PRNGKeyArray, shape: tuple[int, ...], std: float
+    key: Key[Array, ""], shape: tuple[int, ...], std: float
 ) -> Float[Array, "..."]:
     return std * jax.random.normal(key, shape, jnp.float32)
 
 
-def _check_radius(name: str, value: Any) -> None:
-    if not 0.0 <= value < 1.0:
-        raise ValueError(
-            f"LRU({name}={value!r}) must lie in [0, 1): eigenvalue moduli of 1 or "
-            "more make the recurrence unstable."
-        )
-
-
-class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
+class _AbstractLinearRecurrence(AbstractStatefulModule):
     """What LRU and MinGRU share: one step and one replay of their update.
 
     A layer gives the update's coefficients `(a, b)` of one or all steps, in
@@ -356,6 +52,7 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
     state.
     """
 
+    in_size: eqx.AbstractVar[int]
     parallel_replay: eqx.AbstractVar[bool | None]
     pairs: eqx.AbstractClassVar[bool]
 
@@ -379,13 +76,24 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
     def _unpack(self, h: Float[Array, "..."]) -> Any:
         """The carry of a packed state."""
 
-    def step(self, state: Any, x: Float[Array, " in_size"]) -> tuple[Any, Array]:
+    def __call__(
+        self,
+        state: Any,
+        x: Float[Array, " in_size"],
+        extras: None = None,
+        *,
+        key: Key[Array, ""] | None = None,
+    ) -> StatefulModuleOutput:
         """One step for one env: the next carry, and the output."""
+        del extras, key
+        check_input(self, x, (self.in_size,))
         a, b = self._coefficients(x)
-        h = _product(a, self._pack(state), pairs=self.pairs, conjugate=False) + b
-        return self._unpack(h), self._output(h, x)
+        h = product(a, self._pack(state), pairs=self.pairs, conjugate=False) + b
+        return StatefulModuleOutput(
+            self._unpack(h), self._output(h, x), zero_loss(), {}, None
+        )
 
-    def replay_envs(
+    def replay(
         self,
         state0: Any,
         xs: Float[Array, "time env in_size"],
@@ -397,14 +105,13 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
         `linear_recurrence` does.
 
         Resets go to `initial_state()`, which is these layers' `reset_state`,
-        so the replay resets as the rollout and `scan_sequence` do. It equals
-        `scan_sequence` to float32 rounding, not bit for bit: the matmuls run
-        on `[T x M, in]` instead of one step's `[in]`.
+        so the replay resets as the rollout does. It equals the scan of
+        `__call__` to float32 rounding, not bit for bit: the matmuls run on
+        `[T x M, in]` instead of one step's `[in]`.
         """
-        check_env_batch(type(self).__name__, xs, extras, keys, done)
-        self._check_step(jax.tree.map(lambda s: s[0], state0), xs[0, 0])
-        n_envs = done.shape[1]
-        steps = merge_envs(xs)
+        del extras, keys
+        n_steps, n_envs = done.shape
+        steps = xs.reshape(n_steps * n_envs, -1)
         a, b = (_by_env(c, n_envs) for c in self._coefficients(steps))
         reset = self._pack(self.initial_state())
         states, last = jax.vmap(
@@ -414,15 +121,18 @@ class _AbstractLinearRecurrence(_AbstractRecurrentCell, AbstractReplayEnvs):
                 h0,
                 env_done,
                 reset,
-                parallel=_parallel(self.parallel_replay),
+                parallel=use_associative_scan(self.parallel_replay),
                 pairs=self.pairs,
             ),
             in_axes=(1, 1, 0, 1),
             out_axes=(1, 0),
         )(a, b, jax.vmap(self._pack)(state0), done)
+        output = self._output(
+            states.reshape(n_steps * n_envs, *states.shape[2:]), steps
+        )
         return SequenceOutput(
             jax.vmap(self._unpack)(last),
-            split_envs(self._output(merge_envs(states), steps), n_envs),
+            output.reshape(n_steps, n_envs, *output.shape[1:]),
             jnp.zeros(done.shape, jnp.float32),
         )
 
@@ -434,7 +144,7 @@ def _by_env(
     step, which stands for all of them, as `[1, M, ...]`."""
     if coefficient.shape[0] == 1:
         return jnp.broadcast_to(coefficient, (1, n_envs, *coefficient.shape[1:]))
-    return split_envs(coefficient, n_envs)
+    return coefficient.reshape(-1, n_envs, *coefficient.shape[1:])
 
 
 class LRU(_AbstractLinearRecurrence):
@@ -479,7 +189,6 @@ class LRU(_AbstractLinearRecurrence):
     hidden_size: int = eqx.field(static=True)
     out_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
-    carry_parts: ClassVar[tuple[str, ...]] = ("re", "im")
     pairs: ClassVar[bool] = True
 
     def __init__(
@@ -487,7 +196,7 @@ class LRU(_AbstractLinearRecurrence):
         in_size: int,
         hidden_size: int,
         *,
-        key: PRNGKeyArray,
+        key: Key[Array, ""],
         out_size: int | None = None,
         r_min: float = 0.0,
         r_max: float = 0.999,
@@ -523,23 +232,18 @@ class LRU(_AbstractLinearRecurrence):
             on CPUs; see the module docstring). Either way the input and
             output projections run once over the whole sequence.
         """
-        check_key("LRU", key)
-        check_size("LRU(in_size=...)", in_size)
-        check_size("LRU(hidden_size=...)", hidden_size)
-        out_size = in_size if out_size is None else out_size
-        check_size("LRU(out_size=...)", out_size)
-        _check_radius("r_min", r_min)
-        _check_radius("r_max", r_max)
-        if r_min > r_max:
+        if not 0.0 <= r_min <= r_max < 1.0:
             raise ValueError(
-                f"LRU(r_min={r_min!r}, r_max={r_max!r}): r_min must not exceed "
-                "r_max; they bound the ring of initial eigenvalue moduli."
+                f"LRU(r_min={r_min!r}, r_max={r_max!r}): the ring of initial "
+                "eigenvalue moduli needs 0 <= r_min <= r_max < 1; moduli of 1 or "
+                "more make the recurrence unstable."
             )
         if not max_phase > 0:
             raise ValueError(
                 f"LRU(max_phase={max_phase!r}) must be > 0: initial phases are "
                 "drawn in [0, max_phase]."
             )
+        out_size = in_size if out_size is None else out_size
         radius_key, phase_key, b_re_key, b_im_key, c_re_key, c_im_key, d_key = (
             jax.random.split(key, 7)
         )
@@ -564,12 +268,19 @@ class LRU(_AbstractLinearRecurrence):
             self.D = jax.nn.initializers.lecun_normal()(
                 d_key, (in_size, out_size), jnp.float32
             )
-        self.initial_re = _initial_parameter(trainable_initial_state, hidden_size)
-        self.initial_im = _initial_parameter(trainable_initial_state, hidden_size)
+        self.initial_re = initial_parameter(trainable_initial_state, hidden_size)
+        self.initial_im = initial_parameter(trainable_initial_state, hidden_size)
         self.in_size = in_size
         self.hidden_size = hidden_size
         self.out_size = out_size
         self.parallel_replay = parallel_replay
+
+    def initial_state(self) -> LRUState:
+        """`(re, im)`: the learned initial state, or zeros."""
+        return (
+            initial_part(self.initial_re, self.hidden_size),
+            initial_part(self.initial_im, self.hidden_size),
+        )
 
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
@@ -630,7 +341,6 @@ class MinGRU(_AbstractLinearRecurrence):
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
-    carry_parts: ClassVar[tuple[str, ...]] = ("h",)
     pairs: ClassVar[bool] = False
 
     def __init__(
@@ -638,7 +348,7 @@ class MinGRU(_AbstractLinearRecurrence):
         in_size: int,
         hidden_size: int,
         *,
-        key: PRNGKeyArray,
+        key: Key[Array, ""],
         trainable_initial_state: bool = False,
         kernel_init: Initializer | None = None,
         bias_init: Initializer | None = None,
@@ -656,10 +366,8 @@ class MinGRU(_AbstractLinearRecurrence):
         - `bias_init`: initialiser of each block's bias; default zeros.
         - `parallel_replay`: as in [`eqx_ppo.nn.LRU`][].
         """
-        check_key("MinGRU", key)
         kernel_key, bias_key = jax.random.split(key)
-        self.kernel, self.bias = _init_input_weights(
-            "MinGRU",
+        self.kernel, self.bias = init_input_weights(
             in_size,
             hidden_size,
             2,
@@ -667,10 +375,14 @@ class MinGRU(_AbstractLinearRecurrence):
             kernel_init,
             bias_init,
         )
-        self.initial_h = _initial_parameter(trainable_initial_state, hidden_size)
+        self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
         self.in_size = in_size
         self.hidden_size = hidden_size
         self.parallel_replay = parallel_replay
+
+    def initial_state(self) -> Float[Array, " hidden_size"]:
+        """`h0`: the learned initial state, or zeros."""
+        return initial_part(self.initial_h, self.hidden_size)
 
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]

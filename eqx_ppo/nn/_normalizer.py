@@ -7,15 +7,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Key, PyTree
 
-from ._module import (
-    AbstractDeterministicModule,
-    AbstractStatistics,
-    StatefulModuleOutput,
-    input_shape_fix,
-    zero_loss,
-)
+from ._errors import input_shape_fix, tree_spec
+from ._filters import AbstractStatistics
+from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 
 
 def canonicalize(tree: Any) -> Any:
@@ -39,19 +35,46 @@ def _is_shape(spec: Any) -> bool:
 
 
 def _is_shape_leaf(spec: Any) -> bool:
-    return _is_shape(spec) or hasattr(spec, "shape")
+    return _is_shape(spec) or _is_array_like(spec)
+
+
+def _is_array_like(spec: Any) -> bool:
+    return eqx.is_array(spec) or isinstance(spec, jax.ShapeDtypeStruct)
 
 
 def _to_shape(spec: Any) -> tuple[int, ...]:
-    if hasattr(spec, "shape"):
+    if _is_array_like(spec):
         return tuple(spec.shape)
     if isinstance(spec, int):
         return (spec,)
     return tuple(spec)
 
 
+def _check_input(x: PyTree[Array], mean: PyTree[Array]) -> None:
+    """Raise at trace time unless `x` is one env's input, shaped like `mean`."""
+    leaves, structure = jax.tree.flatten(x)
+    means, expected = jax.tree.flatten(mean)
+    if structure == expected and all(
+        jnp.shape(leaf) == m.shape for leaf, m in zip(leaves, means, strict=True)
+    ):
+        return
+    if structure == expected:
+        got, want = next(
+            (jnp.shape(leaf), m.shape)
+            for leaf, m in zip(leaves, means, strict=True)
+            if jnp.shape(leaf) != m.shape
+        )
+        fix = input_shape_fix(got, want)
+    else:
+        fix = "Give it an input of the structure it was built with (its `shape`)."
+    raise ValueError(
+        f"Normalizer expects one env's input {tree_spec(mean)}, got "
+        f"{tree_spec(x)}. {fix}"
+    )
+
+
 class NormalizerStatistics(AbstractStatistics):
-    """A [`eqx_ppo.nn.Normalizer`][]'s running moments: never trained.
+    """A `Normalizer`'s running moments: never trained.
 
     **Fields:**
 
@@ -65,11 +88,12 @@ class NormalizerStatistics(AbstractStatistics):
     count: Float[Array, ""]
 
 
-class Normalizer(AbstractDeterministicModule):
+class Normalizer(AbstractStatefulModule):
     """Standardises its input with running statistics: `(x - mean) / std`.
 
-    The statistics live in a [`eqx_ppo.nn.NormalizerStatistics`][], so
-    [`eqx_ppo.nn.trainable`][] excludes them, and the forward pass reads them
+    The statistics (`statistics`: the running `mean`, `m2` and `count`) are an
+    [`eqx_ppo.nn.AbstractStatistics`][], so [`eqx_ppo.nn.trainable`][]
+    excludes them, and the forward pass reads them
     through `lax.stop_gradient`. They change only through
     `update_statistics`, which the trainer calls once per iteration, after the
     gradient phase, with the raw inputs this layer saw during the rollout (it
@@ -114,25 +138,13 @@ class Normalizer(AbstractDeterministicModule):
         - `clip`: if given, the normalised output is clipped to
             `[-clip, clip]`.
         """
-        spec = canonicalize(shape)
-        leaves = jax.tree.leaves(spec, is_leaf=_is_shape_leaf)
-        if not leaves or not all(_is_shape_leaf(leaf) for leaf in leaves):
-            raise TypeError(
-                "Normalizer(shape=...) expects an int, a tuple of ints, or a pytree "
-                f"of those (or of arrays); got {shape!r}."
-            )
-        shapes = jax.tree.map(_to_shape, spec, is_leaf=_is_shape_leaf)
-        for leaf in jax.tree.leaves(shapes, is_leaf=_is_shape):
-            if any(d < 0 for d in leaf):
-                raise ValueError(
-                    f"Normalizer(shape=...) has a negative dimension in {leaf}."
-                )
         if not std_min > 0:
             raise ValueError(f"Normalizer(std_min={std_min}) must be > 0.")
         if clip is not None and not clip > 0:
             raise ValueError(
                 f"Normalizer(clip={clip}) must be > 0, or None for no clipping."
             )
+        shapes = jax.tree.map(_to_shape, canonicalize(shape), is_leaf=_is_shape_leaf)
         zeros = jax.tree.map(
             lambda s: jnp.zeros(s, jnp.float32), shapes, is_leaf=_is_shape
         )
@@ -141,15 +153,6 @@ class Normalizer(AbstractDeterministicModule):
         )
         self.std_min = float(std_min)
         self.clip = None if clip is None else float(clip)
-
-    def _check_structure(self, what: str, tree: Any) -> None:
-        expected = jax.tree.structure(self.statistics.mean)
-        received = jax.tree.structure(tree)
-        if expected != received:
-            raise ValueError(
-                f"Normalizer {what} has structure {received}, expected {expected} "
-                "(the structure of the `shape` the Normalizer was built with)."
-            )
 
     def std(self) -> PyTree[Float[Array, "..."]]:
         """The standard deviation used to normalise: floored, 1 before any data."""
@@ -170,21 +173,12 @@ class Normalizer(AbstractDeterministicModule):
         x: PyTree[Array],
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Normalise one env's input; emits the raw input as `extras`."""
         del state, extras, key
         x = canonicalize(x)
-        self._check_structure("input", x)
-        for leaf, mean in zip(
-            jax.tree.leaves(x), jax.tree.leaves(self.statistics.mean), strict=True
-        ):
-            if jnp.shape(leaf) != mean.shape:
-                raise ValueError(
-                    f"Normalizer input leaf has shape {jnp.shape(leaf)}, expected "
-                    f"{mean.shape} (one env's). "
-                    + input_shape_fix(jnp.shape(leaf), mean.shape)
-                )
+        _check_input(x, self.statistics.mean)
         # Statistics are data, not parameters: no gradient may reach them.
         frozen = eqx.tree_at(
             lambda m: m.statistics, self, jax.lax.stop_gradient(self.statistics)
@@ -207,26 +201,9 @@ class Normalizer(AbstractDeterministicModule):
         in one batched Welford/Chan update. Returns a new Normalizer.
         """
         extras = canonicalize(extras)
-        self._check_structure("update_statistics(extras)", extras)
         stats = self.statistics
-        leads = set()
-        for leaf, mean in zip(
-            jax.tree.leaves(extras), jax.tree.leaves(stats.mean), strict=True
-        ):
-            shape = jnp.shape(leaf)
-            n_feat = mean.ndim
-            if len(shape) < n_feat or shape[len(shape) - n_feat :] != mean.shape:
-                raise ValueError(
-                    f"Normalizer.update_statistics: an extras leaf has shape {shape}, "
-                    f"expected [*lead, *{mean.shape}] (e.g. [T, B, ...])."
-                )
-            leads.add(shape[: len(shape) - n_feat])
-        if len(leads) != 1:
-            raise ValueError(
-                "Normalizer.update_statistics: extras leaves disagree on their "
-                f"leading axes {sorted(leads)}; all must share the same [T, B]."
-            )
-        n = math.prod(leads.pop())
+        leaf, mean = jax.tree.leaves(extras)[0], jax.tree.leaves(stats.mean)[0]
+        n = math.prod(jnp.shape(leaf)[: jnp.ndim(leaf) - mean.ndim])
         if n == 0:
             return self
 

@@ -1,42 +1,22 @@
 """Recurrent layers: LSTM (carry `(h, c)`) and GRU (carry `h`)."""
 
-import abc
 from collections.abc import Callable
-from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Key, PRNGKeyArray
+from jaxtyping import Array, Float, Key
 
-from ._dense import (
-    Initializer,
-    check_size,
-    check_vector,
-    get_activation,
-    init_param,
-    orthogonal,
-)
-from ._module import (
-    AbstractDeterministicModule,
-    State,
-    StatefulModuleOutput,
-    check_key,
-    zero_loss,
-)
-
-Activation = str | Callable[[Array], Array]
+from ._dense import Activation, Initializer, get_activation, orthogonal
+from ._errors import check_input
+from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 
 LSTMState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LSTM carry `(h, c)`: hidden state first, cell state second."""
 
 
 def _init_gates(
-    name: str,
-    init: Initializer,
-    key: PRNGKeyArray,
-    shape: tuple[int, ...],
-    n_gates: int,
+    init: Initializer, key: Key[Array, ""], shape: tuple[int, ...], n_gates: int
 ) -> Float[Array, "..."]:
     """Initialise each gate's block separately and concatenate on the last axis.
 
@@ -44,15 +24,14 @@ def _init_gates(
     matrix) while the layer still does one fused matmul per step.
     """
     keys = jax.random.split(key, n_gates)
-    return jnp.concatenate([init_param(name, init, k, shape) for k in keys], axis=-1)
+    return jnp.concatenate([init(k, shape, jnp.float32) for k in keys], axis=-1)
 
 
-def _init_input_weights(
-    layer: str,
+def init_input_weights(
     in_size: int,
     hidden_size: int,
     n_gates: int,
-    keys: tuple[PRNGKeyArray, PRNGKeyArray],
+    keys: tuple[Key[Array, ""], Key[Array, ""]],
     kernel_init: Initializer | None,
     bias_init: Initializer | None,
 ) -> tuple[Array, Array]:
@@ -61,18 +40,14 @@ def _init_input_weights(
     `keys` are the kernel's and bias's keys. Defaults: LeCun-normal kernels,
     zero biases.
     """
-    check_size(f"{layer}(in_size=...)", in_size)
-    check_size(f"{layer}(hidden_size=...)", hidden_size)
     kernel_key, bias_key = keys
     kernel = _init_gates(
-        f"{layer}(kernel_init=...)",
         jax.nn.initializers.lecun_normal() if kernel_init is None else kernel_init,
         kernel_key,
         (in_size, hidden_size),
         n_gates,
     )
     bias = _init_gates(
-        f"{layer}(bias_init=...)",
         jax.nn.initializers.zeros if bias_init is None else bias_init,
         bias_key,
         (hidden_size,),
@@ -82,11 +57,10 @@ def _init_input_weights(
 
 
 def _init_weights(
-    layer: str,
     in_size: int,
     hidden_size: int,
     n_gates: int,
-    keys: Key[Array, " 3"] | list[PRNGKeyArray],
+    keys: Key[Array, " 3"],
     kernel_init: Initializer | None,
     recurrent_init: Initializer | None,
     bias_init: Initializer | None,
@@ -97,8 +71,7 @@ def _init_weights(
     LeCun-normal input kernels, orthogonal recurrent kernels, zero biases.
     """
     kernel_key, recurrent_key, bias_key = keys
-    kernel, bias = _init_input_weights(
-        layer,
+    kernel, bias = init_input_weights(
         in_size,
         hidden_size,
         n_gates,
@@ -107,7 +80,6 @@ def _init_weights(
         bias_init,
     )
     recurrent_kernel = _init_gates(
-        f"{layer}(recurrent_init=...)",
         orthogonal() if recurrent_init is None else recurrent_init,
         recurrent_key,
         (hidden_size, hidden_size),
@@ -116,80 +88,21 @@ def _init_weights(
     return kernel, recurrent_kernel, bias
 
 
-def _initial_parameter(
+def initial_parameter(
     trainable: bool, hidden_size: int
 ) -> Float[Array, " hidden_size"] | None:
     """A learned initial carry part (zeros until trained), or `None` for none."""
     return jnp.zeros(hidden_size, jnp.float32) if trainable else None
 
 
-def _check_hidden(layer: str, what: str, h: Any, size: int) -> None:
-    if jnp.shape(h) != (size,):
-        raise ValueError(
-            f"{layer} carry {what} has shape {jnp.shape(h)}, expected ({size},). "
-            "Build it with `initial_state()` (one env) and vmap over envs."
-        )
+def initial_part(
+    parameter: Float[Array, " hidden_size"] | None, hidden_size: int
+) -> Float[Array, " hidden_size"]:
+    """A carry part at an episode start: its learned value, or zeros."""
+    return jnp.zeros(hidden_size, jnp.float32) if parameter is None else parameter
 
 
-class _AbstractRecurrentCell(AbstractDeterministicModule):
-    """What the recurrent layers share: a checked, deterministic `step`.
-
-    `__call__` checks one env's input and carry, then runs `step`; there is no
-    loss, no metric and nothing to replay. The carry holds one `[hidden_size]`
-    array per name in `carry_parts`: the array itself for one name, a tuple
-    of them, in that order, for more. Each part starts an episode from the
-    field `initial_<part>`: a learned parameter, or `None` for zeros.
-    """
-
-    in_size: eqx.AbstractVar[int]
-    hidden_size: eqx.AbstractVar[int]
-    carry_parts: eqx.AbstractClassVar[tuple[str, ...]]
-
-    def initial_state(self) -> State:
-        """The carry at an episode start: each part's learned initial value
-        (with `trainable_initial_state=True`), or zeros."""
-        initial = (getattr(self, f"initial_{part}") for part in self.carry_parts)
-        parts = tuple(
-            jnp.zeros(self.hidden_size, jnp.float32) if h is None else h
-            for h in initial
-        )
-        return parts if len(parts) > 1 else parts[0]
-
-    @abc.abstractmethod
-    def step(self, state: State, x: Float[Array, " in_size"]) -> tuple[State, Array]:
-        """The next carry and the output of one env's step."""
-
-    def _check_step(self, state: Any, x: Any) -> None:
-        """Raise at trace time unless `state` and `x` are one env's carry and input."""
-        layer = type(self).__name__
-        check_vector(layer, x, self.in_size)
-        if len(self.carry_parts) == 1:
-            _check_hidden(layer, self.carry_parts[0], state, self.hidden_size)
-            return
-        if not (isinstance(state, tuple) and len(state) == len(self.carry_parts)):
-            raise ValueError(
-                f"{layer} carry must be the tuple ({', '.join(self.carry_parts)}); "
-                f"got {type(state).__name__}. Use `initial_state()`."
-            )
-        for part, h in zip(self.carry_parts, state, strict=True):
-            _check_hidden(layer, part, h, self.hidden_size)
-
-    def __call__(
-        self,
-        state: State,
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
-        """One step for one env: `step(state, x)`, after checking both."""
-        del extras, key
-        self._check_step(state, x)
-        next_state, output = self.step(state, x)
-        return StatefulModuleOutput(next_state, output, zero_loss(), {}, None)
-
-
-class LSTM(_AbstractRecurrentCell):
+class LSTM(AbstractStatefulModule):
     """A long short-term memory layer for one env; the output is `h`.
 
     The carry is the tuple **`(h, c)`, hidden state first, cell state
@@ -222,14 +135,13 @@ class LSTM(_AbstractRecurrentCell):
     activation_fn: Callable[[Array], Array] = eqx.field(static=True)
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
-    carry_parts: ClassVar[tuple[str, ...]] = ("h", "c")
 
     def __init__(
         self,
         in_size: int,
         hidden_size: int,
         *,
-        key: PRNGKeyArray,
+        key: Key[Array, ""],
         trainable_initial_state: bool = False,
         gate_fn: Activation = jax.nn.sigmoid,
         activation_fn: Activation = jnp.tanh,
@@ -253,9 +165,7 @@ class LSTM(_AbstractRecurrentCell):
             `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
         - `bias_init`: initialiser of each gate's bias; default zeros.
         """
-        check_key("LSTM", key)
         self.kernel, self.recurrent_kernel, self.bias = _init_weights(
-            "LSTM",
             in_size,
             hidden_size,
             4,
@@ -264,26 +174,40 @@ class LSTM(_AbstractRecurrentCell):
             recurrent_init,
             bias_init,
         )
-        self.initial_h = _initial_parameter(trainable_initial_state, hidden_size)
-        self.initial_c = _initial_parameter(trainable_initial_state, hidden_size)
+        self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
+        self.initial_c = initial_parameter(trainable_initial_state, hidden_size)
         self.gate_fn = get_activation(gate_fn)
         self.activation_fn = get_activation(activation_fn)
         self.in_size = in_size
         self.hidden_size = hidden_size
 
-    def step(
-        self, state: LSTMState, x: Float[Array, " in_size"]
-    ) -> tuple[LSTMState, Float[Array, " hidden_size"]]:
+    def initial_state(self) -> LSTMState:
+        """`(h0, c0)`: the learned initial state, or zeros."""
+        return (
+            initial_part(self.initial_h, self.hidden_size),
+            initial_part(self.initial_c, self.hidden_size),
+        )
+
+    def __call__(
+        self,
+        state: LSTMState,
+        x: Float[Array, " in_size"],
+        extras: None = None,
+        *,
+        key: Key[Array, ""] | None = None,
+    ) -> StatefulModuleOutput:
         """One step for one env; returns `(h', c')` as carry and `h'` as output."""
+        del extras, key
+        check_input(self, x, (self.in_size,))
         h, c = state
         z = x @ self.kernel + h @ self.recurrent_kernel + self.bias
         i, f, g, o = jnp.split(z, 4)
         c = self.gate_fn(f) * c + self.gate_fn(i) * self.activation_fn(g)
         h = self.gate_fn(o) * self.activation_fn(c)
-        return (h, c), h
+        return StatefulModuleOutput((h, c), h, zero_loss(), {}, None)
 
 
-class GRU(_AbstractRecurrentCell):
+class GRU(AbstractStatefulModule):
     """A gated recurrent unit layer for one env; the carry and output are `h`.
 
     The update follows flax's `GRUCell` (and cuDNN): gates stacked in the
@@ -311,14 +235,13 @@ class GRU(_AbstractRecurrentCell):
     activation_fn: Callable[[Array], Array] = eqx.field(static=True)
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
-    carry_parts: ClassVar[tuple[str, ...]] = ("h",)
 
     def __init__(
         self,
         in_size: int,
         hidden_size: int,
         *,
-        key: PRNGKeyArray,
+        key: Key[Array, ""],
         trainable_initial_state: bool = False,
         gate_fn: Activation = jax.nn.sigmoid,
         activation_fn: Activation = jnp.tanh,
@@ -341,27 +264,33 @@ class GRU(_AbstractRecurrentCell):
             `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
         - `bias_init`: initialiser of every bias; default zeros.
         """
-        check_key("GRU", key)
-        *keys, recurrent_bias_key = jax.random.split(key, 4)
+        keys = jax.random.split(key, 4)
         self.kernel, self.recurrent_kernel, self.bias = _init_weights(
-            "GRU", in_size, hidden_size, 3, keys, kernel_init, recurrent_init, bias_init
+            in_size, hidden_size, 3, keys[:3], kernel_init, recurrent_init, bias_init
         )
-        self.recurrent_bias = init_param(
-            "GRU(bias_init=...)",
-            jax.nn.initializers.zeros if bias_init is None else bias_init,
-            recurrent_bias_key,
-            (hidden_size,),
-        )
-        self.initial_h = _initial_parameter(trainable_initial_state, hidden_size)
+        bias_init = jax.nn.initializers.zeros if bias_init is None else bias_init
+        self.recurrent_bias = bias_init(keys[3], (hidden_size,), jnp.float32)
+        self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
         self.gate_fn = get_activation(gate_fn)
         self.activation_fn = get_activation(activation_fn)
         self.in_size = in_size
         self.hidden_size = hidden_size
 
-    def step(
-        self, state: Float[Array, " hidden_size"], x: Float[Array, " in_size"]
-    ) -> tuple[Float[Array, " hidden_size"], Float[Array, " hidden_size"]]:
+    def initial_state(self) -> Float[Array, " hidden_size"]:
+        """`h0`: the learned initial state, or zeros."""
+        return initial_part(self.initial_h, self.hidden_size)
+
+    def __call__(
+        self,
+        state: Float[Array, " hidden_size"],
+        x: Float[Array, " in_size"],
+        extras: None = None,
+        *,
+        key: Key[Array, ""] | None = None,
+    ) -> StatefulModuleOutput:
         """One step for one env; returns `h'` as both carry and output."""
+        del extras, key
+        check_input(self, x, (self.in_size,))
         h = state
         x_r, x_z, x_n = jnp.split(x @ self.kernel + self.bias, 3)
         h_r, h_z, h_n = jnp.split(h @ self.recurrent_kernel, 3)
@@ -369,4 +298,4 @@ class GRU(_AbstractRecurrentCell):
         z = self.gate_fn(x_z + h_z)
         n = self.activation_fn(x_n + r * (h_n + self.recurrent_bias))
         h = (1.0 - z) * n + z * h
-        return h, h
+        return StatefulModuleOutput(h, h, zero_loss(), {}, None)

@@ -30,13 +30,8 @@ class Splitter(AbstractStatelessLayer):
     sizes: tuple[tuple[str, int], ...] = eqx.field(static=True)
 
     def __init__(self, **sizes: int):
-        if not sizes:
-            raise ValueError(
-                "`Splitter()` needs at least one named slice, got none; pass e.g. "
-                "`Splitter(mean=3, value=1)`."
-            )
         for name, size in sizes.items():
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            if size < 1:
                 raise ValueError(
                     f"`Splitter({name}={size!r})`: slice sizes must be positive "
                     "integers; give every slice at least one feature."
@@ -60,22 +55,11 @@ class Splitter(AbstractStatelessLayer):
 
 
 def _flatten(x: Any, preserve_levels: int) -> Any:
-    if preserve_levels == 0:
-        leaves = jax.tree.leaves(x)
-        if not leaves:
-            raise ValueError(
-                "`Flattener`: found a subtree with no arrays to flatten; remove "
-                "empty containers from the input."
-            )
-        return jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
-    if isinstance(x, dict):
+    if isinstance(x, dict) and preserve_levels > 0:
         return {k: _flatten(v, preserve_levels - 1) for k, v in x.items()}
-    if isinstance(x, list | tuple):
+    if isinstance(x, list | tuple) and preserve_levels > 0:
         return type(x)(_flatten(v, preserve_levels - 1) for v in x)
-    raise TypeError(
-        f"`Flattener`: expected a dict, list or tuple with {preserve_levels} more "
-        f"level(s) to preserve, got {type(x).__name__}; lower `preserve_levels`."
-    )
+    return jnp.concatenate([jnp.ravel(leaf) for leaf in jax.tree.leaves(x)])
 
 
 class Flattener(AbstractStatelessLayer):
@@ -87,7 +71,7 @@ class Flattener(AbstractStatelessLayer):
     `(5,)`. With `preserve_levels=N` the top `N` levels of dict/list/tuple
     structure are kept and everything below them is flattened:
     `Flattener(1)` maps `{"a": {"p": (4,), "t": (8,)}, "b": (6,)}` to
-    `{"a": (12,), "b": (6,)}`.
+    `{"a": (12,), "b": (6,)}`; an array above that depth is raveled.
 
     **Arguments:**
 
@@ -107,26 +91,35 @@ class Flattener(AbstractStatelessLayer):
         return _flatten(x, self.preserve_levels)
 
 
+def _has_entry(value: Any, part: str | int) -> bool:
+    """Whether `value[part]` exists; JAX would clamp an out-of-range index into
+    an array instead of raising."""
+    if eqx.is_array(value):
+        return (
+            isinstance(part, int)
+            and value.ndim > 0
+            and -len(value) <= part < len(value)
+        )
+    try:
+        value[part]
+    except (KeyError, IndexError, TypeError):
+        return False
+    return True
+
+
 def _select(x: Any, out_key: str, spec: FilterSpec) -> Any:
     if callable(spec):
         return spec(x)
     path = spec if isinstance(spec, tuple) else (spec,)
     value = x
     for i, part in enumerate(path):
-        missing = ValueError(
-            f"`Filter`: output {out_key!r} asks for the path {path!r}, but "
-            f"there is no entry {part!r} at {path[:i]!r}; check the spec "
-            "against the input's structure."
-        )
-        # JAX clamps an out-of-range index into an array instead of raising.
-        if eqx.is_array(value) and not (
-            isinstance(part, int) and value.ndim and -len(value) <= part < len(value)
-        ):
-            raise missing
-        try:
-            value = value[part]
-        except (KeyError, IndexError, TypeError) as err:
-            raise missing from err
+        if not _has_entry(value, part):
+            raise ValueError(
+                f"`Filter`: output {out_key!r} asks for the path {path!r}, but "
+                f"there is no entry {part!r} at {path[:i]!r}; check the spec "
+                "against the input's structure."
+            )
+        value = value[part]
     return value
 
 
@@ -153,19 +146,6 @@ class Filter(AbstractStatelessLayer):
     spec: tuple[tuple[str, FilterSpec], ...] = eqx.field(static=True)
 
     def __init__(self, spec: Mapping[str, FilterSpec]):
-        if not isinstance(spec, Mapping):
-            raise TypeError(
-                f"`Filter(spec)`: spec must be a dict from output key to a key, "
-                f"path tuple or callable, got {type(spec).__name__}."
-            )
-        if not spec:
-            raise ValueError("`Filter({})`: the spec selects nothing; name one entry.")
-        for out_key, entry in spec.items():
-            if not isinstance(entry, str | int | tuple) and not callable(entry):
-                raise TypeError(
-                    f"`Filter`: spec entry {out_key!r} must be a key, a path tuple "
-                    f"or a callable, got {entry!r} ({type(entry).__name__})."
-                )
         self.spec = tuple(spec.items())
 
     def forward(self, x: Any) -> Any:
@@ -182,15 +162,14 @@ class Scale(AbstractStatelessLayer):
     - `factor`: the multiplier, finite.
     """
 
-    factor: float = eqx.field(static=True)
+    factor: float = eqx.field(static=True, converter=float)
 
-    def __init__(self, factor: float):
-        if not math.isfinite(factor):
+    def __check_init__(self):
+        if not math.isfinite(self.factor):
             raise ValueError(
-                f"Scale(factor={factor}): the factor must be finite; a NaN or "
+                f"Scale(factor={self.factor}): the factor must be finite; a NaN or "
                 "infinite one makes every output non-finite."
             )
-        self.factor = float(factor)
 
     def forward(self, x: PyTree[Array]) -> Any:
         return jax.tree.map(lambda leaf: leaf * self.factor, x)

@@ -6,16 +6,13 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Key
 
-from ._dense import Dense, check_size, check_vector
-from ._module import (
-    AbstractStatefulModule,
-    StatefulModuleOutput,
-    check_coefficient,
-    check_key,
-    coefficient,
-)
+from ._dense import Dense
+from ._errors import check_input
+from ._filters import coefficient
+from ._keys import check_draws
+from ._module import AbstractStatefulModule, StatefulModuleOutput
 
 AR1State = dict[str, Any]
 """An AR(1) bottleneck carry: `{"prev": <last sample [latent_size]>,
@@ -38,18 +35,11 @@ class GaussianHead(eqx.Module):
     latent_size: int = eqx.field(static=True)
 
     def __init__(
-        self,
-        layer: str,
-        in_size: int,
-        latent_size: int,
-        min_std: float,
-        key: PRNGKeyArray,
+        self, in_size: int, latent_size: int, min_std: float, key: Key[Array, ""]
     ):
-        check_size(f"{layer}(in_size=...)", in_size)
-        check_size(f"{layer}(latent_size=...)", latent_size)
         if not min_std > 0:
             raise ValueError(
-                f"{layer}(min_std={min_std}) must be > 0 so that log(std) stays finite."
+                f"min_std={min_std} must be > 0, so that log(std) stays finite."
             )
         dense = Dense(in_size, 2 * latent_size, key=key)
         self.kernel = dense.kernel
@@ -59,15 +49,9 @@ class GaussianHead(eqx.Module):
         self.latent_size = latent_size
 
     def __call__(
-        self, layer: str, x: Any, key: PRNGKeyArray | None, inference: bool
+        self, x: Float[Array, " in_size"], key: Key[Array, ""] | None, inference: bool
     ) -> tuple[Float[Array, " latent"], dict[str, Float[Array, "..."]]]:
         """The sample (or `mu` in inference) and the metrics `mu`, `sigma`, `kl`."""
-        check_vector(layer, x, self.in_size)
-        if key is None and not inference:
-            raise ValueError(
-                f"{layer} needs `key=` to sample; pass the step's PRNG key, or use "
-                "`eqx.nn.inference_mode(net)` to output the mean."
-            )
         mu, pre_std = jnp.split(x @ self.kernel + self.bias, 2)
         std = jax.nn.softplus(pre_std) + self.min_std
         if inference:
@@ -102,7 +86,7 @@ class VariationalBottleneck(AbstractStatefulModule):
     """
 
     head: GaussianHead
-    kl_weight: Float[Array, ""] = coefficient()
+    kl_weight: Float[Array, ""] = coefficient(nonnegative=True)
     inference: bool = False
 
     def __init__(
@@ -110,7 +94,7 @@ class VariationalBottleneck(AbstractStatefulModule):
         in_size: int,
         latent_size: int,
         *,
-        key: PRNGKeyArray,
+        key: Key[Array, ""],
         kl_weight: float | Float[Array, ""] = 1.0,
         min_std: float = 1e-6,
         inference: bool = False,
@@ -125,11 +109,7 @@ class VariationalBottleneck(AbstractStatefulModule):
             finite.
         - `inference`: output `mu` instead of a sample.
         """
-        check_key("VariationalBottleneck", key)
-        check_coefficient("VariationalBottleneck(kl_weight)", kl_weight)
-        self.head = GaussianHead(
-            "VariationalBottleneck", in_size, latent_size, min_std, key
-        )
+        self.head = GaussianHead(in_size, latent_size, min_std, key)
         self.kl_weight = kl_weight
         self.inference = inference
 
@@ -139,11 +119,13 @@ class VariationalBottleneck(AbstractStatefulModule):
         x: Float[Array, " in_size"],
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Sample one env's latent; returns carry `()`."""
         del state, extras
-        z, metrics = self.head("VariationalBottleneck", x, key, self.inference)
+        check_input(self, x, (self.head.in_size,))
+        check_draws(self, key)
+        z, metrics = self.head(x, key, self.inference)
         loss = self.kl_weight * metrics["kl"]
         return StatefulModuleOutput((), z, loss, metrics, None)
 
@@ -172,8 +154,8 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
     """
 
     head: GaussianHead
-    kl_weight: Float[Array, ""] = coefficient()
-    ar1_weight: Float[Array, ""] = coefficient()
+    kl_weight: Float[Array, ""] = coefficient(nonnegative=True)
+    ar1_weight: Float[Array, ""] = coefficient(nonnegative=True)
     backprop_through_time: bool = eqx.field(static=True)
     inference: bool = False
 
@@ -182,7 +164,7 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         in_size: int,
         latent_size: int,
         *,
-        key: PRNGKeyArray,
+        key: Key[Array, ""],
         kl_weight: float | Float[Array, ""] = 1.0,
         min_std: float = 1e-6,
         ar1_weight: float | Float[Array, ""] = 1.0,
@@ -197,12 +179,7 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         - `backprop_through_time`: let the penalty's gradient flow into the
             previous step's sample as well.
         """
-        check_key("AR1VariationalBottleneck", key)
-        check_coefficient("AR1VariationalBottleneck(kl_weight)", kl_weight)
-        check_coefficient("AR1VariationalBottleneck(ar1_weight)", ar1_weight)
-        self.head = GaussianHead(
-            "AR1VariationalBottleneck", in_size, latent_size, min_std, key
-        )
+        self.head = GaussianHead(in_size, latent_size, min_std, key)
         self.kl_weight = kl_weight
         self.ar1_weight = ar1_weight
         self.backprop_through_time = backprop_through_time
@@ -221,20 +198,15 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         x: Float[Array, " in_size"],
         extras: Any = None,
         *,
-        key: PRNGKeyArray | None = None,
+        key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
         """Sample one env's latent and add the penalty against the last sample."""
         del extras
-        z, metrics = self.head("AR1VariationalBottleneck", x, key, self.inference)
+        check_input(self, x, (self.head.in_size,))
+        check_draws(self, key)
+        z, metrics = self.head(x, key, self.inference)
         prev: Float[Array, " latent"] = state["prev"]
         valid: Bool[Array, ""] = state["valid"]
-        if jnp.shape(prev) != z.shape or jnp.shape(valid) != ():
-            raise ValueError(
-                "AR1VariationalBottleneck carry must be {'prev': "
-                f"[{self.head.latent_size}], 'valid': scalar bool}}; got "
-                f"prev {jnp.shape(prev)}, valid {jnp.shape(valid)}. Use "
-                "`initial_state()`."
-            )
         if not self.backprop_through_time:
             prev = jax.lax.stop_gradient(prev)
         # Inner where: an invalid (possibly NaN) prev never enters the

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from ..nn._module import array_spec
+from ..nn._errors import array_spec
 
 
 def gae(

@@ -92,10 +92,10 @@ def replay(
             network, state0, data, terminal_keys
         )
     else:
-        seq = network.replay_envs(state0, data.obs, data.extras, data.key, data.done)
+        seq = network.replay(state0, data.obs, data.extras, data.key, data.done)
         if bootstrap_truncation:
             # No carry: the terminal observations are just more inputs.
-            terminal_values = network.replay_envs(
+            terminal_values = network.replay(
                 state0, data.terminal_obs, None, terminal_keys, data.done
             ).output.value_estimates
     last_values = apply_network(
@@ -126,7 +126,7 @@ def replay_policy(
     `extras` than the rollout's scores other actions under the same noise and
     carries.
     """
-    return network.replay_envs(state0, data.obs, data.extras, data.key, data.done)
+    return network.replay(state0, data.obs, data.extras, data.key, data.done)
 
 
 def _advantages_for_loglikelihoods(

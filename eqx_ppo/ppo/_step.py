@@ -24,7 +24,9 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from .._typecheck import checked
 from ..envs._env import check_env
 from ..logging import LoggingLevel, reduce_metric
-from ..nn._module import AbstractStatefulModule, State, trainable, tree_spec
+from ..nn._errors import tree_spec
+from ..nn._filters import trainable
+from ..nn._module import AbstractStatefulModule, State
 from . import _guard
 from ._learner import AbstractLearner, Minibatch
 from ._rollout import StepCarry, Transition, env_keys, rollout

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 from ..nn._adapter import PPONetworkOutput
-from ..nn._module import AbstractStatefulModule, array_spec
+from ..nn._errors import array_spec
+from ..nn._module import AbstractStatefulModule
 from ..samplers import CategoricalSampler
 
 

@@ -1,0 +1,59 @@
+"""How error messages describe arrays, pytrees and a wrong input shape."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+def array_spec(x: Any) -> str:
+    """`float32[8, 2]` for an array or a `jax.ShapeDtypeStruct`, else the type."""
+    if eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+def tree_spec(tree: Any) -> str:
+    """`{'h': 'float32[8]'}`: `tree` with each array as its `array_spec`."""
+    return str(jax.tree.map(array_spec, tree))
+
+
+def carry_spec(tree: Any) -> Any:
+    """What a scan's carry must keep from step to step: the structure and each
+    leaf's shape and dtype (not its weak type), as `jax.ShapeDtypeStruct`s."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree
+    )
+
+
+def input_shape_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """How to fix a layer's input of shape `got` where one env's `want` is
+    expected: vmap if `got` is a batch of `want`, otherwise match the sizes."""
+    if len(got) > len(want) and got[len(got) - len(want) :] == want:
+        return (
+            "Layers work on a single env: vmap over the env axis, or use "
+            "`eqx_ppo.nn.apply_batched`."
+        )
+    if len(got) < len(want):
+        return (
+            "The input has fewer axes than one env's: vmap and `apply_batched` "
+            "take the leading axis as the env axis, so give them a batch [B, ...]; "
+            "otherwise build the network for one env's observation "
+            "(obs_size=env.observation_size)."
+        )
+    return (
+        "The sizes differ: build the network for one env's observation "
+        "(obs_size=env.observation_size), or the layer for its input."
+    )
+
+
+def check_input(layer: Any, x: Any, shape: tuple[int, ...]) -> None:
+    """Raise at trace time unless `x`, the input of `layer`, is one env's input
+    of `shape`."""
+    got = jnp.shape(x)
+    if got != shape:
+        raise ValueError(
+            f"{type(layer).__name__} expects one env's input of shape {shape}, got "
+            f"shape {got}. " + input_shape_fix(got, shape)
+        )

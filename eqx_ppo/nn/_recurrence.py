@@ -1,0 +1,251 @@
+"""The linear recurrence `h_t = a_t * h_{t-1} + b_t`, resetting on episode ends.
+
+The LRU and MinGRU compute the coefficients `a_t`, `b_t` of all steps of a
+replay at once, from the inputs alone, and compose them here
+(`linear_recurrence`), episode resets included, in one of two orders:
+
+- with `jax.lax.associative_scan`, in `O(log T)` depth instead of a
+  length-`T` loop;
+- with a sequential loop whose body is only the elementwise update, written
+  in place over the offsets. Its own `vmap` rule keeps the per-step reads
+  and writes plain slices of the batched arrays (a vmapped slice would
+  become a gather and a scatter), and its hand-written VJP is the same loop
+  run backwards, so neither pass stacks per-step buffers. The LRU's
+  `lambda`, the same at every step, is never broadcast over the sequence.
+
+Depth only pays where there is parallel width to spend it on. On a CPU the
+associative scan's extra passes over the sequence cost more than the
+sequential loop saves (`python -m benchmarks.memory`), so by default
+(`parallel_replay=None`) the layers compose with the associative scan on
+GPUs and TPUs and sequentially on CPUs; `True` or `False` forces one. The
+sequential path supports reverse-mode differentiation (`grad`, `vjp`), not
+forward mode (`jvp`).
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import custom_batching
+from jaxtyping import Array, Bool, Float
+
+
+def product(
+    a: Float[Array, "..."], h: Float[Array, "..."], *, pairs: bool, conjugate: bool
+) -> Float[Array, "..."]:
+    """`a * h`, elementwise; with `pairs`, of complex vectors stored as their
+    real and imaginary parts along the second-last axis, `a` conjugated if
+    `conjugate`."""
+    if not pairs:
+        return a * h
+    a_re, a_im = a[..., :1, :], a[..., 1:, :]
+    if conjugate:
+        a_im = -a_im
+    h_re, h_im = h[..., :1, :], h[..., 1:, :]
+    return jnp.concatenate([a_re * h_re - a_im * h_im, a_re * h_im + a_im * h_re], -2)
+
+
+def _compose(
+    earlier: tuple[Float[Array, "..."], Float[Array, "..."]],
+    later: tuple[Float[Array, "..."], Float[Array, "..."]],
+    *,
+    pairs: bool,
+) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+    """The affine map `h -> a h + b` of `earlier` followed by that of `later`."""
+    a1, b1 = earlier
+    a2, b2 = later
+    return (
+        product(a2, a1, pairs=pairs, conjugate=False),
+        product(a2, b1, pairs=pairs, conjugate=False) + b2,
+    )
+
+
+def _at(x: Array, t: Any, axis: int) -> Array:
+    """Step `t` of `x` along `axis`, kept as an axis of length 1; an `x` that is
+    the same at every step has length 1 there already."""
+    if x.shape[axis] == 1:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, t, 1, axis)
+
+
+class _Steps(NamedTuple):
+    """What the sequential loop runs: `h_t = a_t * start_t + b_t`, starting
+    from `h0` at `t = 0`, then from the state before where `keep[t]`, else
+    from `h_reset`. Every leaf has a time axis; `a`'s may have length 1."""
+
+    a: Float[Array, "#time ..."]
+    b: Float[Array, "time ..."]
+    keep: Bool[Array, "time ..."]
+    h0: Float[Array, "1 ..."]
+    h_reset: Float[Array, "1 ..."]
+
+
+def _forward_loop(steps: _Steps, axis: int, pairs: bool) -> Float[Array, "..."]:
+    """Every state, along time `axis`, written in place over `steps.b`."""
+    a, b, keep, h0, h_reset = steps
+    first = product(_at(a, 0, axis), h0, pairs=pairs, conjugate=False)
+    h = jax.lax.dynamic_update_slice_in_dim(b, first + _at(b, 0, axis), 0, axis)
+
+    def step(t, h):
+        a_t = _at(a, t, axis)
+        # Select after multiplying: a select feeding the product costs XLA:CPU
+        # several times the loop's arithmetic.
+        update = jnp.where(
+            _at(keep, t, axis),
+            product(a_t, _at(h, t - 1, axis), pairs=pairs, conjugate=False),
+            product(a_t, h_reset, pairs=pairs, conjugate=False),
+        )
+        return jax.lax.dynamic_update_slice_in_dim(h, update + _at(h, t, axis), t, axis)
+
+    return jax.lax.fori_loop(1, b.shape[axis], step, h)
+
+
+def _backward_loop(
+    steps: _Steps, cotangent: Float[Array, "..."], axis: int, pairs: bool
+) -> Float[Array, "..."]:
+    """The forward loop's adjoint: the gradient of every state, in place.
+
+    State `t` gets its own cotangent plus `conj(a[t + 1])` times the gradient
+    of state `t + 1`, unless step `t + 1` restarted.
+    """
+    n_steps = cotangent.shape[axis]
+
+    def step(i, d):
+        t = n_steps - 2 - i
+        back = product(
+            _at(steps.a, t + 1, axis), _at(d, t + 1, axis), pairs=pairs, conjugate=True
+        )
+        back = jnp.where(_at(steps.keep, t + 1, axis), back, 0.0)
+        return jax.lax.dynamic_update_slice_in_dim(d, back + _at(d, t, axis), t, axis)
+
+    return jax.lax.fori_loop(0, n_steps - 1, step, cotangent)
+
+
+@functools.cache
+def _batched(loop: Callable, axis: int, pairs: bool) -> Callable:
+    """`loop` over time `axis`, vmapped by running it one axis further along.
+
+    `vmap` of the loop's slices would batch them into gathers and scatters,
+    several small ops per step; this rule keeps them plain slices of the
+    batched arrays, in whatever layout the batched coefficients come.
+    """
+
+    @custom_batching.custom_vmap
+    def batched(*args):
+        return loop(*args, axis, pairs)
+
+    @batched.def_vmap
+    def _(axis_size, in_batched, *args):
+        args = jax.tree.map(
+            lambda x, is_batched: (
+                x if is_batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+            ),
+            args,
+            tuple(in_batched),
+        )
+        return _batched(loop, axis + 1, pairs)(*args), True
+
+    return batched
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _sequential(steps: _Steps, pairs: bool) -> Float[Array, "time ..."]:
+    """Every state of the recurrence, one step after another.
+
+    Its gradient is the same kind of loop run backwards (`_backward_loop`):
+    neither pass stores more than the inputs and the states, and neither
+    materialises an `a` that is the same at every step.
+    """
+    return _batched(_forward_loop, 0, pairs)(steps)
+
+
+def _sequential_forward(steps, pairs):
+    states = _sequential(steps, pairs)
+    return states, (steps, states)
+
+
+def _sequential_backward(pairs, residuals, cotangent):
+    steps, states = residuals
+    a, _, keep, h0, h_reset = steps
+    d_states = _batched(_backward_loop, 0, pairs)(steps, cotangent)
+    # What each step multiplied by `a`: the state before it, or where it started.
+    d_first = product(h0, d_states[:1], pairs=pairs, conjugate=True)
+    d_rest = product(
+        jnp.where(keep[1:], states[:-1], h_reset),
+        d_states[1:],
+        pairs=pairs,
+        conjugate=True,
+    )
+    d_h0 = product(a[:1], d_states[:1], pairs=pairs, conjugate=True)
+    if a.shape[0] == 1:
+        # A shared `a` factors out of both sums, which spares a full-length
+        # product and concatenation (the LRU's update, ~6% faster on a CPU).
+        d_a = d_first + jnp.sum(d_rest, 0, keepdims=True)
+        restarts = jnp.sum(jnp.where(keep[1:], 0.0, d_states[1:]), 0, keepdims=True)
+        d_reset = product(a, restarts, pairs=pairs, conjugate=True)
+    else:
+        d_a = jnp.concatenate([d_first, d_rest])
+        d_start = product(a[1:], d_states[1:], pairs=pairs, conjugate=True)
+        d_reset = jnp.sum(jnp.where(keep[1:], 0.0, d_start), 0, keepdims=True)
+    return (_Steps(d_a, d_states, None, d_h0, d_reset),)
+
+
+_sequential.defvjp(_sequential_forward, _sequential_backward)
+
+
+def linear_recurrence(
+    a: Float[Array, " #time *state"],
+    b: Float[Array, " time *state"],
+    h0: Float[Array, "*state"],
+    done: Bool[Array, " time"],
+    h_reset: Float[Array, "*state"],
+    *,
+    parallel: bool = True,
+    pairs: bool = False,
+) -> tuple[Float[Array, " time *state"], Float[Array, "*state"]]:
+    """All states of `h_t = a_t * h_{t-1} + b_t` from `h0`, resetting on `done`.
+
+    As in a module's `replay`, `done[t]` replaces the state after
+    step `t` by `h_reset` before step `t + 1`. Returns the state after every
+    step (before its reset: what step `t` outputs) and the carry after the
+    last step (reset if that step was done).
+
+    Real float32; or, with `pairs=True`, complex vectors as float32 arrays
+    whose second-last axis (size 2) holds their real and imaginary parts,
+    `[..., 2, n]`: the LRU's layout, which spares the conversions to and from
+    complex64. `a` may have a time axis of length 1: the same coefficients at
+    every step, never broadcast over the sequence.
+
+    `parallel=True` composes the steps by one associative scan: a step that
+    starts from a known state (`h0` at `t = 0`, `h_reset` after a done) folds
+    it into its offset, `b_t <- a_t * start + b_t`, and forgets everything
+    before it, `a_t <- 0`, and the offsets the scan accumulates are the
+    states themselves. `parallel=False` runs the steps one after another, in
+    place; its gradient is a hand-written VJP, the same loop run backwards,
+    so this path supports reverse-mode differentiation (`grad`, `vjp`) but
+    not `jvp`.
+    """
+    n_steps = done.shape[0]
+    per_step = (n_steps,) + (1,) * (b.ndim - 1)
+    first = (jnp.arange(n_steps) == 0).reshape(per_step)
+    restart = first | jnp.roll(done, 1).reshape(per_step)
+    if parallel:
+        a = jnp.broadcast_to(a, b.shape)
+        start = jnp.where(first, h0, h_reset)
+        b = jnp.where(restart, product(a, start, pairs=pairs, conjugate=False) + b, b)
+        a = jnp.where(restart, jnp.zeros_like(a), a)
+        _, states = jax.lax.associative_scan(
+            functools.partial(_compose, pairs=pairs), (a, b)
+        )
+    else:
+        states = _sequential(_Steps(a, b, ~restart, h0[None], h_reset[None]), pairs)
+    return states, jnp.where(done[-1], h_reset, states[-1])
+
+
+def use_associative_scan(parallel_replay: bool | None) -> bool:
+    """Whether to replay with the associative scan (`None`: off CPUs)."""
+    if parallel_replay is None:
+        return jax.default_backend() != "cpu"
+    return parallel_replay
