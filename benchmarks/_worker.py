@@ -291,7 +291,7 @@ def run_brax(spec: Spec) -> dict[str, Any]:
         raise ValueError("Brax PPO has no recurrent policy")
     install_brax_shim()
     import jax
-    from brax.training.agents.learner import networks as brax_networks, train as brax_ppo
+    from brax.training.agents.ppo import networks as brax_networks, train as brax_ppo
 
     env = raw_env(spec.env)
     if spec.env in PLAYGROUND:
@@ -686,9 +686,9 @@ RUNNERS = {
 
 _SYSTEM_MODULES = {
     "eqx": ("eqx_ppo",),
-    "brax": ("brax.training.agents.learner.train", "brax.envs"),
+    "brax": ("brax.training.agents.ppo.train", "brax.envs"),
     "rejax": ("rejax", "gymnax"),
-    "nnx": ("nnx_ppo.algorithms.learner",),
+    "nnx": ("nnx_ppo.algorithms.ppo",),
 }
 
 

@@ -329,7 +329,7 @@ def test_step_names_a_state_of_another_teacher(getkey):
     ppo_state = eqx_ppo.init(
         env, mlp(getkey()), eqx_ppo.PPO(n_envs=4, n_minibatches=1), key=getkey()
     )
-    with pytest.raises(ValueError, match="another network or learner"):
+    with pytest.raises(ValueError, match="built with another learner"):
         eqx_ppo.step(env, learner(lstm), ppo_state)
     # The state's own teacher passes, also inside a vmap over seeds.
     states = eqx.filter_vmap(

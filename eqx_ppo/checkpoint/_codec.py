@@ -19,7 +19,6 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ..nn._module import AbstractStatefulModule
 
 
 class CheckpointError(ValueError):
@@ -122,7 +121,8 @@ def _encode(value: Any, path: str) -> Any:
         return out
     if isinstance(value, enum.Flag) and _TYPES.get(kind) is type(value):
         return {"_type": kind, "flags": [f.name for f in value]}
-    if isinstance(value, AbstractStatefulModule):
+    if isinstance(value, eqx.Module):
+        # A network a config holds (a distillation teacher): not JSON.
         return {"_type": "pytree", "sha256": _fingerprint(value)}
     if isinstance(value, jax.Array | np.ndarray | np.generic):
         if np.ndim(value) != 0 or isinstance(value, jax.core.Tracer):

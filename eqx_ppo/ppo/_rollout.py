@@ -339,7 +339,7 @@ def _mask_leaf(alive: Bool[Array, "..."], x: Array) -> Array:
 def eval_rollout(
     env: Any,
     network: AbstractStatefulModule,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
     *,
     n_envs: Int,
     max_episode_length: Int,
@@ -432,7 +432,7 @@ def record_activations_rollout(
     *,
     n_envs: Int,
     max_episode_length: Int,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
 ) -> tuple[PyTree[Array], Bool[Array, "time env"]]:
     """Run one deterministic episode per env and stack every layer's activations.
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
 
 from .._typecheck import checked
 from ..envs._env import check_env
@@ -134,7 +134,7 @@ def make_optimizer(learner: AbstractLearner) -> optax.GradientTransformation:
 
 
 def fresh_state(
-    env: Any, network: AbstractStatefulModule, learner: AbstractLearner, key: PRNGKeyArray
+    env: Any, network: AbstractStatefulModule, learner: AbstractLearner, key: Key[Array, ""]
 ) -> TrainingState:
     """`init` without its checks, for callers that made them."""
     reset_key, key = jax.random.split(key)
@@ -158,7 +158,7 @@ def init(
     network: AbstractStatefulModule,
     learner: AbstractLearner,
     *,
-    key: PRNGKeyArray,
+    key: Key[Array, ""],
 ) -> TrainingState:
     """A fresh training state: reset envs, initial carries, optimiser state.
 
