@@ -3,16 +3,12 @@
 from . import analysis as analysis, envs as envs, graph as graph, nn as nn
 from .checkpoint import (
     CheckpointError as CheckpointError,
-    CheckpointHeader as CheckpointHeader,
-    config_from_dict as config_from_dict,
-    config_to_dict as config_to_dict,
     latest_checkpoint as latest_checkpoint,
     list_checkpoints as list_checkpoints,
     load_checkpoint as load_checkpoint,
     make_checkpoint_fn as make_checkpoint_fn,
     read_header as read_header,
     register_config as register_config,
-    register_template as register_template,
     save_checkpoint as save_checkpoint,
 )
 from .distill import Distillation as Distillation

@@ -8,7 +8,7 @@ import pytest
 
 import eqx_ppo
 from eqx_ppo import analysis, nn
-from eqx_ppo.envs import Recall
+from eqx_ppo.envs._recall import Recall
 from eqx_ppo.graph import PopulationGraphBuilder
 from tests._helpers import assert_ulp_close
 

@@ -10,13 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.envs import (
-    EpisodeWrapper,
-    GymnaxAdapter,
-    Pendulum,
-    RewardScalingWrapper,
-    make,
-)
+from eqx_ppo.envs import EpisodeWrapper, GymnaxAdapter, RewardScalingWrapper, make
+from eqx_ppo.envs._pendulum import Pendulum
 
 # Warnings the simulators raise on import, outside our control.
 pytestmark = [

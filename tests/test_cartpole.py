@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from eqx_ppo import envs
+from eqx_ppo.envs._cartpole import CartPole
 
 
 @pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
 def test_full_force_matches_gymnax_discrete_cartpole(getkey):
     """Actions of ±1 push with ±10 N, exactly gym's two discrete actions."""
     gymnax = pytest.importorskip("gymnax")
-    ours = envs.CartPole()
+    ours = CartPole()
     theirs, params = gymnax.make("CartPole-v1")
     start = ours.reset(getkey())
     x, x_dot, theta, theta_dot = start.pipeline_state
@@ -78,6 +79,6 @@ def test_no_velocity_variant_hides_x_dot_and_theta_dot(getkey):
 
 
 def test_cartpole_rejects_a_wrong_action_shape(getkey):
-    env = envs.CartPole()
+    env = CartPole()
     with pytest.raises(ValueError, match="CartPole.step"):
         env.step(env.reset(getkey()), jnp.zeros(2))

@@ -8,20 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.envs import (
-    AbstractEnv,
-    CartPole,
-    Counter,
-    DictObsAct,
-    MoveToCenter,
-    Parrot,
-    Pendulum,
-    Recall,
-    State,
-    TwoArm,
-    make,
-    registered_names,
-)
+from eqx_ppo.envs import AbstractEnv, State, make, registered_names
+from eqx_ppo.envs._cartpole import CartPole
+from eqx_ppo.envs._counter import Counter
+from eqx_ppo.envs._dict_env import DictObsAct
+from eqx_ppo.envs._move_to_center import MoveToCenter
+from eqx_ppo.envs._parrot import Parrot
+from eqx_ppo.envs._pendulum import Pendulum
+from eqx_ppo.envs._recall import Recall
+from eqx_ppo.envs._two_arm import TwoArm
 from tests._helpers import assert_ulp_close
 from tests.test_popgym_envs import POPGYM_NAMES
 

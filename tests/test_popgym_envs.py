@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 
 import eqx_ppo
-from eqx_ppo.envs import (
-    CountRecall,
-    RepeatFirst,
-    RepeatPrevious,
-    make,
-    registered_names,
-)
+from eqx_ppo.envs import make, registered_names
+from eqx_ppo.envs._popgym import CountRecall, RepeatFirst, RepeatPrevious
 
 POPGYM_NAMES = (
     "count_recall",

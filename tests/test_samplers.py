@@ -10,6 +10,7 @@ import pytest
 from jaxtyping import Array, Float
 
 import eqx_ppo
+from eqx_ppo.envs._parrot import Parrot
 from eqx_ppo.nn import (
     CategoricalSampler,
     NormalSampler,
@@ -442,7 +443,7 @@ def test_a_log_likelihood_per_action_dimension_is_named(getkey, action_size):
     import eqx_ppo
     from eqx_ppo.nn import Dense, PPOAdapter
 
-    env = eqx_ppo.envs.Parrot(obs_size=action_size)
+    env = Parrot(obs_size=action_size)
     k1, k2 = jax.random.split(getkey())
     network = PPOAdapter(
         action=eqx_ppo.nn.Sequential(

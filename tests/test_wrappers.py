@@ -8,17 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqx_ppo.envs import (
-    AbstractWrapper,
-    Counter,
-    EpisodeWrapper,
-    MoveToCenter,
-    Parrot,
-    Pendulum,
-    Recall,
-    RewardScalingWrapper,
-    TwoArm,
-)
+from eqx_ppo.envs import AbstractWrapper, EpisodeWrapper, RewardScalingWrapper
+from eqx_ppo.envs._counter import Counter
+from eqx_ppo.envs._move_to_center import MoveToCenter
+from eqx_ppo.envs._parrot import Parrot
+from eqx_ppo.envs._pendulum import Pendulum
+from eqx_ppo.envs._recall import Recall
+from eqx_ppo.envs._two_arm import TwoArm
 
 
 def steps(step, state, actions):

@@ -1,8 +1,4 @@
 """Population graphs: named populations joined by learned, possibly delayed, maps."""
 
 from ._builder import PopulationGraphBuilder as PopulationGraphBuilder
-from ._graph import (
-    ConnectionSpec as ConnectionSpec,
-    PopulationGraph as PopulationGraph,
-    PopulationSpec as PopulationSpec,
-)
+from ._graph import PopulationGraph as PopulationGraph
