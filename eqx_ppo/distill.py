@@ -108,8 +108,7 @@ def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
     except (ValueError, TypeError) as error:
         # Both networks read the same observation: say which one failed.
         raise type(error)(
-            f"Distillation: the {who} cannot take the env's "
-            f"observation: {error}"
+            f"Distillation: the {who} cannot take the env's observation: {error}"
         ) from error
     if not isinstance(out.output, PPONetworkOutput):
         raise TypeError(
@@ -253,7 +252,9 @@ def _check_teacher(teacher: AbstractStatefulModule | SavedPytree) -> None:
     """Raise unless the teacher's concrete weights are finite: a non-finite
     teacher would stop training later with a non-finite loss that names
     neither it nor the fix."""
-    leaves = jax.tree_util.tree_flatten_with_path(eqx.filter(teacher, eqx.is_inexact_array))[0]
+    leaves = jax.tree_util.tree_flatten_with_path(
+        eqx.filter(teacher, eqx.is_inexact_array)
+    )[0]
     for path, x in leaves:
         # NumPy, not jnp: under a trace jnp would stage even a concrete leaf.
         if not isinstance(x, jax.core.Tracer) and not np.isfinite(x).all():
@@ -268,7 +269,9 @@ def _inference(
     teacher: AbstractStatefulModule | SavedPytree,
 ) -> AbstractStatefulModule | SavedPytree:
     """The teacher in inference mode; a header's fingerprint of it as it is."""
-    return teacher if isinstance(teacher, SavedPytree) else eqx.nn.inference_mode(teacher)
+    return (
+        teacher if isinstance(teacher, SavedPytree) else eqx.nn.inference_mode(teacher)
+    )
 
 
 @register_config
@@ -317,7 +320,9 @@ class Distillation(AbstractLearner):
             paths = _sampler_paths(self.teacher, network, _single_env(obs))
         return _StudentWithTeacher(network, self.teacher, *paths)
 
-    def loss(self, network: Module, batch: Minibatch, *, axis_name: Axis = None) -> Loss:
+    def loss(
+        self, network: Module, batch: Minibatch, *, axis_name: Axis = None
+    ) -> Loss:
         replayed = replay_policy(network, batch.carry["student"], batch.data)
         return distillation_loss(
             replayed.output,

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree
 
+from ._typecheck import checked
 from .checkpoint import register_config
 
 Metrics = Mapping[str, int | float | list[float]]
@@ -161,6 +162,7 @@ def _drop_partial_line(sink: str, path: pathlib.Path) -> None:
     )
 
 
+@checked
 class JSONLLogger:
     """Writes one JSON object per call to `path`: `{"step": ..., **metrics}`.
 
@@ -184,6 +186,7 @@ class JSONLLogger:
             f.write(json.dumps(record) + "\n")
 
 
+@checked
 class CSVLogger:
     """Writes metrics as CSV rows; the header is the union of keys seen so far.
 
@@ -230,6 +233,7 @@ class CSVLogger:
                 csv.DictWriter(f, fieldnames=self._fields).writerow(row)
 
 
+@checked
 class TensorBoardLogger:
     """Writes scalars with tensorboardX (`pip install eqx_ppo[logging]`)."""
 
@@ -249,6 +253,7 @@ class TensorBoardLogger:
         self.writer.flush()
 
 
+@checked
 class WandbLogger:
     """Logs to Weights & Biases (`pip install eqx_ppo[logging]`); kwargs go to
     `wandb.init`."""
@@ -266,6 +271,7 @@ class WandbLogger:
         self.run.log(per_seed_columns(metrics), step=step)
 
 
+@checked
 def combine_loggers(*log_fns: LogFn) -> LogFn:
     """One sink that forwards every call to each of `log_fns`.
 

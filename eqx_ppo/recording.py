@@ -34,6 +34,7 @@ import jax
 from jaxtyping import PyTree
 
 from ._activation_key import ACTIVATION_KEY as ACTIVATION_KEY
+from ._typecheck import checked
 from .graph import PopulationGraph
 from .nn._module import (
     AbstractLayerWrapper,
@@ -97,6 +98,7 @@ def is_recording(net: PyTree) -> bool:
     )
 
 
+@checked
 def with_recording(net: PyTree) -> PyTree:
     """A copy of `net` that records every layer's activations in its metrics.
 
@@ -141,6 +143,7 @@ def with_recording(net: PyTree) -> PyTree:
     return jax.tree.map(record, net, is_leaf=is_target)
 
 
+@checked
 def extract_activations(metrics: Mapping | None) -> PyTree | None:
     """The recorded activations in a recording network's `metrics`.
 

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Key
 
+from ._typecheck import checked
 from .nn._filters import coefficient
 from .nn._keys import check_draws
 from .nn._module import AbstractStatefulModule, StatefulModuleOutput
@@ -160,6 +161,7 @@ class _AbstractGaussianSampler(_AbstractSampler):
         return _SamplerStep(*draw, metrics={"mu": mean, "sigma": std})
 
 
+@checked
 class NormalTanhSampler(_AbstractGaussianSampler):
     """A Gaussian squashed by `tanh`: actions in `(-1, 1)`.
 
@@ -205,6 +207,7 @@ class NormalTanhSampler(_AbstractGaussianSampler):
         return jnp.tanh(raw), raw, log_likelihood, entropy
 
 
+@checked
 class NormalSampler(_AbstractGaussianSampler):
     """An unsquashed Gaussian: `action = mean + std * eps`, unbounded.
 
@@ -229,6 +232,7 @@ class NormalSampler(_AbstractGaussianSampler):
         return action, action, log_likelihood, jnp.sum(_normal_entropy(std))
 
 
+@checked
 class CategoricalSampler(_AbstractSampler):
     """Discrete actions from logits; multi-discrete with a tuple of sizes.
 

@@ -78,6 +78,7 @@ from typing import Any
 import equinox as eqx
 from jaxtyping import Array, Int
 
+from .._typecheck import checked
 from ._codec import (
     CheckpointError as CheckpointError,
     config_differences,
@@ -151,6 +152,7 @@ def _library_version() -> str:
     return eqx_ppo.__version__
 
 
+@checked
 def save_checkpoint(
     directory: str | os.PathLike,
     state: Any,
@@ -222,6 +224,7 @@ def _check_keep(keep: int | None) -> None:
         )
 
 
+@checked
 def make_checkpoint_fn(
     directory: str | os.PathLike,
     config: Any,
@@ -279,6 +282,7 @@ def _header_problem(raw: dict[str, Any]) -> str | None:
     return None
 
 
+@checked
 def read_header(path: str | os.PathLike | None) -> CheckpointHeader:
     """The header of the checkpoint at `path` (a checkpoint folder, or a folder
     of checkpoints: the latest is read), with the config rebuilt.
@@ -365,6 +369,7 @@ def _template(
     return eqx.filter_eval_shape(like, config)
 
 
+@checked
 def load_checkpoint(
     path: str | os.PathLike | None,
     *,

@@ -20,7 +20,6 @@ import jax
 import numpy as np
 
 
-
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupted or does not match."""
 

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from .._typecheck import checked
 from ._codec import CheckpointError
 
 STATE = "state.eqx"
@@ -155,6 +156,7 @@ def _complete(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
     return sorted(found.items())
 
 
+@checked
 def list_checkpoints(directory: str | os.PathLike) -> list[pathlib.Path]:
     """The complete checkpoints in `directory`, oldest step first.
 
@@ -164,6 +166,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[pathlib.Path]:
     return [p for _, p in _complete(pathlib.Path(directory))]
 
 
+@checked
 def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
     """The complete checkpoint with the highest step in `directory`, or `None`.
 

@@ -13,6 +13,7 @@ from beartype import BeartypeConf
 from beartype.door import is_bearable
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from .._typecheck import checked
 from ._env import AbstractEnv, check_switches, describe
 from ._state import State
 
@@ -77,6 +78,7 @@ def _strong(tree: Any) -> Any:
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.asarray(x).dtype), tree)
 
 
+@checked
 class GymnaxAdapter(AbstractEnv):
     """Runs a [gymnax](https://github.com/RobertTLange/gymnax) env as an eqx_ppo env.
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import jax
 
+from .._typecheck import checked
 from ._cartpole import CartPole
 from ._counter import Counter
 from ._dict_env import DictObsAct
@@ -178,6 +179,7 @@ def _popgym_arcade(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
     return adapter, None
 
 
+@checked
 def make(
     name: str,
     *,

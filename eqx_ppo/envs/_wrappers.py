@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
+from .._typecheck import checked
 from ._env import AbstractEnv, Size, check_env, check_switches, reported_truncation
 
 
@@ -54,6 +55,7 @@ class AbstractWrapper(AbstractEnv):
         return getattr(self.env, name)
 
 
+@checked
 class EpisodeWrapper(AbstractWrapper):
     """Ends every episode after `max_len` steps, marking it as a truncation.
 
@@ -130,6 +132,7 @@ class EpisodeWrapper(AbstractWrapper):
         )
 
 
+@checked
 class RewardScalingWrapper(AbstractWrapper):
     """Multiplies the env's reward by `scale`, for scalar or dict rewards.
 

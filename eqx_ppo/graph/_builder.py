@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Key
 
 from .._activation_key import ACTIVATION_KEY
+from .._typecheck import checked
 from ..nn._dense import Activation, Dense, get_activation
 from ..nn._module import AbstractStatefulModule
 from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
@@ -20,6 +21,7 @@ class _PendingConnection:
     transform: AbstractStatefulModule | None
 
 
+@checked
 class PopulationGraphBuilder:
     """Describe a population graph step by step, then `finalize` it.
 

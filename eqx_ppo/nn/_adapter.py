@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
+from .._typecheck import checked
 from ._containers import PerStep, Run, _AbstractContainer
 from ._module import AbstractStatefulModule
 
@@ -61,6 +62,7 @@ def ppo_output(samples: Any, values: Any) -> PPONetworkOutput:
     )
 
 
+@checked
 class PPOAdapter(_AbstractContainer):
     """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
 

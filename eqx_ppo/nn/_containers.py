@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Key
 
+from .._typecheck import checked
 from ._keys import child_key
 from ._module import (
     AbstractStatefulModule,
@@ -219,6 +220,7 @@ def _dispatch(container: "Map | Concat", x: Any) -> dict[str, Any]:
     return {name: x[name] for name in names}
 
 
+@checked
 class Sequential(_AbstractContainer):
     """Chains layers: the output of layer `i` is the input of layer `i + 1`.
 
@@ -260,6 +262,7 @@ class Sequential(_AbstractContainer):
         return x
 
 
+@checked
 class Parallel(_AbstractNamedContainer):
     """Runs every child on the same input; the output is a dict keyed by name.
 
@@ -278,6 +281,7 @@ class Parallel(_AbstractNamedContainer):
         return {name: run(name, x) for name in self.modules}
 
 
+@checked
 class Map(_AbstractNamedContainer):
     """Per-key dispatch: child `k` maps `x[k]` to `output[k]`.
 
@@ -299,6 +303,7 @@ def _concatenate(outputs: dict[str, Array]) -> Array:
     return jnp.concatenate(list(outputs.values()), axis=-1)
 
 
+@checked
 class Concat(_AbstractNamedContainer):
     """Per-key dispatch, then concatenation along the last axis.
 
@@ -333,6 +338,7 @@ def _merge(outputs: dict[str, Any]) -> dict[Any, Any]:
     return merged
 
 
+@checked
 class Merge(_AbstractNamedContainer):
     """Runs every child on the same input and merges their dict outputs.
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key, Shaped
 
+from .._typecheck import checked
 from ._containers import Sequential
 from ._dense import Activation, Dense, Initializer, get_activation
 from ._module import AbstractStatefulModule, AbstractStatelessLayer
@@ -50,6 +51,7 @@ def _output_size(size: int, kernel: int, stride: int, padding: str | int) -> int
     return (size + 2 * pad - kernel) // stride + 1
 
 
+@checked
 class Conv2d(AbstractStatelessLayer):
     """A 2-D convolution `activation(conv(x) + bias)` on one env's `[H, W, C]` image.
 
@@ -245,6 +247,7 @@ def _fitting_kind(
     return f"kind={((16, min(height, width), 1),)!r}"
 
 
+@checked
 def make_cnn_encoder(
     obs_shape: tuple[int, int, int],
     *,

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, Key, PyTree
 
+from .._typecheck import checked
 from ._errors import tree_spec
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
@@ -17,6 +18,7 @@ DelayState = dict[str, Any]
 "idx": <int32 scalar, the slot read and then overwritten this step>}`."""
 
 
+@checked
 class Delay(AbstractStatefulModule):
     """A `k_steps` delay line: the output at step `t` is the input at `t - k_steps`.
 

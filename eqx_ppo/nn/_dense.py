@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
+from .._typecheck import checked
 from ._errors import check_input
 from ._module import AbstractStatelessLayer
 
@@ -79,6 +80,7 @@ def orthogonal(scale: float = 1.0) -> Initializer:
     return init
 
 
+@checked
 class Dense(AbstractStatelessLayer):
     """A linear layer `activation(x @ kernel + bias)` for one env.
 

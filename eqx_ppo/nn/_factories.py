@@ -36,6 +36,7 @@ from typing import Any
 import jax
 from jaxtyping import Array, Key
 
+from .._typecheck import checked
 from ..samplers import CategoricalSampler, NormalTanhSampler
 from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
@@ -81,6 +82,7 @@ def _dense_stack(
     ]
 
 
+@checked
 def make_mlp(
     in_size: int,
     hidden_sizes: Sequence[int],
@@ -253,6 +255,7 @@ def actor_critic(
     return Sequential([*preprocessing, adapter])
 
 
+@checked
 def make_mlp_actor_critic(
     obs_size: ObsSize,
     action_size: ActionSize,

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key
 
+from .._typecheck import checked
 from ._dense import Initializer
 from ._errors import check_input
 from ._module import (
@@ -147,6 +148,7 @@ def _by_env(
     return coefficient.reshape(-1, n_envs, *coefficient.shape[1:])
 
 
+@checked
 class LRU(_AbstractLinearRecurrence):
     """The Linear Recurrent Unit of Orvieto et al. (2023), for one env.
 
@@ -315,6 +317,7 @@ class LRU(_AbstractLinearRecurrence):
         return h[0], h[1]
 
 
+@checked
 class MinGRU(_AbstractLinearRecurrence):
     """The minimal GRU of Feng et al. (2024), for one env; carry and output are `h`.
 

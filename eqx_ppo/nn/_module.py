@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Key, PyTree
 
+from .._typecheck import checked
 from ._errors import carry_spec, tree_spec
 from ._filters import nonnegative_coefficients
 
@@ -347,6 +348,7 @@ def reset_where(
     return jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh, state)
 
 
+@checked
 def apply_batched(
     module: AbstractStatefulModule,
     state: State,

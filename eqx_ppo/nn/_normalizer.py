@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key, PyTree
 
+from .._typecheck import checked
 from ._errors import input_shape_fix, tree_spec
 from ._filters import AbstractStatistics
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
@@ -88,6 +89,7 @@ class NormalizerStatistics(AbstractStatistics):
     count: Float[Array, ""]
 
 
+@checked
 class Normalizer(AbstractStatefulModule):
     """Standardises its input with running statistics: `(x - mean) / std`.
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
+from .._typecheck import checked
 from ._dense import Activation, Initializer, get_activation, orthogonal
 from ._errors import check_input
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
@@ -102,6 +103,7 @@ def initial_part(
     return jnp.zeros(hidden_size, jnp.float32) if parameter is None else parameter
 
 
+@checked
 class LSTM(AbstractStatefulModule):
     """A long short-term memory layer for one env; the output is `h`.
 
@@ -207,6 +209,7 @@ class LSTM(AbstractStatefulModule):
         return StatefulModuleOutput((h, c), h, zero_loss(), {}, None)
 
 
+@checked
 class GRU(AbstractStatefulModule):
     """A gated recurrent unit layer for one env; the carry and output are `h`.
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import jax
 from jaxtyping import Array, Key
 
+from .._typecheck import checked
 from ._containers import Sequential
 from ._dense import Activation, Dense
 from ._factories import ActionSize, Encoder, ObsSize, actor_critic, scaled_kernel_init
@@ -92,6 +93,7 @@ def _cell(
     return [projection, recurrence]
 
 
+@checked
 def make_recurrent_actor_critic(
     obs_size: ObsSize,
     action_size: ActionSize,
@@ -217,6 +219,7 @@ def make_recurrent_actor_critic(
     )
 
 
+@checked
 def make_lstm_actor_critic(
     obs_size: ObsSize, action_size: ActionSize, lstm_size: int, **kwargs: Any
 ) -> Sequential:

@@ -9,12 +9,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
+from .._typecheck import checked
 from ._module import AbstractStatelessLayer
 
 FilterSpec = str | int | tuple[str | int, ...] | Callable[[Any], Any]
 """One entry of a [`eqx_ppo.nn.Filter`][] spec: a key, a path of keys, or a function."""
 
 
+@checked
 class Splitter(AbstractStatelessLayer):
     """Splits the last axis into named slices, in argument order.
 
@@ -62,6 +64,7 @@ def _flatten(x: Any, preserve_levels: int) -> Any:
     return jnp.concatenate([jnp.ravel(leaf) for leaf in jax.tree.leaves(x)])
 
 
+@checked
 class Flattener(AbstractStatelessLayer):
     """Flattens a pytree of arrays into one feature vector.
 
@@ -123,6 +126,7 @@ def _select(x: Any, out_key: str, spec: FilterSpec) -> Any:
     return value
 
 
+@checked
 class Filter(AbstractStatelessLayer):
     """Selects parts of a pytree into a new dict.
 
@@ -152,6 +156,7 @@ class Filter(AbstractStatelessLayer):
         return {k: _select(x, k, entry) for k, entry in self.spec}
 
 
+@checked
 class Scale(AbstractStatelessLayer):
     """Multiplies every leaf of the input by a fixed factor.
 

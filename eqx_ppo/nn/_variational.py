@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key
 
+from .._typecheck import checked
 from ._dense import Dense
 from ._errors import check_input
 from ._filters import coefficient
@@ -62,6 +63,7 @@ class GaussianHead(eqx.Module):
         return z, {"mu": mu, "sigma": std, "kl": kl}
 
 
+@checked
 class VariationalBottleneck(AbstractStatefulModule):
     """A Gaussian latent `z ~ N(mu, std)` sampled with the reparameterisation trick.
 
@@ -130,6 +132,7 @@ class VariationalBottleneck(AbstractStatefulModule):
         return StatefulModuleOutput((), z, loss, metrics, None)
 
 
+@checked
 class AR1VariationalBottleneck(AbstractStatefulModule):
     """A [`eqx_ppo.nn.VariationalBottleneck`][] that also penalises latent jumps.
 

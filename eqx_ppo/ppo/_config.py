@@ -6,7 +6,7 @@ from typing import Any
 from .._typecheck import Int, check_range, checked
 from ..checkpoint import register_config
 from ..logging import LoggingLevel
-from ._learner import PPO, AbstractLearner, Number, Percentile
+from ._learner import PPO, AbstractLearner, Percentile
 
 
 @register_config
@@ -89,7 +89,9 @@ class TrainConfig:
     def __post_init__(self):
         check_range("TrainConfig(n_seeds=", self.n_seeds, 1)
         check_range("TrainConfig(seed=", self.seed, 0, _SEEDS - self.n_seeds)
-        check_range("TrainConfig(checkpoint_every_steps=", self.checkpoint_every_steps, 1)
+        check_range(
+            "TrainConfig(checkpoint_every_steps=", self.checkpoint_every_steps, 1
+        )
         check_range("TrainConfig(log_every_steps=", self.log_every_steps, 1)
 
     def free_on_resume(self) -> frozenset[str]:
@@ -97,5 +99,3 @@ class TrainConfig:
         learner is compared setting by setting)."""
         names = {f.name for f in dataclasses.fields(self)}
         return frozenset(names - {"n_seeds", "learner"})
-
-

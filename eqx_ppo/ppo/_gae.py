@@ -4,9 +4,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from .._typecheck import checked
 from ..nn._errors import array_spec
 
 
+@checked
 def gae(
     rewards: Float[Array, "time ..."],
     values: Float[Array, "time ..."],

@@ -26,7 +26,11 @@ OVERFLOW = 1e18
 
 
 def _inexact(tree: PyTree) -> list[Array]:
-    return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return [
+        x
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
 
 
 def _finite_per(tree: PyTree, n_axes: int) -> Bool[Array, "..."]:
@@ -39,7 +43,10 @@ def _finite_per(tree: PyTree, n_axes: int) -> Bool[Array, "..."]:
 
 
 def _magnitude(tree: PyTree) -> Array:
-    leaves = [jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0), initial=0.0) for x in _inexact(tree)]
+    leaves = [
+        jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0), initial=0.0)
+        for x in _inexact(tree)
+    ]
     return jnp.max(jnp.stack(leaves)) if leaves else jnp.zeros(())
 
 
@@ -48,14 +55,18 @@ def _first(bad: Bool[Array, "time env"]) -> tuple[Array, Array]:
     index = jnp.argmax(bad.ravel())
     t, env = jnp.divmod(index, bad.shape[1])
     found = bad.any()
-    return jnp.where(found, t, -1).astype(jnp.int32), jnp.where(found, env, -1).astype(jnp.int32)
+    return jnp.where(found, t, -1).astype(jnp.int32), jnp.where(found, env, -1).astype(
+        jnp.int32
+    )
 
 
 def flags(
     data: Transition, final_obs: PyTree[Array], loss: Array, updated: PyTree
 ) -> dict[str, Array]:
     """The guard's per-iteration flags (under `debug/`)."""
-    obs_ok = jnp.concatenate([_finite_per(data.obs, 2), _finite_per(final_obs, 1)[None]])
+    obs_ok = jnp.concatenate(
+        [_finite_per(data.obs, 2), _finite_per(final_obs, 1)[None]]
+    )
     if data.terminal_obs is not None:
         # A time limit's terminal observation, kept for bootstrapping: it came
         # from `env.step` like the step's reward.
@@ -83,16 +94,25 @@ def _problem(f: dict[str, Any], learner: Any) -> tuple[str, str] | None:
         "to find the operation)."
     )
     if f["debug/obs_env"] >= 0:
-        source = "env.reset (a start state)" if f["debug/obs_from_reset"] else "env.step"
+        source = (
+            "env.reset (a start state)" if f["debug/obs_from_reset"] else "env.step"
+        )
         return (
             f"observation from env {int(f['debug/obs_env'])}, returned by {source}",
             env_fix,
         )
     if f["debug/reward_env"] >= 0:
-        return f"reward from env {int(f['debug/reward_env'])}, returned by env.step", env_fix
+        return (
+            f"reward from env {int(f['debug/reward_env'])}, returned by env.step",
+            env_fix,
+        )
     if f["debug/finite_loss"] and f["debug/finite_update"]:
         return None
-    what = "loss" if not f["debug/finite_loss"] else "optimiser update (parameters or Adam state)"
+    what = (
+        "loss"
+        if not f["debug/finite_loss"]
+        else "optimiser update (parameters or Adam state)"
+    )
     scaling = float(np.asarray(getattr(learner, "reward_scaling", 1.0)))
     if f["debug/obs_max"] > OVERFLOW:
         return what, (
@@ -135,7 +155,11 @@ def raise_if_nonfinite(
             if found is None:
                 continue
             what, fix = found
-            seed_note = f" (seed index {seed})" if chunk["debug/finite_loss"].shape[0] > 1 else ""
+            seed_note = (
+                f" (seed index {seed})"
+                if chunk["debug/finite_loss"].shape[0] > 1
+                else ""
+            )
             raise FloatingPointError(
                 f"Non-finite {what}{seed_note} at iteration {first_iteration + i + 1}; "
                 "training stopped, and no state from that iteration on was returned "

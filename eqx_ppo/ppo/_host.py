@@ -14,7 +14,9 @@ from ..nn._module import AbstractStatefulModule
 from ._rollout import SaveAt, run_fresh_episodes
 
 
-def to_host(metrics: dict[str, Any], n_seeds: int, index: int | None = None) -> dict[str, Any]:
+def to_host(
+    metrics: dict[str, Any], n_seeds: int, index: int | None = None
+) -> dict[str, Any]:
     """Device metrics `[seed, ...]` as floats (one seed) or per-seed lists,
     taking row `index` of a chunk's `[seed, iteration]` metrics."""
     out = {}
@@ -63,7 +65,11 @@ class Progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(
-                total=total, initial=initial, unit="env-step", unit_scale=True, desc="compiling"
+                total=total,
+                initial=initial,
+                unit="env-step",
+                unit_scale=True,
+                desc="compiling",
             )
 
     def advance(self, n: int, timer: CompileTimer, rate: float) -> None:

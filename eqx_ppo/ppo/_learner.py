@@ -25,7 +25,7 @@ import equinox as eqx
 from beartype.vale import Is
 from jaxtyping import Array, Float, PyTree
 
-from .._typecheck import Int, Scalar, check_range, checked, float32, optional_float32
+from .._typecheck import Int, check_range, checked, float32, optional_float32
 from ..checkpoint import register_config
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule, State
@@ -47,7 +47,11 @@ def _percentiles(levels: Sequence[Percentile] | None) -> tuple[Number, ...] | No
 
 def _weight_decay(value: Number | bool | None) -> Number | None:
     # nnx-ppo reads `True` as optax's default AdamW decay and `False` as none.
-    return {True: 1e-4, False: None}.get(value, value) if isinstance(value, bool) else value
+    return (
+        {True: 1e-4, False: None}.get(value, value)
+        if isinstance(value, bool)
+        else value
+    )
 
 
 def setting(
@@ -61,7 +65,9 @@ def setting(
     """A static, keyword-only learner field; `low`/`high` bound it (checked at
     construction)."""
     bounds = {} if low is None and high is None else {"bounds": (low, high, open_low)}
-    return eqx.field(static=True, kw_only=True, default=default, metadata=bounds, **kwargs)
+    return eqx.field(
+        static=True, kw_only=True, default=default, metadata=bounds, **kwargs
+    )
 
 
 def coefficient(
@@ -74,7 +80,10 @@ def coefficient(
     """A traced float32 learner field (`None` switches an optional one off)."""
     converter = float32 if default is not None else optional_float32
     return eqx.field(
-        converter=converter, kw_only=True, default=default, metadata={"bounds": (low, high, open_low)}
+        converter=converter,
+        kw_only=True,
+        default=default,
+        metadata={"bounds": (low, high, open_low)},
     )
 
 
@@ -133,7 +142,9 @@ class AbstractLearner(eqx.Module):
     reset_mode: Literal["cached", "fresh"] = setting("cached")
     check_finite: bool = setting(True)
     logging_level: LoggingLevel = setting(LoggingLevel.LOSSES)
-    logging_percentiles: tuple[Number, ...] | None = setting(None, converter=_percentiles)
+    logging_percentiles: tuple[Number, ...] | None = setting(
+        None, converter=_percentiles
+    )
 
     def __check_init__(self):
         name = type(self).__name__
@@ -141,7 +152,13 @@ class AbstractLearner(eqx.Module):
             bounds = field.metadata.get("bounds")
             if bounds is not None:
                 low, high, open_low = bounds
-                check_range(f"{name}({field.name}=", getattr(self, field.name), low, high, open_low=open_low)
+                check_range(
+                    f"{name}({field.name}=",
+                    getattr(self, field.name),
+                    low,
+                    high,
+                    open_low=open_low,
+                )
         if self.n_envs % self.n_minibatches:
             raise ValueError(
                 f"{name}(n_envs={self.n_envs}, n_minibatches={self.n_minibatches}): "
@@ -192,7 +209,9 @@ class AbstractLearner(eqx.Module):
         return data
 
     @abc.abstractmethod
-    def loss(self, network: Module, batch: Minibatch, *, axis_name: Axis = None) -> Loss:
+    def loss(
+        self, network: Module, batch: Minibatch, *, axis_name: Axis = None
+    ) -> Loss:
         """One minibatch's loss and metrics: `(loss, metrics)`, a scalar and a
         dict of arrays.
 
@@ -286,7 +305,9 @@ class PPO(AbstractLearner):
         del obs
         return network
 
-    def loss(self, network: Module, batch: Minibatch, *, axis_name: Axis = None) -> Loss:
+    def loss(
+        self, network: Module, batch: Minibatch, *, axis_name: Axis = None
+    ) -> Loss:
         return ppo_loss(network, *batch, self, axis_name=axis_name)
 
     @property

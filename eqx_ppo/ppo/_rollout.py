@@ -21,11 +21,11 @@ from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, checked_output, reset_where
 from ._sharding import shard_env_keys
 from ._validate import (
-    seed_axis_hint,
     check_actions,
     check_network_output,
     check_samplers,
     check_step_output,
+    seed_axis_hint,
 )
 
 
@@ -362,7 +362,13 @@ def eval_rollout(
     check_env(env)
     with seed_axis_hint(network):
         return _eval_metrics(
-            env, network, key, n_envs, max_episode_length, logging_level, logging_percentiles
+            env,
+            network,
+            key,
+            n_envs,
+            max_episode_length,
+            logging_level,
+            logging_percentiles,
         )
 
 

@@ -34,10 +34,13 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, Key, PRNGKeyArray, PyTree
 
+from .._typecheck import checked
+
 ENV_AXIS = "env"
 """The name of the mesh axis that splits the envs."""
 
 
+@checked
 def make_mesh(devices: Any = None) -> Mesh:
     """A 1-D mesh over `devices` with the axis `"env"`, for `train_ppo(mesh=...)`.
 
@@ -210,6 +213,7 @@ def _place(x: Array | np.ndarray, sharding: NamedSharding) -> Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
 
 
+@checked
 def shard_state(state: Any, mesh: Mesh) -> Any:
     """`state` (a `TrainingState` or `DistillationState`) placed on `mesh`.
 
@@ -282,6 +286,7 @@ def on_mesh(
     return eqx.combine(new_dynamic, static), out
 
 
+@checked
 def shard_step(step: Callable[..., tuple[Any, Any]], mesh: Mesh) -> Callable:
     """A data-parallel version of a pure step, for your own training loop.
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
+from jaxtyping import Array, Int, Key, PRNGKeyArray, PyTree
 
 from .._typecheck import checked
 from ..envs._env import check_env
@@ -134,7 +134,10 @@ def make_optimizer(learner: AbstractLearner) -> optax.GradientTransformation:
 
 
 def fresh_state(
-    env: Any, network: AbstractStatefulModule, learner: AbstractLearner, key: Key[Array, ""]
+    env: Any,
+    network: AbstractStatefulModule,
+    learner: AbstractLearner,
+    key: Key[Array, ""],
 ) -> TrainingState:
     """`init` without its checks, for callers that made them."""
     reset_key, key = jax.random.split(key)
@@ -173,7 +176,11 @@ def init(
 
 
 def _permutations(
-    key: PRNGKeyArray, n_envs: int, n_epochs: int, n_minibatches: int, axis_name: str | None
+    key: PRNGKeyArray,
+    n_envs: int,
+    n_epochs: int,
+    n_minibatches: int,
+    axis_name: str | None,
 ) -> Int[Array, "update m"]:
     """The minibatches of one iteration: env positions, one row per update.
 
@@ -333,7 +340,10 @@ def step(
 
 
 def _check_state(
-    learner: AbstractLearner, acting: AbstractStatefulModule, state: TrainingState, axis_name: str | None
+    learner: AbstractLearner,
+    acting: AbstractStatefulModule,
+    state: TrainingState,
+    axis_name: str | None,
 ) -> None:
     """Raise unless `state` is one seed's state of `learner.n_envs` envs (this
     device's share under `axis_name`) whose carries fit `acting`, at trace time."""
@@ -343,7 +353,11 @@ def _check_state(
     if jnp.ndim(state.iteration) or n_envs != learner.n_envs:
         raise ValueError(
             f"step(state=...): the state holds {n_envs} envs"
-            + (f" of {jnp.shape(state.iteration)[0]} seeds" if jnp.ndim(state.iteration) else "")
+            + (
+                f" of {jnp.shape(state.iteration)[0]} seeds"
+                if jnp.ndim(state.iteration)
+                else ""
+            )
             + f", but the learner runs one seed of n_envs={learner.n_envs}. Fix: "
             "use the learner the state was built with; `eqx.filter_vmap` the step "
             "over a stack of seeds, or take one with `eqx_ppo.select_seed(state, i)`."
@@ -358,7 +372,9 @@ def _check_state(
             f"{learner.lr_schedule!r}) builds: a state built with another learner. "
             "Fix: step it with the learner it was built with."
         )
-    carry = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.carry)
+    carry = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.carry
+    )
     expected = eqx.filter_eval_shape(acting.initial_state)
     if tree_spec(carry) != tree_spec(expected):
         raise ValueError(
@@ -372,7 +388,9 @@ def _check_state(
 def _check_loss(learner: AbstractLearner, out: Any) -> None:
     """Raise naming the learner unless its loss returned `(scalar, metrics)`
     with the metrics the engine reads (at trace time)."""
-    needed = {"loss/total"} | ({"loss/approx_kl"} if learner.target_kl is not None else set())
+    needed = {"loss/total"} | (
+        {"loss/approx_kl"} if learner.target_kl is not None else set()
+    )
     ok = isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)
     if not ok or jnp.shape(out[0]) != () or not needed <= set(out[1]):
         raise TypeError(
@@ -404,7 +422,9 @@ def _iteration_metrics(
         reduce_metric(out, "rollout_batch/reward", data.reward, pct)
         reduce_metric(out, "rollout_batch/action", data.output.actions, pct)
         out["rollout_batch/done_rate"] = jnp.mean(data.done.astype(jnp.float32))
-        out["rollout_batch/truncation_rate"] = jnp.mean(data.truncated.astype(jnp.float32))
+        out["rollout_batch/truncation_rate"] = jnp.mean(
+            data.truncated.astype(jnp.float32)
+        )
     if LoggingLevel.ROLLOUT_OBS in level:
         reduce_metric(out, "rollout_batch/obs", data.obs, pct)
     if learner.logs_rollout_outputs and LoggingLevel.ACTOR_EXTRA in level:

@@ -40,7 +40,9 @@ from ._sharding import check_mesh, is_main_process, on_mesh, shard_state, to_loc
 from ._step import TrainingState, fresh_state, schedule_horizon, step
 from ._validate import check_initial_state, seed_axis_hint
 
-NetworkOrFactory = AbstractStatefulModule | Callable[[Key[Array, ""]], AbstractStatefulModule]
+NetworkOrFactory = (
+    AbstractStatefulModule | Callable[[Key[Array, ""]], AbstractStatefulModule]
+)
 Metrics = dict[str, Any]
 
 
@@ -78,7 +80,10 @@ def select_seed(tree: Any, seed_index: Index) -> Any:
     if isinstance(tree, TrainResult):
 
         def pick(record: Metrics) -> Metrics:
-            return {k: v[seed_index] if isinstance(v, list) else v for k, v in record.items()}
+            return {
+                k: v[seed_index] if isinstance(v, list) else v
+                for k, v in record.items()
+            }
 
         return dataclasses.replace(
             tree,
@@ -126,7 +131,9 @@ def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainCo
 
 
 def _init_seed(env, networks, learner, init_key, train_key):
-    network = networks if isinstance(networks, AbstractStatefulModule) else networks(init_key)
+    network = (
+        networks if isinstance(networks, AbstractStatefulModule) else networks(init_key)
+    )
     if not isinstance(network, AbstractStatefulModule):
         raise TypeError(
             f"train(networks=...): the network factory returned a "
@@ -138,18 +145,28 @@ def _init_seed(env, networks, learner, init_key, train_key):
 
 # Module level, so a second run of the same env, networks and learner reuses
 # the compiled program instead of tracing a new closure.
-_init_seeds = eqx.filter_jit(eqx.filter_vmap(_init_seed, in_axes=(None, None, None, 0, 0)))
+_init_seeds = eqx.filter_jit(
+    eqx.filter_vmap(_init_seed, in_axes=(None, None, None, 0, 0))
+)
 
 
-def _initial_states(env: Any, networks: NetworkOrFactory, config: TrainConfig) -> TrainingState:
+def _initial_states(
+    env: Any, networks: NetworkOrFactory, config: TrainConfig
+) -> TrainingState:
     """The fresh states `train` starts from with `key=None`, as the user sees
     them: the template `load_checkpoint(env=, networks=)` builds."""
     init_keys, train_keys, _ = _seed_keys(None, config)
     states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
-    return states if config.n_seeds > 1 else jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, states)
+    return (
+        states
+        if config.n_seeds > 1
+        else jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, states)
+    )
 
 
-register_template(TrainConfig, lambda config, env, networks: _initial_states(env, networks, config))
+register_template(
+    TrainConfig, lambda config, env, networks: _initial_states(env, networks, config)
+)
 
 
 class _Chunk(eqx.Module):
@@ -171,7 +188,9 @@ def _scan_steps(chunk: _Chunk, state: TrainingState, n_active: Array):
         return eqx.filter(new, eqx.is_array), metrics
 
     _, shapes = eqx.filter_eval_shape(run, dynamic)
-    buffers = jax.tree.map(lambda m: jnp.zeros((chunk.length, *m.shape), m.dtype), shapes)
+    buffers = jax.tree.map(
+        lambda m: jnp.zeros((chunk.length, *m.shape), m.dtype), shapes
+    )
 
     def body(i, carry):
         d, buffers = carry
@@ -183,15 +202,21 @@ def _scan_steps(chunk: _Chunk, state: TrainingState, n_active: Array):
 
 
 def _seeds_chunk(chunk: _Chunk, states: TrainingState, n_active: Array):
-    return eqx.filter_vmap(_scan_steps, in_axes=(None, eqx.if_array(0), None))(chunk, states, n_active)
+    return eqx.filter_vmap(_scan_steps, in_axes=(None, eqx.if_array(0), None))(
+        chunk, states, n_active
+    )
 
 
 @eqx.filter_jit(donate="all-except-first")
 def _run_chunk(chunk: _Chunk, states: TrainingState, n_active: Array):
     if chunk.mesh is None:
         return _seeds_chunk(chunk, states, n_active)
-    sharded = dataclasses.replace(chunk, step=jax.tree_util.Partial(chunk.step, axis_name="env"))
-    return on_mesh(lambda s, c, n: _seeds_chunk(c, s, n), chunk.mesh, states, sharded, n_active)
+    sharded = dataclasses.replace(
+        chunk, step=jax.tree_util.Partial(chunk.step, axis_name="env")
+    )
+    return on_mesh(
+        lambda s, c, n: _seeds_chunk(c, s, n), chunk.mesh, states, sharded, n_active
+    )
 
 
 @eqx.filter_jit
@@ -309,7 +334,9 @@ def train(
         with seed_axis_hint(networks, "networks"):
             states = _init_seeds(env, networks, learner, init_keys, train_keys)
     else:
-        states = _resume(env, networks, learner, config, initial_state, init_keys, train_keys)
+        states = _resume(
+            env, networks, learner, config, initial_state, init_keys, train_keys
+        )
     if mesh is not None:
         states = shard_state(states, mesh)
     driver = _Driver(
@@ -329,29 +356,35 @@ def train(
 def _resume(env, networks, learner, config, state, init_keys, train_keys):
     """The user's `state` with the driver's seed axis, checked against a fresh
     state's shapes; a copy, since the chunks donate their input."""
-    fresh = eqx.filter_eval_shape(_init_seeds, env, networks, learner, init_keys, train_keys)
+    fresh = eqx.filter_eval_shape(
+        _init_seeds, env, networks, learner, init_keys, train_keys
+    )
     if config.n_seeds == 1:
         fresh = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
-            if isinstance(x, jax.ShapeDtypeStruct)
-            else x,
+            lambda x: (
+                jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+                if isinstance(x, jax.ShapeDtypeStruct)
+                else x
+            ),
             fresh,
         )
     check_initial_state(state, fresh)
-    done = int(np.max(jax.device_get(state.iteration)))
-    if done > learner.n_iterations:
+    done = int(np.max(jax.device_get(state.iteration))) * learner.steps_per_iteration
+    if done > learner.n_iterations * learner.steps_per_iteration:
         raise ValueError(
-            f"train(initial_state=...): the state has trained {done * learner.steps_per_iteration} "
-            f"env steps, more than total_steps={learner.total_steps}. Fix: raise "
+            f"train(initial_state=...): the state has trained {done} env steps, "
+            f"more than total_steps={learner.total_steps}. Fix: raise "
             "total_steps to train it further, or use the state as it is."
         )
     horizon = schedule_horizon(state.opt_state)
-    if horizon is not None and int(np.max(jax.device_get(horizon))) != learner.n_updates:
+    updates = None if horizon is None else int(np.max(jax.device_get(horizon)))
+    if updates is not None and updates != learner.n_updates:
         raise ValueError(
-            f"train(initial_state=...): the state's {learner.lr_schedule} learning-rate "
-            f"schedule runs over {int(np.max(horizon))} updates, but this learner's over "
-            f"{learner.n_updates}: every rate of a decaying schedule depends on "
-            "total_steps. Fix: resume with the total_steps the state was trained for."
+            f"train(initial_state=...): the state's {learner.lr_schedule} "
+            f"learning-rate schedule runs over {updates} updates, but this "
+            f"learner's over {learner.n_updates}: every rate of a decaying schedule "
+            "depends on total_steps. Fix: resume with the total_steps the state was "
+            "trained for."
         )
     copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
     if config.n_seeds > 1:
@@ -389,7 +422,11 @@ class _Driver(NamedTuple):
         start = iteration = int(np.max(jax.device_get(states.iteration)))
         history: list[Metrics] = []
         final: Metrics = {}
-        progress = Progress(self.config.progress and main, iteration * spi * n_seeds, schedule.total * spi * n_seeds)
+        progress = Progress(
+            self.config.progress and main,
+            iteration * spi * n_seeds,
+            schedule.total * spi * n_seeds,
+        )
         if iteration == 0:
             if learner.check_finite:
                 obs = jax.tree.map(lambda x: x[0], self.local(states.env_state.obs))
@@ -403,10 +440,14 @@ class _Driver(NamedTuple):
         while iteration < schedule.total:
             stop = schedule.next_stop(iteration)
             with CompileTimer() as timer:
-                states, metrics = _run_chunk(chunk, states, jnp.asarray(stop - iteration))
+                states, metrics = _run_chunk(
+                    chunk, states, jnp.asarray(stop - iteration)
+                )
                 metrics = jax.device_get(metrics)
             if learner.check_finite:
-                flags = {k: metrics.pop(k) for k in list(metrics) if k.startswith("debug/")}
+                flags = {
+                    k: metrics.pop(k) for k in list(metrics) if k.startswith("debug/")
+                }
                 _guard.raise_if_nonfinite(flags, iteration, stop - iteration, learner)
             rate = (stop - iteration) * spi * n_seeds / timer.running
             for i in range(stop - iteration):
@@ -422,16 +463,27 @@ class _Driver(NamedTuple):
             progress.advance((stop - iteration) * spi * n_seeds, timer, rate)
             iteration = stop
         progress.close()
-        return TrainResult(self.public(states), final, history, iteration * spi, iteration - start)
+        return TrainResult(
+            self.public(states), final, history, iteration * spi, iteration - start
+        )
 
     def events(self, states, iteration, row, history, progress) -> Metrics:
         """Evaluate, render, log and checkpoint at `iteration`, as due."""
-        schedule, main, spi = self.schedule, is_main_process(), self.learner.steps_per_iteration
+        schedule, main, spi = (
+            self.schedule,
+            is_main_process(),
+            self.learner.steps_per_iteration,
+        )
         step_count = iteration * spi
         throughput = LoggingLevel.THROUGHPUT in self.learner.logging_level
         if main and schedule.due(schedule.eval, iteration):
             with CompileTimer() as timer:
-                metrics = _evaluate(self.eval_env, self.local(states.network), self.eval_keys, self.config.eval)
+                metrics = _evaluate(
+                    self.eval_env,
+                    self.local(states.network),
+                    self.eval_keys,
+                    self.config.eval,
+                )
                 metrics = to_host(jax.device_get(metrics), self.config.n_seeds)
             if self.learner.check_finite:
                 _guard.check_host_values(
@@ -442,18 +494,34 @@ class _Driver(NamedTuple):
                 )
             history.append({"step": step_count, **metrics})
             if throughput:
-                eval_steps = self.config.eval.n_envs * self.config.eval.max_episode_length
-                metrics["throughput/eval_sps"] = eval_steps * self.config.n_seeds / timer.running
+                eval_steps = (
+                    self.config.eval.n_envs * self.config.eval.max_episode_length
+                )
+                metrics["throughput/eval_sps"] = (
+                    eval_steps * self.config.n_seeds / timer.running
+                )
             progress.show_return(metrics["eval/episode_reward/mean"])
             row = {**row, **metrics}
         if main and schedule.due(schedule.video, iteration):
-            network = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, self.local(states.network))
+            network = jax.tree.map(
+                lambda x: x[0] if eqx.is_array(x) else x, self.local(states.network)
+            )
             with CompileTimer() as timer:
-                frames = record_video(self.eval_env, network, self.config.video, self.eval_keys[0], step_count)
+                frames = record_video(
+                    self.eval_env,
+                    network,
+                    self.config.video,
+                    self.eval_keys[0],
+                    step_count,
+                )
             if frames is not None:
                 self.video_fn(VideoData(*frames))
                 if throughput:
-                    row = {**row, "throughput/video_sps": self.config.video.episode_length / timer.running}
+                    row = {
+                        **row,
+                        "throughput/video_sps": self.config.video.episode_length
+                        / timer.running,
+                    }
         # Logged before it is checkpointed: a run killed in between, resumed
         # from that checkpoint, has logged every step up to it.
         if main and self.log_fn is not None and (row or iteration > 0):

@@ -65,7 +65,9 @@ def check_samplers(env: Any, network: AbstractStatefulModule) -> None:
     if n_actions is None:
         return
     is_sampler = lambda x: isinstance(x, CategoricalSampler)  # noqa: E731
-    for path, sampler in jax.tree_util.tree_flatten_with_path(network, is_leaf=is_sampler)[0]:
+    for path, sampler in jax.tree_util.tree_flatten_with_path(
+        network, is_leaf=is_sampler
+    )[0]:
         if not is_sampler(sampler):
             continue
         where, expected = "", n_actions
@@ -101,9 +103,10 @@ def check_actions(env: Any, actions: PyTree[Array]) -> None:
         return
     is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
     shapes = jax.tree.map(lambda a: tuple(a.shape[1:]), actions)
-    if jax.tree.flatten(shapes, is_leaf=is_shape) == jax.tree.flatten(expected, is_leaf=is_shape):
+    if jax.tree.flatten(shapes, is_leaf=is_shape) == jax.tree.flatten(
+        expected, is_leaf=is_shape
+    ):
         return
-    got, want = jax.tree.leaves(shapes, is_leaf=is_shape), jax.tree.leaves(expected, is_leaf=is_shape)
     if any(jnp.issubdtype(a.dtype, jnp.integer) for a in jax.tree.leaves(actions)):
         fix = (
             "the network samples discrete actions, but the env is continuous (it "
@@ -159,9 +162,18 @@ def check_step_output(before: Any, after: Any) -> None:
     if dataclasses.is_dataclass(before):
         fields = tuple(f.name for f in dataclasses.fields(before))
     for field in fields:
-        want, got = _per_env(getattr(before, field)), _per_env(getattr(after, field, None))
-        scalars = [p for p, (shape, _) in got.items() if shape] if field in ("reward", "done") else []
-        problems = [f"{field}{p} has per-env shape {got[p][0]}, not ()" for p in scalars] + [
+        want, got = (
+            _per_env(getattr(before, field)),
+            _per_env(getattr(after, field, None)),
+        )
+        scalars = (
+            [p for p, (shape, _) in got.items() if shape]
+            if field in ("reward", "done")
+            else []
+        )
+        problems = [
+            f"{field}{p} has per-env shape {got[p][0]}, not ()" for p in scalars
+        ] + [
             f"{field}{p} is new"
             if p not in want
             else f"{field}{p} is missing"
@@ -200,10 +212,14 @@ def check_initial_state(state: Any, expected: Any) -> None:
             )
     if type(state) is not type(expected):
         raise TypeError(
-            f"{prefix}: expected a {type(expected).__name__}, got {type(state).__name__}. {fix}"
+            f"{prefix}: expected a {type(expected).__name__}, got "
+            f"{type(state).__name__}. {fix}"
         )
     got = [(jax.tree_util.keystr(p), x) for p, x in leaves]
-    want = [(jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]]
+    want = [
+        (jax.tree_util.keystr(p), x)
+        for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]
+    ]
     if [p for p, _ in got] != [p for p, _ in want]:
         i = len(os.path.commonprefix([[p for p, _ in got], [p for p, _ in want]]))
         raise ValueError(
