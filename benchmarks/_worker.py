@@ -601,8 +601,9 @@ def train_seeds(settings: dict[str, Any]) -> dict[str, Any]:
 def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
     """XLA's memory account of one compiled chunk of `n_seeds` seeds.
 
-    The program is the driver's own chunk of iterations, vmapped over seeds, compiled from the state's shapes alone:
-    nothing is allocated on the device. `peak_bytes` = arguments + outputs -
+    The program is the driver's own chunk of iterations over the seeds,
+    compiled from the state's shapes alone: nothing is allocated on the
+    device. `peak_bytes` = arguments + outputs -
     their aliases (the donated state) + scratch.
     """
     import equinox as eqx

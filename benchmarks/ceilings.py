@@ -142,8 +142,8 @@ def measure(spec: Spec) -> dict[str, Any]:
 
     record("update", eqx.filter_jit(update_step(env, config)), state, carry, data)
 
-    step = eqx.filter_jit(lambda s: step(env, config, s))
-    record("step", step, state)
+    one_step = eqx.filter_jit(lambda s: step(env, config, s))
+    record("step", one_step, state)
     out["n_params"] = int(
         sum(
             jnp.size(x)

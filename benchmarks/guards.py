@@ -45,8 +45,8 @@ def measure(spec: Spec, reps: int) -> dict[str, Any]:
         state = eqx.filter_jit(eqx_ppo.init)(
             env, network, config, key=jax.random.key(spec.seed + 1)
         )
-        step = eqx.filter_jit(lambda s, config=config: step(env, config, s))
-        steps[name] = (compile_and_time(step, state)[0], state)
+        one_step = eqx.filter_jit(lambda s, config=config: step(env, config, s))
+        steps[name] = (compile_and_time(one_step, state)[0], state)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(reps):
         for name, (compiled, state) in steps.items():

@@ -265,9 +265,15 @@ def _parse_kind(kind: str) -> tuple[str, str, str]:
     return cell, states, path
 
 
+def _default_parallel(cell: str) -> bool:
+    """Whether the cell replays with the associative scan by default here."""
+    from eqx_ppo.nn._recurrence import use_associative_scan
+
+    return use_associative_scan(None, pairs=cell == "lru")
+
+
 def _replay_path(kind: str) -> str:
     """How `kind` replays a sequence in the loss, on this backend."""
-    import jax
 
     cell, _, path = _parse_kind(kind)
     if cell == "mlp":
@@ -277,14 +283,13 @@ def _replay_path(kind: str) -> str:
     if path == "floor":
         return "projections only, no recurrence (a floor)"
     if not path:  # the layer's default, `parallel_replay=None`
-        path = "scan" if jax.default_backend() == "cpu" else "parallel"
+        path = "parallel" if _default_parallel(cell) else "scan"
     return "associative scan" if path == "parallel" else "scan"
 
 
 def _label(kind: str) -> str:
     """A table label: the cell and, for the linear recurrences, the path,
     marked when it is the layer's default on this backend."""
-    import jax
 
     cell, states, path = _parse_kind(kind)
     if cell == "mlp":
@@ -295,7 +300,7 @@ def _label(kind: str) -> str:
         return cell
     if path == "floor":
         return f"{cell}, no recurrence (floor)"
-    default = "scan" if jax.default_backend() == "cpu" else "parallel"
+    default = "parallel" if _default_parallel(cell) else "scan"
     name = "associative scan" if path == "parallel" else "scan"
     return f"{cell}, {name}" + (" (default here)" if path == default else "")
 

@@ -21,7 +21,7 @@ from typing import Any
 from ._common import SYSTEM_NAMES, Spec, first_device, machine, publish, run_worker
 
 VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    # name: (system, PPO or `brax.training.agents.ppo.train` overrides, factory overrides)
+    # name: (system, PPO or Brax `ppo.train` overrides, factory overrides)
     "brax": ("brax", {}, {}),
     "brax_max_grad_norm_0.5": ("brax", {"max_grad_norm": 0.5}, {}),
     "default": ("eqx", {}, {}),

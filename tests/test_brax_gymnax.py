@@ -87,13 +87,12 @@ def test_brax_training_wrappers_are_refused_by_name(brax_envs):
     ):
         with pytest.raises(
             TypeError,
-            match=rf"(?s)env=...: the env is wrapped in {wrapper}.*raised in eqx_ppo\.init",
+            match=rf"(?s)env=...: the env is wrapped in {wrapper}"
+            r".*raised in eqx_ppo\.init",
         ):
             eqx_ppo.init(env, net, config, key=jax.random.key(1))
     with pytest.raises(TypeError, match="wrapped in VmapWrapper, which batches"):
-        eqx_ppo.init(
-            training.VmapWrapper(pendulum), net, config, key=jax.random.key(1)
-        )
+        eqx_ppo.init(training.VmapWrapper(pendulum), net, config, key=jax.random.key(1))
     # Without its auto-reset, `create` gives an env the library steps itself.
     single = brax_envs.create("inverted_pendulum", backend="spring", auto_reset=False)
     eqx_ppo.init(single, net, config, key=jax.random.key(1))

@@ -17,19 +17,19 @@ import pytest
 
 import eqx_ppo
 import eqx_ppo.checkpoint as ckpt
+from eqx_ppo import Distillation
 from eqx_ppo.checkpoint._codec import config_differences
 from eqx_ppo.checkpoint._files import step_of
-from eqx_ppo import Distillation
 from eqx_ppo.envs import State
 from eqx_ppo.logging import LoggingLevel
-from eqx_ppo.ppo._train import _initial_states as init_state
 from eqx_ppo.ppo import (
-    EvalConfig,
     PPO,
+    EvalConfig,
     TrainConfig,
     VideoConfig,
     train,
 )
+from eqx_ppo.ppo._train import _initial_states as init_state
 
 TESTS = pathlib.Path(__file__).parent
 ITERATION = 4 * 8  # env steps per iteration in `ppo_setup`

@@ -274,7 +274,9 @@ def test_config_errors(getkey):
 @pytest.mark.parametrize("learner", ["PPO", "Distillation"])
 def test_iteration_settings_are_checked_alike(getkey, learner):
     teacher = mlp(getkey())
-    build = eqx_ppo.PPO if learner == "PPO" else lambda **kw: Distillation(teacher, **kw)
+    build = (
+        eqx_ppo.PPO if learner == "PPO" else lambda **kw: Distillation(teacher, **kw)
+    )
     with pytest.raises(TypeError, match="n_envs"):
         build(n_envs=True)
     with pytest.raises(ValueError, match=rf"{learner}\(n_envs=10.*e\.g\. n_envs=8"):
@@ -288,9 +290,13 @@ def test_iteration_settings_are_checked_alike(getkey, learner):
 def test_a_multi_seed_or_non_finite_teacher_is_named(getkey):
     env = eqx_ppo.envs.make("move_to_center")
     two_seeds = eqx.filter_vmap(mlp)(jax.random.split(getkey(), 2))
-    with pytest.raises((ValueError, TypeError), match=r"`teacher` has a leading axis of 2"):
+    with pytest.raises(
+        (ValueError, TypeError), match=r"`teacher` has a leading axis of 2"
+    ):
         eqx_ppo.train(env, mlp, config(two_seeds))
-    with pytest.raises((ValueError, TypeError), match=r"`networks` has a leading axis of 2"):
+    with pytest.raises(
+        (ValueError, TypeError), match=r"`networks` has a leading axis of 2"
+    ):
         eqx_ppo.train(env, two_seeds, config(mlp(getkey())))
 
     teacher = mlp(getkey())
@@ -332,7 +338,7 @@ def test_step_names_a_state_of_another_teacher(getkey):
     with pytest.raises(ValueError, match="built with another learner"):
         eqx_ppo.step(env, learner(lstm), ppo_state)
     # The state's own teacher passes, also inside a vmap over seeds.
-    states = eqx.filter_vmap(
-        lambda k: eqx_ppo.init(env, mlp(k), learner(lstm), key=k)
-    )(jax.random.split(getkey(), 2))
+    states = eqx.filter_vmap(lambda k: eqx_ppo.init(env, mlp(k), learner(lstm), key=k))(
+        jax.random.split(getkey(), 2)
+    )
     eqx.filter_vmap(lambda s: eqx_ppo.step(env, learner(lstm), s))(states)

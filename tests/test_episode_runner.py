@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import eqx_ppo
-from eqx_ppo.ppo._rollout import SaveAt, run_episodes, start_episodes
-from eqx_ppo.ppo._rollout import env_keys
+from eqx_ppo.ppo._rollout import SaveAt, env_keys, run_episodes, start_episodes
 
 ENV = eqx_ppo.envs.make("move_to_center")
 N, T = 3, 25  # episodes of move_to_center last 20 steps

@@ -13,8 +13,8 @@ import pytest
 import eqx_ppo
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
-from eqx_ppo.ppo._loss import value_loss
 from eqx_ppo.ppo._guard import _problem
+from eqx_ppo.ppo._loss import value_loss
 
 
 def _count(state, kind) -> np.ndarray:
@@ -282,7 +282,9 @@ class _Poisoned(eqx.Module):
         out = ENV.step(state, action)
         t = state.info["t"] + 1
         out = out.replace(info={**out.info, "t": t})
-        return out.replace(obs=jnp.where(t == self.at_step, out.obs.at[0].set(self.value), out.obs))
+        return out.replace(
+            obs=jnp.where(t == self.at_step, out.obs.at[0].set(self.value), out.obs)
+        )
 
     observation_size = 2
     action_size = 2
@@ -358,27 +360,32 @@ def test_a_huge_reward_scaling_is_named_as_an_overflow():
 def test_an_overflowing_adam_state_stops_training():
     # No clipping and a huge rate: the parameters or Adam's second moments
     # overflow, and the Adam state is checked with the parameters.
-    with pytest.raises(
-        FloatingPointError, match=r"Non-finite (loss|optimiser update)"
-    ):
+    with pytest.raises(FloatingPointError, match=r"Non-finite (loss|optimiser update)"):
         _tiny_run(ENV, learning_rate=1e8, gradient_clipping=None)
 
 
 def test_an_eval_env_returning_nan_stops_training():
     config = eqx_ppo.TrainConfig(
-        learner=eqx_ppo.PPO(n_envs=8, rollout_length=4, total_steps=64, n_minibatches=2),
+        learner=eqx_ppo.PPO(
+            n_envs=8, rollout_length=4, total_steps=64, n_minibatches=2
+        ),
         eval=eqx_ppo.EvalConfig(every_steps=32, n_envs=4, max_episode_length=5),
         progress=False,
     )
     with pytest.raises(
-        FloatingPointError, match=r"Non-finite evaluation metrics.*eval env returned NaN"
+        FloatingPointError,
+        match=r"Non-finite evaluation metrics.*eval env returned NaN",
     ):
         eqx_ppo.train(ENV, _net, config, eval_env=_NaNEnv("reward", bad_x=-2.0))
 
 
 def test_resuming_a_decaying_schedule_with_another_total_is_refused():
     learner = eqx_ppo.PPO(
-        n_envs=8, rollout_length=4, total_steps=64, n_minibatches=2, lr_schedule="linear"
+        n_envs=8,
+        rollout_length=4,
+        total_steps=64,
+        n_minibatches=2,
+        lr_schedule="linear",
     )
     config = eqx_ppo.TrainConfig(
         learner=learner, eval=eqx_ppo.EvalConfig(enabled=False), progress=False

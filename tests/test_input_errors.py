@@ -21,12 +21,12 @@ from eqx_ppo.distill import (
     train_distillation,
 )
 from eqx_ppo.ppo import (
-    EvalConfig,
     PPO,
+    EvalConfig,
     TrainConfig,
     eval_rollout,
-    init_state,
     init,
+    init_state,
     ppo_run,
     step,
     train,
@@ -273,9 +273,7 @@ def state():
     ids=["leaf-shape", "structure", "n_envs", "n_seeds"],
 )
 def test_initial_state_must_match_networks_and_config(state, networks, config, match):
-    with pytest.raises(
-        ValueError, match=rf"train\(initial_state=\.\.\.\): {match}"
-    ):
+    with pytest.raises(ValueError, match=rf"train\(initial_state=\.\.\.\): {match}"):
         train(ENV, networks, config, initial_state=state)
 
 

@@ -17,8 +17,7 @@ import eqx_ppo
 from benchmarks.stability import CASES, collapsed_seeds, curves, two_arm_network
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
-from eqx_ppo.ppo._rollout import rollout
-from eqx_ppo.ppo._rollout import StepCarry
+from eqx_ppo.ppo._rollout import StepCarry, rollout
 from tests._helpers import SEED_OFFSET
 
 

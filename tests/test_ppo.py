@@ -11,12 +11,12 @@ from eqx_ppo import LoggingLevel, envs, gae, make_mlp_actor_critic
 from eqx_ppo.envs import State
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
 from eqx_ppo.ppo import (
-    EvalConfig,
     PPO,
+    EvalConfig,
     TrainConfig,
     init,
-    step,
     replay,
+    step,
     train,
 )
 from eqx_ppo.ppo._loss import ppo_loss
@@ -331,7 +331,9 @@ def test_train_ppo_multi_seed_equals_single_runs(getkey):
         single = train(
             RandomEndEnv(),
             make_net,
-            TrainConfig(learner=config.learner, eval=config.eval, seed=3 + i, progress=False),
+            TrainConfig(
+                learner=config.learner, eval=config.eval, seed=3 + i, progress=False
+            ),
         )
         for a, b in zip(
             jax.tree.leaves(eqx.filter(multi.training_state.network, eqx.is_array)),
@@ -437,9 +439,7 @@ def test_non_finite_loss_stops_training_naming_the_iteration(getkey):
         progress=False,
     )
     with pytest.raises(FloatingPointError, match="iteration 1"):
-        train(
-            NaNEnv(), make_net, config, checkpoint_fn=lambda s, t: saved.append(t)
-        )
+        train(NaNEnv(), make_net, config, checkpoint_fn=lambda s, t: saved.append(t))
     assert saved == [0]
 
 
@@ -460,9 +460,7 @@ def test_dict_actions_pass_the_action_check(getkey):
         env.observation_size, env.action_size, [8], [8], key=getkey()
     )
     config = small_config(n_envs=4, n_minibatches=1)
-    state, _ = eqx.filter_jit(step)(
-        env, config, init(env, net, config, key=getkey())
-    )
+    state, _ = eqx.filter_jit(step)(env, config, init(env, net, config, key=getkey()))
     assert int(state.iteration) == 1
 
 

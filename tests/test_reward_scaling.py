@@ -50,9 +50,7 @@ def test_config_scaling_equals_env_scaling_and_evaluates_in_env_units():
 def test_sweeping_reward_scaling_does_not_recompile():
     traces = []
     ppo = config().learner
-    state = eqx_ppo.init(
-        ENV, networks(jax.random.key(0)), ppo, key=jax.random.key(1)
-    )
+    state = eqx_ppo.init(ENV, networks(jax.random.key(0)), ppo, key=jax.random.key(1))
 
     @eqx.filter_jit
     def step(c, s):

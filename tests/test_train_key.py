@@ -169,7 +169,11 @@ def test_distillation_takes_a_key():
     dconfig = eqx_ppo.TrainConfig(
         learner=eqx_ppo.Distillation(
             teacher,
-            n_envs=4, rollout_length=4, total_steps=32, n_minibatches=2, n_epochs=1
+            n_envs=4,
+            rollout_length=4,
+            total_steps=32,
+            n_minibatches=2,
+            n_epochs=1,
         ),
         eval=eqx_ppo.EvalConfig(enabled=False),
         seed=5,

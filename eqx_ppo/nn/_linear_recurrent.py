@@ -122,7 +122,7 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
                 h0,
                 env_done,
                 reset,
-                parallel=use_associative_scan(self.parallel_replay),
+                parallel=use_associative_scan(self.parallel_replay, self.pairs),
                 pairs=self.pairs,
             ),
             in_axes=(1, 1, 0, 1),
@@ -230,8 +230,9 @@ class LRU(_AbstractLinearRecurrence):
             zeros.
         - `parallel_replay`: compose the replay's steps with the associative
             scan (`True`), sequentially (`False`), or the faster of the two
-            for the backend (`None`: associative on GPUs and TPUs, sequential
-            on CPUs; see the module docstring). Either way the input and
+            for the backend (`None`: sequential on CPUs and, for the LRU's
+            complex recurrence, on TPUs; associative otherwise; see the
+            module docstring). Either way the input and
             output projections run once over the whole sequence.
         """
         if not 0.0 <= r_min <= r_max < 1.0:
