@@ -9,6 +9,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Complex, Float, Int, PRNGKeyArray, PyTree
 
+from .._typecheck import checked
 from ..nn._module import AbstractStatefulModule
 
 
@@ -38,6 +39,7 @@ class FixedPoints(NamedTuple):
     counts: Int[Array, " points"]
 
 
+@checked
 def fixed_points(
     cell: AbstractStatefulModule,
     x: PyTree[Float[Array, "..."]],

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
+from .._typecheck import checked
 from ..nn._module import AbstractLayerWrapper, AbstractStatefulModule
 from ..ppo import eval_rollout
 from ._lesion import ablate, n_units_of, population_spec
@@ -66,6 +67,7 @@ def count_units(
     return n_units_of(where(network), site, _find(out.metrics))
 
 
+@checked
 def unit_importance(
     env: Any,
     network: AbstractStatefulModule,

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PyTree
 
+from .._typecheck import checked
 from ..graph import PopulationGraph
 from ..nn._filters import coefficient
 from ..nn._module import (
@@ -159,6 +160,7 @@ class Intervention(AbstractStatefulModule):
         return dataclasses.replace(self, layer=self.layer.update_statistics(extras))
 
 
+@checked
 def ablate(
     network: PyTree,
     where: Callable[[PyTree], Any],
@@ -200,6 +202,7 @@ def ablate(
     return _intervene(network, where, units, 0.0, "clamp", site, population)
 
 
+@checked
 def clamp(
     network: PyTree,
     where: Callable[[PyTree], Any],
@@ -218,6 +221,7 @@ def clamp(
     return _intervene(network, where, units, values, "clamp", site, population)
 
 
+@checked
 def perturb(
     network: PyTree,
     where: Callable[[PyTree], Any],

@@ -5,6 +5,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .._typecheck import checked
+
 
 class PCA(NamedTuple):
     """What [`eqx_ppo.analysis.pca`][] returns.
@@ -28,6 +30,7 @@ class PCA(NamedTuple):
     mean: Float[Array, " units"]
 
 
+@checked
 def pca(
     activations: Float[ArrayLike, "*batch units"],
     dones: Bool[ArrayLike, "*batch"],

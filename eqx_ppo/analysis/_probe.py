@@ -6,7 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
+from .._typecheck import checked
 
+
+@checked
 def linear_probe(
     features: Float[ArrayLike, "samples features"],
     labels: Int[ArrayLike, " samples"]

@@ -169,9 +169,7 @@ def check_env(env: Any, name: str = "env") -> None:
             "pass an env with `reset(key)` and `step(state, action)` (the Brax / "
             "MuJoCo Playground protocol), e.g. eqx_ppo.envs.make('cartpole')"
         )
-    raise TypeError(
-        f"{name}=...: expected an env, got {describe(env)}. Fix: {fix}."
-    )
+    raise TypeError(f"{name}=...: expected an env, got {describe(env)}. Fix: {fix}.")
 
 
 # Brax's and MuJoCo Playground's training wrappers, which the library's own

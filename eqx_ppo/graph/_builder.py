@@ -51,6 +51,7 @@ class PopulationGraphBuilder:
         self._connections: list[_PendingConnection] = []
         self._finalized = False
 
+    @checked
     def add_population(
         self, name: str, size: int, *, activation: Activation | None = None
     ) -> "PopulationGraphBuilder":
@@ -65,6 +66,7 @@ class PopulationGraphBuilder:
         """
         return self._add(name, size, activation, "hidden", None, None)
 
+    @checked
     def add_input(
         self,
         name: str,
@@ -84,6 +86,7 @@ class PopulationGraphBuilder:
         """
         return self._add(name, size, activation, "input", input_from, None)
 
+    @checked
     def add_output(
         self,
         name: str,
@@ -108,6 +111,7 @@ class PopulationGraphBuilder:
             )
         return self._add(name, size, activation, "output", None, key)
 
+    @checked
     def connect(
         self,
         src: str,
@@ -148,6 +152,7 @@ class PopulationGraphBuilder:
         self._connections.extend(pending)
         return self
 
+    @checked
     def finalize(self, *, key: Key[Array, ""]) -> PopulationGraph:
         """Validate the description and build the immutable graph.
 

@@ -347,7 +347,7 @@ def _check_state(
 ) -> None:
     """Raise unless `state` is one seed's state of `learner.n_envs` envs (this
     device's share under `axis_name`) whose carries fit `acting`, at trace time."""
-    n_envs = jnp.shape(state.env_state.done)[-1]
+    n_envs = jnp.shape(state.env_state.done)[jnp.ndim(state.iteration)]
     if axis_name is not None:
         n_envs *= jax.lax.axis_size(axis_name)
     if jnp.ndim(state.iteration) or n_envs != learner.n_envs:
