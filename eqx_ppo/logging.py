@@ -96,7 +96,7 @@ def reduce_metric(
 
 def _clean(value: Any) -> Any:
     """`value` as JSON: Python numbers (a NumPy or JAX scalar or array, as a
-    hand-written loop over `ppo_step` logs them, becomes one), non-finite
+    hand-written loop over `step` logs them, becomes one), non-finite
     floats as `None`."""
     value = value if isinstance(value, list) else np.asarray(value).tolist()
     if isinstance(value, list):

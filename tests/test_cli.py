@@ -2,15 +2,20 @@
 
 import errno
 import json
+import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from eqx_ppo import cli, envs, latest_checkpoint
 from eqx_ppo.cli import main
+
+TINY = ["--n-envs", "4", "--rollout-length", "4", "--hidden", "4", "--eval-every", "32"]
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +204,7 @@ def test_a_missing_optional_backend_gets_one_line(tmp_path, monkeypatch, capsys)
     def make(name, **kwargs):
         raise ImportError("This env needs `gymnax`, which is not installed.")
 
-    monkeypatch.setattr(cli.envs, "make", make)
+    monkeypatch.setattr(envs, "make", make)
     out = tmp_path / "run"
     assert main(["train", "--env", "gymnax:CartPole-v1", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -214,7 +219,7 @@ def test_a_run_whose_simulator_is_missing_gets_one_line(run_dir, monkeypatch, ca
     def make(name, **kwargs):
         raise ImportError("This env needs `brax`, which is not installed.")
 
-    monkeypatch.setattr(cli.envs, "make", make)
+    monkeypatch.setattr(envs, "make", make)
     assert main(["eval", "--checkpoint", str(run_dir)]) == 2
     assert capsys.readouterr().err == (
         "eqx-ppo eval: the run's env move_to_center: This env needs `brax`, which "
@@ -428,7 +433,8 @@ def test_env_kwargs_reach_the_env(capsys):
     import jax
     import jax.numpy as jnp
 
-    from eqx_ppo.cli import _env_kwargs, _make_env
+    from eqx_ppo.cli._args import _env_kwargs
+    from eqx_ppo.cli._settings import _make_env
 
     # Each flag one NAME=VALUE, the value JSON if it parses: commas inside a
     # value are the value's (a gymnax params dict with two fields).
@@ -531,7 +537,7 @@ def test_an_lru_run_saves_its_state_size_and_evaluates(tmp_path, capsys):
 def test_runs_evaluate_and_record_episodes_of_the_envs_own_length(env, length):
     # Envs that end their episodes themselves have no time limit to read;
     # their `max_len` spares evaluating and recording 1000 mostly-masked steps.
-    assert cli._episode_length(envs.make(env)) == length
+    assert cli._settings._episode_length(envs.make(env)) == length
 
 
 SMALL = ["--n-envs", "16", "--hidden", "8", "--eval-every", "640", "--no-progress"]
@@ -728,3 +734,55 @@ def test_gymnax_cartpole_is_solved_at_the_cli_defaults(tmp_path):
     assert main([*argv, "--out", str(out), "--no-progress"]) == 0
     returns = json.loads((out / "summary.json").read_text())["final_eval_return"]
     assert sum(r >= 475 for r in returns) >= 3, returns
+
+
+def test_the_compile_cache_makes_a_second_run_load_its_programs(tmp_path):
+    """In fresh processes, as users run it: the first run writes its compiled
+    programs to `--compile-cache`, the second loads them (JAX counts a cache
+    hit) and trains to the same result; `--no-compile-cache` writes none."""
+    cache = tmp_path / "cache"
+    script = (
+        "import jax, sys\n"
+        "hits = []\n"
+        "jax.monitoring.register_event_listener("
+        "lambda e, **k: hits.append(e) if e.endswith('cache_hits') else None)\n"
+        "from eqx_ppo.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print('hits', len(hits))\n"
+        "sys.exit(code)\n"
+    )
+    flags = [*TINY, "--no-progress", "--steps", "64"]
+
+    def run(out, *extra):
+        done = subprocess.run(
+            [sys.executable, "-c", script, "train", *flags, "--out", str(out), *extra],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first = run(tmp_path / "a", "--compile-cache", str(cache))
+    assert f"compiled programs are cached in {cache}" in first
+    assert "hits 0" in first
+    written = sorted(p.name for p in cache.iterdir())
+    assert written
+    second = run(tmp_path / "b", "--compile-cache", str(cache))
+    assert int(second.split("hits ")[1].split()[0]) >= 2
+    assert sorted(p.name for p in cache.iterdir()) == written
+    summary = [json.loads((tmp_path / r / "summary.json").read_text()) for r in "ab"]
+    assert summary[0]["final_eval_return"] == summary[1]["final_eval_return"]
+    off = run(tmp_path / "c", "--no-compile-cache")
+    assert "cached in" not in off and "hits 0" in off
+
+
+def test_compile_cache_flags_are_checked(tmp_path, capsys):
+    argv = ["train", *TINY, "--out", str(tmp_path / "r")]
+    assert main([*argv, "--compile-cache", str(tmp_path), "--no-compile-cache"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main([*argv, "--compile-cache", str(blocked / "c")]) == 2
+    assert "--compile-cache" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

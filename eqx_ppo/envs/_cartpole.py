@@ -41,7 +41,7 @@ class CartPole(AbstractEnv):
     - **Optimal return**: 500 over 500 steps; a uniformly random force falls
       after about 26 steps on average.
     - **Training it**: a 4x32 swish `make_mlp_actor_critic`, rewards scaled by
-      10 (`RewardScalingWrapper`) and `PPOConfig(n_envs=256, rollout_length=20,
+      10 (`RewardScalingWrapper`) and `PPO(n_envs=256, rollout_length=20,
       n_minibatches=8, learning_rate=1e-3, lr_schedule="linear",
       normalize_advantages=False)` reach 500 on every one of 32 seeds by
       410k steps and none falls below 200 after (`benchmarks/stability.py`).

@@ -42,7 +42,7 @@ ENV_AXIS = "env"
 
 @checked
 def make_mesh(devices: Any = None) -> Mesh:
-    """A 1-D mesh over `devices` with the axis `"env"`, for `train_ppo(mesh=...)`.
+    """A 1-D mesh over `devices` with the axis `"env"`, for `train(mesh=...)`.
 
     **Arguments:**
 
@@ -290,8 +290,8 @@ def on_mesh(
 def shard_step(step: Callable[..., tuple[Any, Any]], mesh: Mesh) -> Callable:
     """A data-parallel version of a pure step, for your own training loop.
 
-    `step(state, *, axis_name)` is e.g. `jax.tree_util.Partial(eqx_ppo.ppo_step,
-    env, config)` or `Partial(eqx_ppo.distill_step, env, teacher, config)`; the
+    `step(state, *, axis_name)` is e.g. `jax.tree_util.Partial(eqx_ppo.step, env,
+    learner)`, for any learner; the
     result maps a state placed with `eqx_ppo.shard_state` to `(state,
     metrics)`, with env states and carries still split and metrics replicated.
     Wrap it in `eqx.filter_jit`.

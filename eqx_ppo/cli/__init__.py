@@ -1,0 +1,386 @@
+"""`eqx-ppo`: train, evaluate and record from the command line.
+
+`eqx-ppo train` trains on a built-in env (no simulator needed) and writes a run
+folder: `metrics.jsonl`, `eval.jsonl`, `learning_curve.png`, `summary.json`,
+`run.json` (what is needed to rebuild the network) and `checkpoints/`.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from ..checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    make_checkpoint_fn,
+    read_header,
+)
+from ..logging import JSONLLogger, replace_file
+from ..ppo import select_seed, train
+from ._args import CONFIG_FLAGS, EVAL_ENVS, CLIError, _parser, default_compile_cache
+from ._settings import (
+    _given,
+    _make_env,
+    _new_run,
+    _read_run,
+    _resumed_run,
+    build_network,
+    train_config,
+)
+
+
+def _train(args: argparse.Namespace) -> int:
+    resuming = args.resume is not None
+    out, run = _resumed_run(args) if resuming else _new_run(args)
+    env = _make_env(run)
+    # Built, like the network checked above, before anything is written: bad
+    # flags leave no folder behind.
+    try:
+        config = train_config(run, progress=not args.no_progress)
+    except ValueError as e:
+        raise CLIError(f"{_given(args, CONFIG_FLAGS, '--n-envs')}: {e}") from e
+
+    def networks(key):
+        return build_network(run, env, key)
+
+    # A run killed before its first checkpoint starts over (it had trained
+    # nothing); else it continues from its latest checkpoint, whose step its
+    # logs already hold.
+    latest = latest_checkpoint(out / "checkpoints") if resuming else None
+    initial_state, logged = None, -1
+    if latest is not None:
+        try:
+            initial_state = load_checkpoint(
+                latest, env=env, networks=networks, config=config
+            )
+        except CheckpointError as e:
+            previous = _previous_checkpoint(latest)
+            raise CLIError(
+                f"--resume {out}: {e}"
+                + (
+                    f"\nTo resume from {previous.name}, move {latest} out of "
+                    f"{latest.parent}."
+                    if previous
+                    else ""
+                )
+            ) from e
+        logged = read_header(latest).step
+    ppo = config.learner
+    total = ppo.n_iterations * ppo.steps_per_iteration
+    if logged >= total:
+        print(
+            f"{out} is already trained to {logged:,} steps; pass a larger --steps "
+            "to continue."
+        )
+        return 0
+    rounded = (
+        f" (--steps {run['steps']:,} rounded up to whole iterations of "
+        f"{ppo.n_envs} envs x {ppo.rollout_length} steps)"
+        if total != run["steps"]
+        else ""
+    )
+    print(
+        f"training {run['env']} for {total:,} env steps{rounded}, "
+        f"{run['seeds']} seed(s) -> {out}"
+    )
+    if resuming:
+        print(
+            f"resuming from {latest}" if latest else "no checkpoint yet: starting over"
+        )
+    if jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir:
+        print(f"compiled programs are cached in {jax.config.jax_compilation_cache_dir}")
+    try:
+        return _run(out, run, env, networks, config, initial_state, logged, resuming)
+    except FloatingPointError as e:
+        raise CLIError(
+            f"training stopped: {e} On the command line: start a new run with a "
+            f"lower --lr than {run['lr']:g} (--resume keeps a run's settings); "
+            f"{_kept(out)}"
+        ) from e
+    except (OSError, CheckpointError) as e:
+        raise CLIError(
+            f"writing {out} failed: {e} Fix: free space or fix the folder, then "
+            f"continue with: eqx-ppo train --resume {out}; {_kept(out)}"
+        ) from e
+
+
+def _kept(out: pathlib.Path) -> str:
+    """What a stopped run keeps, for its one-line error."""
+    saved = list_checkpoints(out / "checkpoints")
+    if not saved:
+        return "it had saved no checkpoint yet."
+    return f"its checkpoints up to {saved[-1].name} are kept."
+
+
+def _run(out, run, env, networks, config, initial_state, logged, resuming) -> int:
+    """Train, logging the steps after `logged`, and write the run folder."""
+    # Written once the checkpoint loaded: a failed resume changes nothing.
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "run.json", run)
+    metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
+    # Written as the evaluations run, so a killed run keeps its curve.
+    eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
+    for path in (metrics_log.path, eval_log.path):
+        _drop_rows_after(path, logged)
+
+    def log(metrics: dict[str, Any], step: int) -> None:
+        if step <= logged:  # resumed at step 0, the driver evaluates it again
+            return
+        metrics_log(metrics, step)
+        evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+        if evals:
+            eval_log(evals, step)
+
+    try:
+        result = train(
+            env,
+            networks,
+            config,
+            log_fn=log,
+            checkpoint_fn=make_checkpoint_fn(out / "checkpoints", config, metadata=run),
+            initial_state=initial_state,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted; continue from the last checkpoint with: eqx-ppo "
+            f"train --resume {out}",
+            file=sys.stderr,
+        )
+        return 130
+    history = [
+        json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()
+    ]
+    final = history[-1]["eval/episode_reward/mean"]
+    summary = {
+        "env": run["env"],
+        "total_steps": result.total_steps,
+        "final_eval_return": final,
+        "final_eval_return_mean_over_seeds": float(np.mean(final)),
+        "eval_episodes": EVAL_ENVS,
+    }
+    _write_json(out / "summary.json", summary)
+    _plot(history, out / "learning_curve.png", run)
+    print(
+        f"final eval return: {float(np.mean(final)):.3f}"
+        + (f" (mean of {run['seeds']} seeds)" if run["seeds"] > 1 else "")
+        + f", over {EVAL_ENVS} episodes"
+    )
+    print(f"wrote {out}/metrics.jsonl, learning_curve.png, summary.json, checkpoints/")
+    return 0
+
+
+def _drop_rows_after(path: pathlib.Path, step: int) -> None:
+    """Cut a JSONL log back to its rows up to `step`: a run resumed from the
+    checkpoint at `step` logs the later steps again."""
+    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        replace_file(path, "".join(kept))
+
+
+def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
+    """Write `data` to `path` through a temporary file, so a run killed while
+    writing keeps the old file whole (`run.json` is what `--resume` reads)."""
+    replace_file(path, json.dumps(data, indent=2))
+
+
+def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install 'eqx_ppo[plot]'): no plot written")
+        return
+    steps = np.array([h["step"] for h in history])
+    returns = np.array([np.atleast_1d(h["eval/episode_reward/mean"]) for h in history])
+    mean = returns.mean(axis=1)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    label = (
+        f"mean of {returns.shape[1]} seeds" if returns.shape[1] > 1 else "eval return"
+    )
+    ax.plot(steps, mean, label=label)
+    if returns.shape[1] > 1:
+        lo, hi = returns.min(axis=1), returns.max(axis=1)
+        ax.fill_between(steps, lo, hi, alpha=0.3, label="min-max over seeds")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("deterministic eval return")
+    ax.set_title(f"eqx_ppo on {run['env']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _previous_checkpoint(checkpoint: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint saved before `checkpoint` in its folder, if any."""
+    earlier = list_checkpoints(checkpoint.parent)
+    earlier = earlier[: earlier.index(checkpoint)] if checkpoint in earlier else []
+    return earlier[-1] if earlier else None
+
+
+def _load_for_analysis(path: pathlib.Path, seed: int):
+    if (path / "run.json").exists():
+        run_dir = path
+    elif path.name == "checkpoints" and (path.parent / "run.json").exists():
+        run_dir = path.parent
+    else:
+        run_dir = path.parent.parent
+    if not (run_dir / "run.json").is_file():
+        raise CLIError(
+            f"--checkpoint {path}: not a run folder, its checkpoints folder or a "
+            "checkpoint inside it (no run.json found)."
+        )
+    run = _read_run(run_dir, "--checkpoint")
+    if not 0 <= seed < run["seeds"]:
+        raise CLIError(
+            f"--seed {seed}: the run trained {run['seeds']} seed(s); pass 0 .. "
+            f"{run['seeds'] - 1}."
+        )
+    checkpoint = (
+        latest_checkpoint(run_dir / "checkpoints")
+        if path in (run_dir, run_dir / "checkpoints")
+        else path
+    )
+    if checkpoint is None:
+        raise CLIError(f"--checkpoint {path}: the run has no checkpoint yet.")
+    env = _make_env(run)
+    config = train_config(run, progress=False)
+    try:
+        state = load_checkpoint(
+            checkpoint,
+            env=env,
+            networks=lambda k: build_network(run, env, k),
+            config=config,
+        )
+    except CheckpointError as e:
+        previous = _previous_checkpoint(checkpoint)
+        raise CLIError(
+            f"--checkpoint {path}: {e}"
+            + (f"\nThe one before it: --checkpoint {previous}" if previous else "")
+        ) from e
+    network = state.network
+    if run["seeds"] > 1:
+        network = select_seed(network, seed)
+    return run_dir, run, env, network, checkpoint
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from ..ppo import eval_rollout
+
+    _, run, env, network, checkpoint = _load_for_analysis(args.checkpoint, args.seed)
+    metrics = eqx.filter_jit(
+        eval_rollout,
+    )(
+        env,
+        eqx.nn.inference_mode(network),
+        jax.random.key(args.eval_seed),
+        n_envs=args.n_envs,
+        max_episode_length=args.episode_length or run["episode_length"],
+        logging_percentiles=(0, 50, 100),
+    )
+    print(
+        f"{checkpoint} ({run['env']}"
+        + (f", seed {args.seed} of {run['seeds']}" if run["seeds"] > 1 else "")
+        + ")"
+    )
+    for k, v in sorted(metrics.items()):
+        print(f"  {k}: {float(v):.4f}")
+    return 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    from ..ppo import record_activations_rollout
+
+    run_dir, run, env, network, checkpoint = _load_for_analysis(
+        args.checkpoint, args.seed
+    )
+    length = args.episode_length or run["episode_length"]
+    # Named by checkpoint and seed, so recording another seed, or the run
+    # after more training, does not overwrite an earlier recording.
+    out = args.out or run_dir / f"activations_{checkpoint.name}_seed{args.seed}.npz"
+    if out.suffix != ".npz":  # NumPy would add it: name the file it writes
+        out = out.with_name(out.name + ".npz")
+    out.parent.mkdir(parents=True, exist_ok=True)  # before the rollout's work
+    activations, dones = record_activations_rollout(
+        env,
+        network,
+        n_envs=args.n_envs,
+        max_episode_length=length,
+        key=jax.random.key(args.eval_seed),
+    )
+    flat = {
+        "/".join(
+            str(getattr(p, "key", getattr(p, "idx", p))) for p in path
+        ): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(activations)
+    }
+    dones = np.asarray(dones)
+    np.savez_compressed(out, dones=dones, **flat)
+    print(
+        f"recorded {len(flat)} layers over {length} steps x {args.n_envs} envs -> {out}"
+    )
+    for name, value in flat.items():
+        peak = live_peak(value, dones)
+        print(f"  {name}: shape {value.shape}, peak |a| over live steps {peak:.3f}")
+    return 0
+
+
+def live_peak(value: np.ndarray, dones: np.ndarray) -> float:
+    """The largest `|activation|` over the steps before each env's episode
+    ended (`dones[t, i]` marks steps after it, as the recording guide masks)."""
+    live = ~dones.reshape(dones.shape + (1,) * (value.ndim - 2))
+    return float(np.abs(np.where(live, value, 0.0)).max())
+
+
+def _use_compile_cache(args: argparse.Namespace) -> None:
+    """Point JAX's persistent compilation cache at `--compile-cache`: a run
+    whose programs were compiled before (same shapes, same machine, same JAX)
+    loads them instead of compiling. A cache folder set through JAX (its config
+    or `JAX_COMPILATION_CACHE_DIR`) is kept unless the flag is given."""
+    if args.no_compile_cache:
+        if args.compile_cache is not None:
+            raise CLIError("--compile-cache and --no-compile-cache: give one of them.")
+        jax.config.update("jax_enable_compilation_cache", False)
+        return
+    if args.compile_cache is None and jax.config.jax_compilation_cache_dir:
+        return
+    folder = args.compile_cache or default_compile_cache()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(
+            f"--compile-cache {folder}: cannot create it ({e}); pass a folder you "
+            "can write, or --no-compile-cache."
+        ) from e
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    # Training's programs take seconds to compile; its small ones (a reset, a
+    # key split) are not worth a file each.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `eqx-ppo` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    args.given = {a.split("=")[0] for a in argv[1:] if a.startswith("--")}
+    commands = {"train": _train, "eval": _eval, "record": _record}
+    try:
+        _use_compile_cache(args)
+        return commands[args.command](args)
+    except CLIError as e:
+        print(f"eqx-ppo {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

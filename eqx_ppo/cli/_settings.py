@@ -1,0 +1,231 @@
+"""A run folder's settings (`run.json`): read, checked and turned into the
+env, the network and the `TrainConfig` they describe."""
+
+import argparse
+import json
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from .. import envs
+from ..envs._registry import pinned_kwargs
+from ..logging import LoggingLevel
+from ..nn import make_mlp_actor_critic, make_recurrent_actor_critic
+from ..nn._recurrent_factories import default_lru_state_size
+from ..ppo import PPO, EvalConfig, TrainConfig
+from ._args import (
+    ENV_DEFAULTS,
+    ENV_FLAGS,
+    EVAL_ENVS,
+    NETWORK_FLAGS,
+    RESUMABLE_FLAGS,
+    RUN_KEYS,
+    CLIError,
+    _env_kwargs,
+    _flag_text,
+)
+
+
+def build_network(run: dict[str, Any], env: Any, key: jax.Array):
+    """The network a run's `run.json` describes, freshly initialised with `key`."""
+    obs_size = env.observation_size
+    n_actions = getattr(env, "n_actions", None)
+    discrete = n_actions is not None
+    action_size = n_actions if discrete else env.action_size
+    if run["recurrent"]:
+        return make_recurrent_actor_critic(
+            obs_size,
+            action_size,
+            run["recurrent"],
+            key=key,
+            cell=run["cell"],
+            lru_state_size=run["lru_state_size"],
+            actor_hidden_sizes=run["hidden"],
+            critic_hidden_sizes=run["hidden"],
+            entropy_weight=run["entropy_weight"],
+            discrete=discrete,
+        )
+    return make_mlp_actor_critic(
+        obs_size,
+        action_size,
+        run["hidden"],
+        run["hidden"],
+        key=key,
+        entropy_weight=run["entropy_weight"],
+        discrete=discrete,
+    )
+
+
+def _eval_every(run: dict[str, Any]) -> int:
+    """The run's evaluation (and checkpoint) spacing: `--eval-every`, else a
+    tenth of the steps it was started with."""
+    return run["eval_every"] or max(1, run["steps"] // 10)
+
+
+def train_config(run: dict[str, Any], progress: bool) -> TrainConfig:
+    """The `TrainConfig` a run's `run.json` describes."""
+    return TrainConfig(
+        learner=PPO(
+            n_envs=run["n_envs"],
+            rollout_length=run["rollout_length"],
+            total_steps=run["steps"],
+            learning_rate=run["lr"],
+            lr_schedule=run["lr_schedule"],
+            normalize_advantages=run["normalize_advantages"],
+            n_minibatches=run["minibatches"],
+            n_epochs=run["epochs"],
+            logging_level=LoggingLevel.LOSSES
+            | LoggingLevel.THROUGHPUT
+            | LoggingLevel.ROLLOUT_STATS,
+        ),
+        eval=EvalConfig(
+            every_steps=run["eval_every"],
+            n_envs=EVAL_ENVS,
+            max_episode_length=run["episode_length"],
+        ),
+        seed=run["seed"],
+        n_seeds=run["seeds"],
+        checkpoint_every_steps=run["eval_every"],
+        progress=progress,
+    )
+
+
+def _make_env(run: dict[str, Any]) -> Any:
+    """The env a run's `run.json` names, with its `--env-kwarg`s."""
+    try:
+        return envs.make(run["env"], **run["env_kwargs"])
+    except ImportError as e:  # its simulator is not installed here
+        raise CLIError(f"the run's env {run['env']}: {e}") from e
+
+
+def _episode_length(env: Any) -> int:
+    return int(getattr(env, "max_len", 0) or 1000)
+
+
+def _read_run(folder: pathlib.Path, flag: str) -> dict[str, Any]:
+    """The settings in `folder/run.json`, or a one-line error naming the fix."""
+    file = folder / "run.json"
+    if not file.is_file():
+        raise CLIError(f"{flag} {folder}: no run.json there; not a run folder.")
+    try:
+        run = json.loads(file.read_text())
+        missing = sorted(RUN_KEYS - run.keys()) if isinstance(run, dict) else None
+        problem = "is not a JSON object" if missing is None else f"lacks {missing}"
+    except (OSError, ValueError) as e:
+        missing, problem = None, f"cannot be read ({type(e).__name__}: {e})"
+    if missing != []:
+        raise CLIError(
+            f"{flag} {folder}: {file} {problem}, so the run cannot be rebuilt "
+            "(eqx-ppo writes it whole: it was edited or damaged). Fix: restore it; "
+            "every checkpoint's header keeps a copy, eqx_ppo.read_header("
+            f"'{folder / 'checkpoints'}').metadata."
+        )
+    return run
+
+
+def _given(args: argparse.Namespace, flags: Sequence[str], fallback: str) -> str:
+    """`--flag value ...` for those of `flags` the command line gave (else
+    `fallback`), to name them in a one-line error."""
+    named = []
+    for flag in [f for f in flags if f in args.given] or [fallback]:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if isinstance(value, list):  # a repeated flag
+            named += [f"{flag} {v}" for v in value]
+        else:
+            text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            named.append(f"{flag} {text}")
+    return " ".join(named)
+
+
+def _check_network(args: argparse.Namespace, run: dict[str, Any], env: Any) -> None:
+    """Build the network abstractly, so that a bad network flag is one line and
+    no run folder."""
+    try:
+        eqx.filter_eval_shape(build_network, run, env, jax.random.key(0))
+    except ValueError as e:
+        raise CLIError(f"{_given(args, NETWORK_FLAGS, '--env')}: {e}") from e
+
+
+def _resumed_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
+    """The folder and settings of the run `--resume` continues."""
+    out = args.resume
+    refused = sorted(args.given - RESUMABLE_FLAGS)
+    if refused:
+        raise CLIError(
+            f"--resume {out}: {', '.join(refused)} cannot change a run (its "
+            "settings are in run.json); drop them, or start a new run with --out."
+        )
+    run = _read_run(out, "--resume")
+    if "--steps" in args.given and args.steps != run["steps"]:
+        if run["lr_schedule"] != "constant":
+            raise CLIError(
+                f"--steps {args.steps}: this run's learning rate decays to 0 over "
+                f"its {run['steps']:,} steps (--lr-schedule {run['lr_schedule']}), "
+                "which changing the total would rewrite; start a new run with --out."
+            )
+        run["steps"] = args.steps  # the spacing, fixed in run.json, stays
+    return out, run
+
+
+def _new_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
+    """The folder and settings of a new run, checked before anything is written."""
+    if "--cell" in args.given and not args.recurrent:
+        raise CLIError(
+            f"--cell {args.cell} picks the cell of a recurrent policy; add "
+            "--recurrent SIZE."
+        )
+    own = {
+        f: v for f, v in ENV_DEFAULTS.get(args.env, {}).items() if f not in args.given
+    }
+    for flag, value in own.items():
+        setattr(args, flag[2:].replace("-", "_"), value)
+    if own:
+        flags = " ".join(_flag_text(*item) for item in own.items())
+        print(f"{args.env} trains with its own defaults: {flags}")
+    env_kwargs = _env_kwargs(args.env_kwarg)
+    try:
+        env = envs.make(args.env, **env_kwargs)
+    except (ValueError, TypeError, ImportError) as e:
+        raise CLIError(f"{_given(args, ENV_FLAGS, '--env')}: {e}") from e
+    run = {
+        "env": args.env,
+        # With the machine's choices (a Playground backend) pinned, so that
+        # eval, record and --resume elsewhere build the same env.
+        "env_kwargs": pinned_kwargs(args.env, env_kwargs),
+        "steps": args.steps,
+        "n_envs": args.n_envs,
+        "rollout_length": args.rollout_length,
+        "seeds": args.seeds,
+        "seed": args.seed,
+        "hidden": list(args.hidden),
+        "recurrent": args.recurrent,
+        "cell": args.cell,
+        # Saved, so that a later default cannot change this run's shapes.
+        "lru_state_size": default_lru_state_size(args.recurrent)
+        if args.cell == "lru" and args.recurrent
+        else None,
+        "lr": args.lr,
+        "lr_schedule": args.lr_schedule,
+        "normalize_advantages": args.normalize_advantages,
+        "entropy_weight": args.entropy_weight,
+        "minibatches": args.minibatches,
+        "epochs": args.epochs,
+        "eval_every": args.eval_every,
+        "episode_length": _episode_length(env),
+    }
+    run["eval_every"] = _eval_every(run)
+    _check_network(args, run, env)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or pathlib.Path("runs") / f"{args.env.replace(':', '_')}-{stamp}"
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out}: a file is there; pass a folder to write to.")
+    if (out / "metrics.jsonl").exists():
+        raise CLIError(
+            f"{out} already holds a run; continue it with --resume {out}, or "
+            "pass another --out."
+        )
+    return out, run
