@@ -51,7 +51,7 @@ checks folders (atomic renames, retention, checksums), `_leaves` the leaves
 (specs, structure check, PRNG key data), `_codec` the configs in the header.
 Config classes register themselves with [`register_config`][], and the
 algorithm that owns a config registers how to build its template with
-[`register_template`][].
+`register_template`.
 
 **Resuming.** The optimiser (learning rate, schedule, clipping) is rebuilt
 from the config passed to `train`, so resume with the saved config:

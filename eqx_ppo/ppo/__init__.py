@@ -15,6 +15,11 @@ from ._learner import (
     Minibatch as Minibatch,
 )
 from ._loss import ppo_loss as ppo_loss, replay as replay
+from ._result import (
+    TrainResult as TrainResult,
+    VideoData as VideoData,
+    select_seed as select_seed,
+)
 from ._rollout import (
     Transition as Transition,
     eval_rollout as eval_rollout,
@@ -26,9 +31,4 @@ from ._sharding import (
     shard_step as shard_step,
 )
 from ._step import TrainingState as TrainingState, init as init, step as step
-from ._train import (
-    TrainResult as TrainResult,
-    VideoData as VideoData,
-    select_seed as select_seed,
-    train as train,
-)
+from ._train import train as train

@@ -115,7 +115,7 @@ TRAINING_FIELDS = (
 
 
 class SaveAt(eqx.Module):
-    """What [`run_episodes`][eqx_ppo.ppo.run_episodes] keeps of every step,
+    """What `run_episodes` keeps of every step,
     stacked to `[T, n_envs, ...]` (the same idea as Diffrax's `SaveAt`).
 
     **Fields:**
@@ -291,7 +291,7 @@ def rollout(
     keep_terminal_obs: bool,
     axis_name: str | None = None,
 ) -> tuple[StepCarry, Transition]:
-    """A training rollout: [`run_episodes`][eqx_ppo.ppo.run_episodes] with
+    """A training rollout: `run_episodes` with
     auto-reset, keeping the training transitions (`terminal_obs` too when
     `keep_terminal_obs`, for truncation bootstrapping)."""
     fields = TRAINING_FIELDS + (("terminal_obs",) if keep_terminal_obs else ())
@@ -355,9 +355,9 @@ def eval_rollout(
     `NETWORK_METRICS` / `ENV_METRICS` the per-episode mean of each network /
     env metric, reduced over units and envs (`eval/net/...`, `eval/env/...`).
 
-    **Keys.** As in [`eqx_ppo.ppo.run_fresh_episodes`][]: `key` is split
+    **Keys.** As in `run_fresh_episodes`: `key` is split
     into `(reset, run)`, the envs start from `env_keys(reset, n_envs)` and
-    [`eqx_ppo.ppo.run_episodes`][] runs them with `run`.
+    `run_episodes` runs them with `run`.
     """
     check_env(env)
     with seed_axis_hint(network):

@@ -15,7 +15,6 @@ the network, and checkpoints receive the state gathered onto one device.
 
 import dataclasses
 import math
-import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array, Key
 
-from .._typecheck import Index, checked
+from .._typecheck import checked
 from ..checkpoint import register_template
 from ..envs._env import check_env
 from ..logging import LoggingLevel
@@ -35,77 +34,16 @@ from . import _guard
 from ._config import TrainConfig
 from ._host import CompileTimer, Progress, record_video, to_host
 from ._learner import AbstractLearner
+from ._result import TrainResult, VideoData
 from ._rollout import eval_rollout
 from ._sharding import check_mesh, is_main_process, on_mesh, shard_state, to_local
 from ._step import TrainingState, fresh_state, schedule_horizon, step
-from ._validate import check_initial_state, seed_axis_hint
+from ._validate import check_initial_state, check_resumed_progress, seed_axis_hint
 
 NetworkOrFactory = (
     AbstractStatefulModule | Callable[[Key[Array, ""]], AbstractStatefulModule]
 )
 Metrics = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class VideoData:
-    """One rendered evaluation episode, passed to `video_fn`."""
-
-    frames: np.ndarray
-    step: int
-    episode_reward: float
-    episode_length: int
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainResult:
-    """What [`eqx_ppo.train`][] returns.
-
-    With `n_seeds > 1`, every array leaf of `training_state` has a leading
-    seed axis and every metric value is a list with one float per seed.
-    """
-
-    training_state: TrainingState
-    final_metrics: Metrics
-    eval_history: list[Metrics]
-    total_steps: int
-    total_iterations: int
-
-
-@checked
-def select_seed(tree: Any, seed_index: Index) -> Any:
-    """Seed `seed_index`'s slice of a multi-seed result (state, network, ...):
-    every array leaf loses its leading seed axis. A [`eqx_ppo.TrainResult`][]
-    gives that seed's own result, its metrics' per-seed lists replaced by the
-    seed's values."""
-    if isinstance(tree, TrainResult):
-
-        def pick(record: Metrics) -> Metrics:
-            return {
-                k: v[seed_index] if isinstance(v, list) else v
-                for k, v in record.items()
-            }
-
-        return dataclasses.replace(
-            tree,
-            training_state=select_seed(tree.training_state, seed_index),
-            final_metrics=pick(tree.final_metrics),
-            eval_history=[pick(record) for record in tree.eval_history],
-        )
-    sizes = sorted({np.shape(x)[:1] for x in jax.tree.leaves(tree) if eqx.is_array(x)})
-    if len(sizes) != 1 or sizes == [()]:
-        raise ValueError(
-            f"select_seed(tree=...): the array leaves share no leading seed axis "
-            f"(leading sizes {sizes}). Fix: pass a result of TrainConfig(n_seeds > 1)."
-        )
-    if not isinstance(seed_index, jax.core.Tracer):
-        n_seeds, index = sizes[0][0], operator.index(seed_index)
-        if not -n_seeds <= index < n_seeds:
-            # JAX indexing would clamp it to the last seed.
-            raise IndexError(
-                f"select_seed(seed_index={index}): out of range for {n_seeds} seeds. "
-                f"Fix: pass 0 <= seed_index < {n_seeds}."
-            )
-    return jax.tree.map(lambda x: x[seed_index] if eqx.is_array(x) else x, tree)
 
 
 def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
@@ -382,23 +320,7 @@ def _resume(env, networks, learner, config, state, init_keys, train_keys):
             fresh,
         )
     check_initial_state(state, fresh)
-    done = int(np.max(jax.device_get(state.iteration))) * learner.steps_per_iteration
-    if done > learner.n_iterations * learner.steps_per_iteration:
-        raise ValueError(
-            f"train(initial_state=...): the state has trained {done} env steps, "
-            f"more than total_steps={learner.total_steps}. Fix: raise "
-            "total_steps to train it further, or use the state as it is."
-        )
-    horizon = schedule_horizon(state.opt_state)
-    updates = None if horizon is None else int(np.max(jax.device_get(horizon)))
-    if updates is not None and updates != learner.n_updates:
-        raise ValueError(
-            f"train(initial_state=...): the state's {learner.lr_schedule} "
-            f"learning-rate schedule runs over {updates} updates, but this "
-            f"learner's over {learner.n_updates}: every rate of a decaying schedule "
-            "depends on total_steps. Fix: resume with the total_steps the state was "
-            "trained for."
-        )
+    check_resumed_progress(state, learner, schedule_horizon(state.opt_state))
     copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
     if config.n_seeds > 1:
         return copy

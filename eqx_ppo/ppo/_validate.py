@@ -15,6 +15,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, PyTree
 
 from ..nn._adapter import PPONetworkOutput
@@ -236,3 +237,25 @@ def check_initial_state(state: Any, expected: Any) -> None:
                 f"state of this config has {array_spec(spec)} (a state of another "
                 f"n_seeds or n_envs?). {fix}"
             )
+
+
+def check_resumed_progress(state: Any, learner: Any, horizon: Any) -> None:
+    """Raise unless `learner` can continue `state`: it has not trained past
+    `total_steps`, and a decaying learning rate decays over the same updates
+    (`horizon`, the state's schedule length, or `None`)."""
+    done = int(np.max(jax.device_get(state.iteration))) * learner.steps_per_iteration
+    if done > learner.n_iterations * learner.steps_per_iteration:
+        raise ValueError(
+            f"train(initial_state=...): the state has trained {done} env steps, "
+            f"more than total_steps={learner.total_steps}. Fix: raise "
+            "total_steps to train it further, or use the state as it is."
+        )
+    updates = None if horizon is None else int(np.max(jax.device_get(horizon)))
+    if updates is not None and updates != learner.n_updates:
+        raise ValueError(
+            f"train(initial_state=...): the state's {learner.lr_schedule} "
+            f"learning-rate schedule runs over {updates} updates, but this "
+            f"learner's over {learner.n_updates}: every rate of a decaying schedule "
+            "depends on total_steps. Fix: resume with the total_steps the state was "
+            "trained for."
+        )
