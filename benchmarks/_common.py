@@ -87,7 +87,7 @@ class Spec:
     evaluate: bool = True
     driver_eval: bool = False
     reward_scaling: float = 1.0
-    # Per-system overrides for A/B experiments: eqx_ppo's PPOConfig and factory
+    # Per-system overrides for A/B experiments: eqx_ppo's `PPO` and factory
     # keywords, Brax's `ppo.train` keywords.
     eqx_ppo_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     eqx_network_options: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -89,7 +89,7 @@ def eqx_network(spec: Spec, env, key):
 
 
 def ppo_settings(spec: Spec) -> dict[str, Any]:
-    """The PPO settings of `spec` under the names eqx_ppo's and nnx-ppo's
+    """The PPO settings of `spec` under the names eqx_ppo's `PPO` and nnx-ppo's
     `PPOConfig` share, so both systems are configured from one place."""
     return dict(
         n_envs=spec.n_envs,
@@ -253,13 +253,15 @@ def run_nnx(spec: Spec) -> dict[str, Any]:
     env = NnxTruncation(base)
     timer = Boundaries(spec)
     network = nnx_network(spec, env.observation_size, env.action_size)
+    # nnx-ppo 0.3.0's own API (a PPOConfig under TrainConfig(ppo=...), train_ppo),
+    # not eqx_ppo's.
     config = nnx_config.TrainConfig(
-        learner=nnx_config.PPO(**ppo_settings(spec)),
+        ppo=nnx_config.PPOConfig(**ppo_settings(spec)),
         eval=nnx_config.EvalConfig(enabled=False),
         seed=spec.seed,
         checkpoint_every_steps=10**15,
     )
-    nnx_ppo.train(
+    nnx_ppo.train_ppo(
         env, network, config, log_fn=lambda metrics, step: timer.mark(int(step))
     )
     out = timer.summary()
@@ -462,7 +464,7 @@ def run_rejax(spec: Spec) -> dict[str, Any]:
     timer = Boundaries(spec)
     _REJAX_TIMER.append(timer)
     try:
-        ts, _ = jax.block_until_ready(train(jax.random.PRNGKey(spec.seed)))
+        ts, _ = jax.block_until_ready(train(jax.random.key(spec.seed)))
     finally:
         _REJAX_TIMER.pop()
     out = timer.summary()

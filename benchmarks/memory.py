@@ -18,7 +18,7 @@ Two parts, each written to its own results:
   of `PPO(...).loss` and a small SGD step (so no update repeats the last),
   compiled once (ahead of time) per cell and `T`; we report its time per
   update. Sixteen updates in one program are what one `step` runs with
-  `PPOConfig`'s default 4 epochs x 4 minibatches. Timing one gradient per
+  `PPO`'s default 4 epochs x 4 minibatches. Timing one gradient per
   call would also time the allocation of the program's scratch memory: glibc
   hands blocks over 32 MiB back to the OS when freed, so every call page-faults
   its buffers in again, which cost the LSTM at `T = 256` 27 ms of system time
@@ -179,7 +179,7 @@ def _without_recurrence(network):
 
 
 UPDATES_PER_CALL = 16
-"""Gradient updates per timed call: `PPOConfig`'s default `n_epochs *
+"""Gradient updates per timed call: `PPO`'s default `n_epochs *
 n_minibatches`, the updates one `step` runs inside one compiled program."""
 
 
@@ -608,7 +608,7 @@ def run_learning_one(
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
-    """Every field of a `PPOConfig`, arrays as floats, enums as strings."""
+    """Every setting of a learner (`PPO`), arrays as floats, enums as strings."""
     import numpy as np
 
     out = {}

@@ -247,7 +247,7 @@ def curves(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Train `n_seeds` seeds in one program; eval steps and `[eval, seed]` returns.
 
-    `override` replaces PPOConfig settings of the case (an A/B experiment)."""
+    `override` replaces `PPO` settings of the case (an A/B experiment)."""
     env = case.make_env()
     config = eqx_ppo.TrainConfig(
         learner=eqx_ppo.PPO(
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         "--override",
         type=json.loads,
         default={},
-        help='PPOConfig settings for every env, e.g. \'{"lr_schedule": "linear"}\'',
+        help='`PPO` settings for every env, e.g. \'{"lr_schedule": "linear"}\'',
     )
     args = parser.parse_args(argv)
     meta = {

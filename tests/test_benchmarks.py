@@ -437,7 +437,7 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
 
 @pytest.mark.parametrize(
     "script",
-    ["compare", "dips", "fusion", "guards", "layout", "memory", "multiseed"]
+    ["compare", "dips", "fusion", "guards", "layout", "lesions", "memory", "multiseed"]
     + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):

@@ -66,6 +66,7 @@ SLOW_PAGES = {
     "concepts.md",
     "faq.md",
     "index.md",
+    "guides/analysis.md",
     "guides/checkpointing.md",
     "guides/custom-layer.md",
     "guides/custom-learner.md",

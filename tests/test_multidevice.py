@@ -38,7 +38,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jax.tree_util import Partial
 from eqx_ppo import LoggingLevel as L
-from eqx_ppo.ppo import PPOConfig, TrainConfig, EvalConfig, init, step
+from eqx_ppo import PPO, Distillation, EvalConfig, TrainConfig, init, step
 from eqx_ppo.ppo._sharding import make_mesh, shard_state, shard_step
 
 
@@ -113,8 +113,8 @@ def test_sharded_step_matches_one_device():
         mesh = make_mesh()
         assert mesh.size == 4
         config = PPO(n_envs=16, rollout_length=6, n_epochs=2, n_minibatches=2,
-                           learning_rate=1e-2, logging_level=EVERY_LOG,
-                           logging_percentiles=(10, 50, 90))
+                     learning_rate=1e-2, logging_level=EVERY_LOG,
+                     logging_percentiles=(10, 50, 90))
         state = init(ENV, lstm(jax.random.key(1)), config, key=jax.random.key(0))
         sharded = eqx.filter_jit(shard_step(Partial(step, ENV, config), mesh))
         four, four_metrics = sharded(shard_state(state, mesh))
@@ -124,9 +124,10 @@ def test_sharded_step_matches_one_device():
         # permutations of 4 envs from fold_in(key, device), offset by 4 * device).
         original = eqx_ppo.ppo._step._permutations
 
-        def blockwise(key, n_envs, n_epochs, n_minibatches):
+        def blockwise(key, n_envs, n_epochs, n_minibatches, axis_name):
+            assert axis_name is None  # the one-device step
             local = [original(jax.random.fold_in(key, d), n_envs // 4, n_epochs,
-                              n_minibatches) + d * (n_envs // 4)
+                              n_minibatches, None) + d * (n_envs // 4)
                      for d in range(4)]
             return jnp.concatenate(local, axis=1)
 
@@ -144,7 +145,7 @@ def test_sharded_step_matches_one_device():
         # The collectives of one iteration, with the default logging.
         config = PPO(n_envs=16, rollout_length=6, n_epochs=2, n_minibatches=2)
         state = shard_state(init(ENV, lstm(jax.random.key(1)), config,
-                                     key=jax.random.key(0)), mesh)
+                                 key=jax.random.key(0)), mesh)
         hlo = (eqx.filter_jit(shard_step(Partial(step, ENV, config), mesh))
                .lower(state).compile().compiled.as_text())
         print("all-reduce ops per iteration:", hlo.count("all-reduce("))
@@ -160,8 +161,7 @@ def test_sharded_step_matches_one_device():
 def test_state_and_rollout_are_sharded_and_errors_are_clear():
     run(
         """
-        from eqx_ppo.ppo import rollout
-        from eqx_ppo.ppo._rollout import StepCarry
+        from eqx_ppo.ppo._rollout import StepCarry, rollout
         mesh = make_mesh()
         env_spec, replicated = NamedSharding(mesh, P("env")), NamedSharding(mesh, P())
         config = TrainConfig(
@@ -169,7 +169,7 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
             eval=EvalConfig(enabled=False), progress=False)
         saved = []
         result = eqx_ppo.train(ENV, lstm, config, mesh=mesh,
-                                   checkpoint_fn=lambda s, step: saved.append(s))
+                               checkpoint_fn=lambda s, step: saved.append(s))
         state = result.training_state
         for x in jax.tree.leaves((state.env_state, state.carry)):
             assert x.sharding == env_spec, x.sharding
@@ -222,12 +222,10 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
 def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
     run(
         """
-        from eqx_ppo.distill import (DistillationConfig, DistillationTrainConfig,
-                                     train_distillation)
         mesh = make_mesh()
         ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 3,
-                        n_epochs=1, n_minibatches=1, learning_rate=1e-2,
-                        logging_level=EVERY_LOG)
+                  n_epochs=1, n_minibatches=1, learning_rate=1e-2,
+                  logging_level=EVERY_LOG)
         config = TrainConfig(learner=ppo, seed=3, n_seeds=2, progress=False,
             eval=EvalConfig(every_steps=80, n_envs=4, max_episode_length=6))
         # Seeds x envs: each device holds 2 envs of each of 2 seeds.
@@ -249,14 +247,14 @@ def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
         teacher = eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8],
                                                 key=jax.random.key(7))
         student = lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k)
-        dconfig = DistillationTrainConfig(
-            distillation=DistillationConfig(
-                n_envs=8, rollout_length=5, total_steps=8 * 5 * 2, n_epochs=1,
-                n_minibatches=1, learning_rate=1e-2,
+        dconfig = TrainConfig(
+            learner=Distillation(
+                teacher, n_envs=8, rollout_length=5, total_steps=8 * 5 * 2,
+                n_epochs=1, n_minibatches=1, learning_rate=1e-2,
                 logging_level=L.LOSSES | L.ROLLOUT_STATS),
             eval=EvalConfig(enabled=False), progress=False)
-        on_mesh = train_distillation(ENV, teacher, student, dconfig, mesh=mesh)
-        alone = train_distillation(ENV, teacher, student, dconfig)
+        on_mesh = eqx_ppo.train(ENV, student, dconfig, mesh=mesh)
+        alone = eqx_ppo.train(ENV, student, dconfig)
         assert on_mesh.training_state.carry["student"] is not None
         assert_close(on_mesh.training_state, alone.training_state)
         assert_metrics_close(on_mesh.final_metrics, alone.final_metrics)
@@ -271,7 +269,7 @@ def test_checkpoint_from_four_devices_resumes_on_one_and_two(tmp_path):
         import sys
         directory = sys.argv[1]
         ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 3,
-                        n_epochs=1, n_minibatches=1, learning_rate=1e-2)
+                  n_epochs=1, n_minibatches=1, learning_rate=1e-2)
         config = TrainConfig(learner=ppo, eval=EvalConfig(enabled=False),
                              checkpoint_every_steps=80, progress=False)
         full = eqx_ppo.train(
@@ -284,7 +282,7 @@ def test_checkpoint_from_four_devices_resumes_on_one_and_two(tmp_path):
                                             config=config)
             mesh = None if devices is None else make_mesh(devices)
             resumed = eqx_ppo.train(ENV, mlp, config, initial_state=state,
-                                        mesh=mesh)
+                                    mesh=mesh)
             assert resumed.total_iterations == 1
             assert_close(resumed.training_state, full.training_state)
             if mesh is not None:
@@ -295,7 +293,7 @@ def test_checkpoint_from_four_devices_resumes_on_one_and_two(tmp_path):
         # on a mesh too.
         host_copy = jax.device_get(state)
         resumed = eqx_ppo.train(ENV, mlp, config, initial_state=host_copy,
-                                    mesh=make_mesh())
+                                mesh=make_mesh())
         assert_close(resumed.training_state, full.training_state)
         """,
         args=(str(tmp_path),),
@@ -308,7 +306,7 @@ def test_four_devices_learn_move_to_center():
         steps = 100_000
         config = TrainConfig(
             learner=PPO(n_envs=64, rollout_length=20, total_steps=steps,
-                          learning_rate=3e-3, n_minibatches=4),
+                        learning_rate=3e-3, n_minibatches=4),
             eval=EvalConfig(every_steps=steps, n_envs=64, max_episode_length=20,
                             logging_percentiles=None),
             seed=int(os.environ.get("EQX_PPO_TEST_SEED_OFFSET", "0")), n_seeds=4,
@@ -334,7 +332,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                            num_processes=2, process_id=process_id)
 assert jax.device_count() == 4 and jax.local_device_count() == 2
 ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 2,
-                n_epochs=2, n_minibatches=2, learning_rate=1e-2)
+          n_epochs=2, n_minibatches=2, learning_rate=1e-2)
 config = TrainConfig(learner=ppo, checkpoint_every_steps=80, progress=False,
                      eval=EvalConfig(every_steps=80, n_envs=4, max_episode_length=6))
 logged = []
@@ -357,7 +355,7 @@ _SINGLE_PROCESS = """
 import sys, pathlib
 directory = pathlib.Path(sys.argv[1])
 ppo = PPO(n_envs=8, rollout_length=5, total_steps=8 * 5 * 2,
-                n_epochs=2, n_minibatches=2, learning_rate=1e-2)
+          n_epochs=2, n_minibatches=2, learning_rate=1e-2)
 config = TrainConfig(learner=ppo, progress=False,
                      eval=EvalConfig(every_steps=80, n_envs=4, max_episode_length=6))
 result = eqx_ppo.train(ENV, mlp, config, mesh=make_mesh())

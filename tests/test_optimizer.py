@@ -1,4 +1,4 @@
-"""The optimiser built from PPOConfig: schedules, clipping, weight decay."""
+"""The optimiser built from a learner's settings: schedules, clipping, weight decay."""
 
 import jax
 import jax.numpy as jnp

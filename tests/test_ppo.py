@@ -316,7 +316,7 @@ def test_statistics_are_not_trained_but_updated(getkey):
 
 
 @pytest.mark.slow  # ~15-20 s; keeps the default suite under 15 min
-def test_train_ppo_multi_seed_equals_single_runs(getkey):
+def test_train_multi_seed_equals_single_runs(getkey):
     config = TrainConfig(
         learner=small_config(),
         eval=EvalConfig(every_steps=10**6, n_envs=4, max_episode_length=8),

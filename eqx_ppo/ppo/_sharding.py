@@ -184,8 +184,7 @@ def partition_specs(state: Any) -> PyTree[PartitionSpec]:
     fields = getattr(type(state), "env_fields", None)
     if fields is None:
         raise TypeError(
-            f"{type(state).__name__} has no `env_fields`: expected a TrainingState "
-            "or DistillationState."
+            f"{type(state).__name__} has no `env_fields`: expected a TrainingState."
         )
     seed_axes = (None,) * jnp.ndim(state.iteration)
     env = PartitionSpec(*seed_axes, ENV_AXIS)
@@ -215,11 +214,11 @@ def _place(x: Array | np.ndarray, sharding: NamedSharding) -> Array:
 
 @checked
 def shard_state(state: Any, mesh: Mesh) -> Any:
-    """`state` (a `TrainingState` or `DistillationState`) placed on `mesh`.
+    """`state` (a `TrainingState`) placed on `mesh`.
 
     Env states and carries are split over the devices on their env axis,
     everything else is replicated. In a multi-process run every process must
-    pass the same `state` (as `init_state` with the same seed gives).
+    pass the same `state` (as `init` with the same key gives).
     """
     dynamic, static = eqx.partition(state, eqx.is_array)
     placed = jax.tree.map(
