@@ -30,6 +30,9 @@ _CONF = BeartypeConf(
 Int = Annotated[int, ~IsInstance[bool]]
 """An int, not a bool (`isinstance(True, int)` holds in Python)."""
 
+Number = Annotated[int | float, ~IsInstance[bool]]
+"""A Python number: an `int` or `float`, not a `bool`."""
+
 Scalar = Annotated[Real[ArrayLike, ""], ~IsInstance[bool]]
 """A real number: an `int` or `float` (not a `bool`), or a scalar array, traced
 ones included (a learner built inside `jax.vmap`)."""

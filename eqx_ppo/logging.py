@@ -273,18 +273,9 @@ class WandbLogger:
 
 @checked
 def combine_loggers(*log_fns: LogFn) -> LogFn:
-    """One sink that forwards every call to each of `log_fns`.
-
-    Raises a `TypeError` at once if one of them is not callable (e.g. a path
-    given instead of `JSONLLogger(path)`), not at the first log after training
-    started.
-    """
-    for i, fn in enumerate(log_fns):
-        if not callable(fn):
-            raise TypeError(
-                f"combine_loggers(log_fns[{i}]={fn!r}): expected a callable "
-                "`(metrics, step) -> None`, e.g. JSONLLogger(path)."
-            )
+    """One sink that forwards every call to each of `log_fns`; a value that
+    is not callable (a path given instead of `JSONLLogger(path)`) is refused
+    here, not at the first log after training started."""
 
     def log(metrics: Metrics, step: int) -> None:
         for fn in log_fns:

@@ -297,9 +297,9 @@ def test_gymnax_env_params_of_other_numeric_types_are_accepted(gymnax, getkey):
 @pytest.mark.parametrize(
     "flag", ["rescale_actions", "flatten_obs", "truncation_from_info"]
 )
-def test_gymnax_adapter_switches_must_be_bools(gymnax, unchecked, flag):
+def test_gymnax_adapter_switches_must_be_bools(gymnax, flag):
     env, _ = gymnax.make("CartPole-v1")
-    with pytest.raises(TypeError, match=rf"{flag}='no'\)`: must be True or False"):
+    with pytest.raises(TypeError, match=flag):
         GymnaxAdapter(env, **{flag: "no"})
 
 

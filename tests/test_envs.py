@@ -484,7 +484,7 @@ def test_bad_constructor_arguments():
         (
             lambda: CartPole(hide_velocity="no"),
             TypeError,
-            r"hide_velocity='no'\)`: must be True or False",
+            r"parameter hide_velocity='no' violates type hint <class 'bool'>",
         ),
         (
             lambda: Pendulum(step_dt=0.0),
@@ -504,7 +504,7 @@ def test_bad_constructor_arguments():
         (
             lambda: Pendulum(hide_velocity=1),
             TypeError,
-            r"hide_velocity=1\)`: must be True or False",
+            r"parameter hide_velocity=1 violates type hint <class 'bool'>",
         ),
     ],
 )

@@ -342,11 +342,7 @@ def test_progress_bar_counts_env_steps_of_all_seeds_and_says_compiling(monkeypat
     assert bar.rates and all(r.endswith("steps/s now") for r in bar.rates)
 
 
-def test_combine_loggers_refuses_what_cannot_log(unchecked, tmp_path):
+def test_combine_loggers_refuses_what_cannot_log(tmp_path):
     path = tmp_path / "log.jsonl"
-    with pytest.raises(
-        TypeError,
-        match=r"combine_loggers\(log_fns\[1\]='.*log\.jsonl'\): expected a callable "
-        r"`\(metrics, step\) -> None`, e\.g\. JSONLLogger\(path\)\.",
-    ):
+    with pytest.raises(TypeError, match="log_fns"):
         combine_loggers(JSONLLogger(tmp_path / "a.jsonl"), str(path))

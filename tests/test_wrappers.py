@@ -142,8 +142,8 @@ def test_max_len_may_be_a_numpy_integer():
     assert EpisodeWrapper(Parrot(), np.int64(7)).max_len == 7
 
 
-def test_random_initial_steps_must_be_a_bool(unchecked):
-    with pytest.raises(TypeError, match=r"random_initial_steps='no'\)`: must be True"):
+def test_random_initial_steps_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"random_initial_steps"):
         EpisodeWrapper(Parrot(), 5, random_initial_steps="no")
 
 

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._typecheck import Number, checked
 from ._draw import Canvas
-from ._env import AbstractEnv, check_action, check_positive, check_switches
+from ._env import AbstractEnv, check_action, check_positive
 from ._state import State
 
 _GRAVITY = 9.8
@@ -23,6 +24,7 @@ _X_LIMIT = 2.4
 _THETA_LIMIT = 12 * 2 * np.pi / 360
 
 
+@checked
 class CartPole(AbstractEnv):
     """Balance a pole on a cart by pushing the cart left or right.
 
@@ -58,11 +60,10 @@ class CartPole(AbstractEnv):
     """
 
     hide_velocity: bool = eqx.field(static=True, default=False)
-    max_force: float = eqx.field(static=True, default=10.0)
+    max_force: Number = eqx.field(static=True, default=10.0)
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_switches("CartPole", hide_velocity=self.hide_velocity)
         check_positive("CartPole", max_force=self.max_force)
 
     def _state(self, physics: Float[Array, "4"], reward, done) -> State:

@@ -97,15 +97,6 @@ def check_positive(env_name: str, **values: float) -> None:
         raise ValueError(f"`{env_name}({args})`: must be positive.")
 
 
-def check_switches(env_name: str, **values: Any) -> None:
-    """A `TypeError` naming every value among `values` that is not a bool (a
-    string such as `"no"` would be truthy)."""
-    bad = {name: v for name, v in values.items() if not isinstance(v, bool)}
-    if bad:
-        args = ", ".join(f"{name}={v!r}" for name, v in bad.items())
-        raise TypeError(f"`{env_name}({args})`: must be True or False.")
-
-
 def check_action(env_name: str, action: Any, shape: tuple[int, ...]) -> Array:
     """`action` as a float array of `shape`, or a `ValueError` naming the env."""
     action = jnp.asarray(action)

@@ -14,7 +14,7 @@ from beartype.door import is_bearable
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._typecheck import checked
-from ._env import AbstractEnv, check_switches, describe
+from ._env import AbstractEnv, describe
 from ._state import State
 
 
@@ -151,11 +151,6 @@ class GymnaxAdapter(AbstractEnv):
                 f"{describe(env)}. Fix: pass one instance, e.g. "
                 "gymnax.make('CartPole-v1')[0]."
             )
-        check_switches(
-            "GymnaxAdapter", rescale_actions=rescale_actions, flatten_obs=flatten_obs
-        )
-        if truncation_from_info is not None:
-            check_switches("GymnaxAdapter", truncation_from_info=truncation_from_info)
         env_params = env.default_params if env_params is None else env_params
         _check_params(env, env_params)
         self.env = env

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._typecheck import Number, checked
 from ._draw import Canvas
-from ._env import AbstractEnv, check_action, check_positive, check_switches
+from ._env import AbstractEnv, check_action, check_positive
 from ._state import State
 
 
@@ -19,6 +20,7 @@ def _angle_normalize(theta: Float[Array, ""]) -> Float[Array, ""]:
     return (theta + jnp.pi) % (2 * jnp.pi) - jnp.pi
 
 
+@checked
 class Pendulum(AbstractEnv):
     """Swing a pendulum up and balance it, with gym's Pendulum-v1 dynamics.
 
@@ -56,16 +58,15 @@ class Pendulum(AbstractEnv):
     """
 
     hide_velocity: bool = eqx.field(static=True, default=False)
-    max_torque: float = eqx.field(static=True, default=2.0)
-    max_speed: float = eqx.field(static=True, default=8.0)
-    gravity: float = eqx.field(static=True, default=10.0)
-    mass: float = eqx.field(static=True, default=1.0)
-    length: float = eqx.field(static=True, default=1.0)
-    step_dt: float = eqx.field(static=True, default=0.05)
+    max_torque: Number = eqx.field(static=True, default=2.0)
+    max_speed: Number = eqx.field(static=True, default=8.0)
+    gravity: Number = eqx.field(static=True, default=10.0)
+    mass: Number = eqx.field(static=True, default=1.0)
+    length: Number = eqx.field(static=True, default=1.0)
+    step_dt: Number = eqx.field(static=True, default=0.05)
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_switches("Pendulum", hide_velocity=self.hide_velocity)
         check_positive(
             "Pendulum",
             max_torque=self.max_torque,

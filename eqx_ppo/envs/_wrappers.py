@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from .._typecheck import checked
-from ._env import AbstractEnv, Size, check_env, check_switches, reported_truncation
+from ._env import AbstractEnv, Size, check_env, reported_truncation
 
 
 class AbstractWrapper(AbstractEnv):
@@ -97,7 +97,6 @@ class EpisodeWrapper(AbstractWrapper):
                 f"`EpisodeWrapper(max_len={max_len!r})`: max_len must be a positive "
                 "int (the number of steps after which an episode is truncated)."
             )
-        check_switches("EpisodeWrapper", random_initial_steps=random_initial_steps)
         self.env = env
         self.max_len = int(max_len)
         self.random_initial_steps = random_initial_steps

@@ -25,7 +25,7 @@ import equinox as eqx
 from beartype.vale import Is
 from jaxtyping import Array, Float, PyTree
 
-from .._typecheck import Int, check_range, checked, float32, optional_float32
+from .._typecheck import Int, Number, check_range, checked, float32, optional_float32
 from ..checkpoint import register_config
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule, State
@@ -37,7 +37,6 @@ Axis = str | None
 """The device axis name under `jax.shard_map`, or `None` on one device."""
 Loss = tuple[Float[Array, ""], dict[str, Any]]
 """A minibatch's scalar loss and its metrics."""
-Number = Annotated[int | float, ~Is[lambda x: isinstance(x, bool)]]
 Percentile = Annotated[Number, Is[lambda p: 0 <= p <= 100]]
 
 

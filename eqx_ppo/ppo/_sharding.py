@@ -24,7 +24,7 @@ from constants, which the varying-manual-axes type checker rejects. The
 collectives below keep replicated outputs identical on every device.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -41,7 +41,7 @@ ENV_AXIS = "env"
 
 
 @checked
-def make_mesh(devices: Any = None) -> Mesh:
+def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A 1-D mesh over `devices` with the axis `"env"`, for `train(mesh=...)`.
 
     **Arguments:**
@@ -50,20 +50,9 @@ def make_mesh(devices: Any = None) -> Mesh:
       which is every local device, or every device of every process once
       `jax.distributed.initialize()` has run.
     """
-    if devices is not None and not isinstance(devices, Iterable):
-        raise TypeError(
-            f"make_mesh(devices={devices!r}): expected a sequence of devices. Fix: "
-            "pass a list of devices, e.g. jax.devices()[:2]."
-        )
     devices = jax.devices() if devices is None else list(devices)
     if not devices:
         raise ValueError("make_mesh(devices=[]): expected at least one device.")
-    if not all(isinstance(d, jax.Device) for d in devices):
-        raise TypeError(
-            f"make_mesh(devices=...): expected jax devices, got "
-            f"{sorted({type(d).__name__ for d in devices})}. Fix: pass devices "
-            "from jax.devices()."
-        )
     for i, device in enumerate(devices):
         if device in devices[:i]:
             raise ValueError(
@@ -73,13 +62,8 @@ def make_mesh(devices: Any = None) -> Mesh:
     return Mesh(np.asarray(devices), (ENV_AXIS,), axis_types=(AxisType.Auto,))
 
 
-def check_mesh(mesh: Any, n_envs: int, n_minibatches: int) -> None:
+def check_mesh(mesh: Mesh, n_envs: int, n_minibatches: int) -> None:
     """Raise if `mesh` is not a 1-D `"env"` mesh that divides the minibatches."""
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"train(mesh=...): expected a `jax.sharding.Mesh` (see "
-            f"`eqx_ppo.make_mesh`); got {type(mesh).__name__}."
-        )
     if tuple(mesh.axis_names) != (ENV_AXIS,):
         raise ValueError(
             f"train(mesh=...): expected a 1-D mesh with the axis name "
