@@ -11,7 +11,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 from .._typecheck import checked
 from ..nn._module import AbstractLayerWrapper, AbstractStatefulModule
 from ..ppo import eval_rollout
-from ._lesion import ablate, n_units_of, population_spec
+from ._lesion import ablate, n_units_of, population_spec, selected
 
 _PROBE = "__unit_count_probe__"
 
@@ -37,34 +37,30 @@ def _find(metrics: Any) -> Any:
     return None
 
 
-def count_units(
-    env: Any,
-    network: AbstractStatefulModule,
-    where: Callable[[PyTree], Any],
-    site: Literal["output", "carry"],
-    population: str | None,
+def _carry_units(layer: AbstractStatefulModule) -> int:
+    """The number of units of `layer`'s carry, the same in every array of it."""
+    carry = jax.eval_shape(layer.initial_state)
+    sizes = {n_units_of(layer, "carry", leaf) for leaf in jax.tree.leaves(carry)}
+    if len(sizes) != 1:
+        raise ValueError(
+            f'site="carry": the carry {carry} of the selected layer has arrays '
+            "of different numbers of units. Fix: select a layer whose carry "
+            'arrays all have as many units, or use site="output".'
+        )
+    return sizes.pop()
+
+
+def _output_units(
+    env: Any, network: AbstractStatefulModule, where: Callable[[PyTree], Any]
 ) -> int:
-    """The number of units of the layer `where` selects at `site` (or of the
-    graph's `population`), from the shapes of one step; nothing is computed."""
-    if population is not None:
-        return population_spec(where(network), population).size
-    if site == "carry":
-        carry = jax.eval_shape(where(network).initial_state)
-        sizes = {jnp.shape(leaf)[-1:] for leaf in jax.tree.leaves(carry)}
-        if len(sizes) != 1 or () in sizes:
-            raise ValueError(
-                f'site="carry": the carry {carry} of the selected layer is not '
-                "made of arrays of one number of units."
-            )
-        return sizes.pop()[0]
+    """The number of units of the output of the layer `where` selects, from
+    the shapes of one step; nothing is computed."""
     probed = eqx.tree_at(where, network, replace_fn=_OutputProbe)
     key = jax.random.key(0)
     obs_shape = jax.eval_shape(env.reset, key).obs
     obs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), obs_shape)
-    out = jax.eval_shape(
-        lambda: probed(probed.initial_state(), obs, key=key),
-    )
-    return n_units_of(where(network), site, _find(out.metrics))
+    out = jax.eval_shape(lambda: probed(probed.initial_state(), obs, key=key))
+    return n_units_of(where(network), "output", _find(out.metrics))
 
 
 @checked
@@ -125,7 +121,13 @@ def _importance(
         )
         return metrics["eval/episode_reward/mean"]
 
-    n_units = count_units(env, network, where, site, population)
+    layer = selected(network, where, site, population)
+    if population is not None:
+        n_units = population_spec(layer, population).size
+    elif site == "carry":
+        n_units = _carry_units(layer)
+    else:
+        n_units = _output_units(env, network, where)
     # The intact network first, then one unit lesioned per row.
     masks = jnp.eye(n_units + 1, n_units, k=-1, dtype=jnp.bool_)
     returns = jax.vmap(mean_return)(masks)

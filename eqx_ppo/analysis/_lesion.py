@@ -17,12 +17,13 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
 from .._typecheck import checked
 from ..graph import PopulationGraph
 from ..nn._filters import coefficient
 from ..nn._module import (
+    AbstractLayerWrapper,
     AbstractStatefulModule,
     SequenceOutput,
     State,
@@ -38,7 +39,7 @@ Values = Float[ArrayLike, "..."] | Sequence[float]
 """The values to hold the units at, or to add: one, or one per entry of `units`."""
 
 
-class Intervention(AbstractStatefulModule):
+class Intervention(AbstractLayerWrapper):
     """Runs `layer` with some units held at given values, or shifted by them.
 
     With `mode="clamp"` the selected units are replaced by `values`; with
@@ -123,41 +124,27 @@ class Intervention(AbstractStatefulModule):
     def _at(self, site: Site, tree: Any) -> Any:
         return self._units_of(tree) if self.site == site else tree
 
-    def __call__(
-        self,
-        state: State,
-        x: Any,
-        extras: Any = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
-        state, x = self._at("carry", state), self._at("input", x)
-        out = self.layer(state, x, extras, key=key)
+    def wrap_output(self, out: Any) -> Any:
+        """A step's (or a replay's) output, held at `site="output"`."""
         return out._replace(output=self._at("output", out.output))
 
+    def __call__(
+        self, state: State, x: Any, *args: Any, **kwargs: Any
+    ) -> StatefulModuleOutput:
+        """The wrapped step, from the held carry and input."""
+        return super().__call__(
+            self._at("carry", state), self._at("input", x), *args, **kwargs
+        )
+
     def replay(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, "time env"] | None,
-        done: Bool[Array, "time env"],
+        self, state0: State, xs: Any, *args: Any, **kwargs: Any
     ) -> SequenceOutput:
         if self.site == "carry":
             # Every step's carry is held: the default replay, a scan of
             # this module's own `__call__`.
-            return AbstractStatefulModule.replay(self, state0, xs, extras, keys, done)
-        out = self.layer.replay(state0, self._at("input", xs), extras, keys, done)
-        return out._replace(output=self._at("output", out.output))
-
-    def initial_state(self) -> State:
-        return self.layer.initial_state()
-
-    def reset_state(self, prev_state: State) -> State:
-        return self.layer.reset_state(prev_state)
-
-    def update_statistics(self, extras: Any) -> "Intervention":
-        return dataclasses.replace(self, layer=self.layer.update_statistics(extras))
+            return AbstractStatefulModule.replay(self, state0, xs, *args, **kwargs)
+        xs = self._at("input", xs)
+        return self.wrap_output(self.layer.replay(state0, xs, *args, **kwargs))
 
 
 @checked
@@ -259,55 +246,61 @@ def _intervene(
             f"values (or delta) of shape {values.shape} for units of shape "
             f"{units.shape}. Fix: pass one value, or one per entry of `units`."
         )
-    target = where(network)
+    target = selected(network, where, site, population)
     if population is None:
-        if not isinstance(target, AbstractStatefulModule):
-            raise TypeError(
-                f"where=...: `where` selected a {type(target).__name__}, not a "
-                "layer. Fix: return a layer of the network, e.g. "
-                "`lambda net: net.layers[1]`."
-            )
-        if site == "carry" and not jax.tree.leaves(target.initial_state()):
-            raise ValueError(
-                f'site="carry": the selected {type(target).__name__} has no '
-                'carry. Fix: select a recurrent layer, or use site="output".'
-            )
         wrapped = Intervention(target, units, values, mode, site)
-    elif site != "output":
-        raise ValueError(
-            f"site={site!r}, population={population!r}: a population has no carry "
-            'of its own; its activity is its output. Fix: site="output".'
-        )
     else:
         wrapped = _intervene_population(target, population, units, values, mode)
     return eqx.tree_at(where, network, wrapped)
 
 
+def selected(
+    network: PyTree,
+    where: Callable[[PyTree], Any],
+    site: Literal["output", "carry"],
+    population: str | None,
+) -> Any:
+    """The layer `where` selects in `network` (the `PopulationGraph`, with a
+    `population`), checked to have what `site` acts on."""
+    target = where(network)
+    kind = AbstractStatefulModule if population is None else PopulationGraph
+    if not isinstance(target, kind):
+        raise TypeError(
+            f"where=...: `where` selected a {type(target).__name__}, not a "
+            f"{'layer' if population is None else 'PopulationGraph'}. Fix: return "
+            "a layer, e.g. `lambda net: net.layers[1]`; with `population=`, the "
+            "graph holding the population."
+        )
+    if site == "carry" and (
+        population is not None or not jax.tree.leaves(target.initial_state())
+    ):
+        what = f"population {population!r}" if population else type(target).__name__
+        raise ValueError(
+            f'site="carry": the selected {what} has no carry of its own. Fix: use '
+            'site="output", or select a recurrent layer.'
+        )
+    return target
+
+
 def n_units_of(layer: AbstractStatefulModule, site: Site, y: Any) -> int:
-    """The number of units in `y`, what `layer` has at `site` (its last axis),
-    or an error if `y` is not an array of units."""
+    """The number of units in `y`, what `layer` has at `site` (its last axis)."""
     if not (eqx.is_array(y) or isinstance(y, jax.ShapeDtypeStruct)) or not y.shape:
         raise TypeError(
             f"where=...: the selected {type(layer).__name__}'s {site} is "
             f"{jax.tree.map(jnp.shape, y)}, not an array of units. Fix: select a "
-            "layer whose output is an array, or a graph's population with "
+            f"layer whose {site} is made of arrays, or a graph's population with "
             "`population=`."
         )
     return y.shape[-1]
 
 
-def population_spec(graph: Any, population: str) -> Any:
-    """The `PopulationSpec` named `population` of `graph`, or an error naming
-    the graph's populations."""
-    if not isinstance(graph, PopulationGraph):
-        raise TypeError(
-            f"population={population!r}: `where` selected a {type(graph).__name__}, "
-            "not a PopulationGraph. Fix: select the graph holding the population."
-        )
+def population_spec(graph: PopulationGraph, population: str) -> Any:
+    """The `PopulationSpec` named `population` of `graph`."""
     specs = {pop.name: pop for pop in graph.populations}
     if population not in specs:
         raise ValueError(
-            f"population={population!r}: the graph has the populations {sorted(specs)}."
+            f"population={population!r}: the graph has the populations "
+            f"{sorted(specs)}. Fix: pass one of them."
         )
     return specs[population]
 

@@ -64,7 +64,7 @@ class CartPole(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_positive("CartPole", max_force=self.max_force)
+        check_positive(self, max_force=self.max_force)
 
     def _state(self, physics: Float[Array, "4"], reward, done) -> State:
         obs = physics[jnp.array([0, 2])] if self.hide_velocity else physics
@@ -76,7 +76,7 @@ class CartPole(AbstractEnv):
         return self._state(physics, zero, zero)
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
-        action = check_action("CartPole", action, (1,))
+        action = check_action(self, action, (1,))
         x, x_dot, theta, theta_dot = state.pipeline_state
         force = self.max_force * jnp.clip(action[0], -1.0, 1.0)
         total_mass = _CART_MASS + _POLE_MASS

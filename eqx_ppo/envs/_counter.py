@@ -62,7 +62,7 @@ class Counter(AbstractEnv):
         )
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
-        action = check_action("Counter", action, (1,))
+        action = check_action(self, action, (1,))
         step = state.pipeline_state["step"] + 1
         hit = jnp.abs(action[0] - step.astype(action.dtype)) < 0.5
         return State(

@@ -40,7 +40,7 @@ class DictObsAct(AbstractCenterTask):
         return self._state(pos, jnp.zeros(2, jnp.float32), jnp.zeros((), jnp.float32))
 
     def step(self, state: State, action: dict[str, Float[Array, "2"]]) -> State:
-        action = check_action_tree("DictObsAct", action, {"force": (2,)})
+        action = check_action_tree(self, action, {"force": (2,)})
         pos, vel = push(state.pipeline_state["pos"], action["force"], self.speed)
         return self._state(pos, vel, -distance(pos))
 

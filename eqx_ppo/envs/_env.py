@@ -89,23 +89,25 @@ def reported_truncation(state: Any) -> Bool[Array, "*env"]:
     return jnp.zeros(jnp.shape(state.done), bool)
 
 
-def check_positive(env_name: str, **values: float) -> None:
-    """A `ValueError` naming every non-positive value among `values`."""
+def check_positive(env: Any, **values: float) -> None:
+    """A `ValueError` naming `env`'s class and every non-positive value among
+    `values`."""
     bad = {name: v for name, v in values.items() if not v > 0}
     if bad:
         args = ", ".join(f"{name}={v!r}" for name, v in bad.items())
-        raise ValueError(f"`{env_name}({args})`: must be positive.")
+        raise ValueError(f"`{type(env).__name__}({args})`: must be positive.")
 
 
-def check_action(env_name: str, action: Any, shape: tuple[int, ...]) -> Array:
-    """`action` as a float array of `shape`, or a `ValueError` naming the env."""
+def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
+    """`action` as a float array of `shape`, or a `ValueError` naming `env`'s
+    class."""
     action = jnp.asarray(action)
     if action.shape != shape or not jnp.issubdtype(action.dtype, jnp.floating):
         raise ValueError(
-            f"`{env_name}.step`: expected a float action of shape {shape}, got "
-            f"dtype {action.dtype} and shape {action.shape}. Build the policy with "
-            f"action_size={shape[0] if len(shape) == 1 else shape} (the env's "
-            "`action_size`)."
+            f"`{type(env).__name__}.step`: expected a float action of shape "
+            f"{shape}, got dtype {action.dtype} and shape {action.shape}. Build "
+            f"the policy with action_size={shape[0] if len(shape) == 1 else shape} "
+            "(the env's `action_size`)."
         )
     return action
 
@@ -114,15 +116,15 @@ def _is_shape(x: Any) -> bool:
     return isinstance(x, tuple)
 
 
-def check_action_tree(env_name: str, action: Any, shapes: dict[str, Any]) -> Any:
+def check_action_tree(env: Any, action: Any, shapes: dict[str, Any]) -> Any:
     """Check a dict action against `shapes` (same keys; leaves are shape tuples)."""
     if jax.tree.structure(action) != jax.tree.structure(shapes, is_leaf=_is_shape):
         got = jax.tree.map(jnp.shape, action)
         raise ValueError(
-            f"`{env_name}.step`: expected a dict action with shapes {shapes}, got "
-            f"{got}. Build the policy's action port with these keys."
+            f"`{type(env).__name__}.step`: expected a dict action with shapes "
+            f"{shapes}, got {got}. Build the policy's action port with these keys."
         )
-    return jax.tree.map(lambda a, s: check_action(env_name, a, s), action, shapes)
+    return jax.tree.map(lambda a, s: check_action(env, a, s), action, shapes)
 
 
 def check_env(env: Any, name: str = "env") -> None:

@@ -49,9 +49,7 @@ class AbstractCenterTask(AbstractEnv):
     speed: float = eqx.field(static=True, default=0.2)
 
     def __check_init__(self):
-        check_positive(
-            type(self).__name__, start_radius=self.start_radius, speed=self.speed
-        )
+        check_positive(self, start_radius=self.start_radius, speed=self.speed)
 
 
 class MoveToCenter(AbstractCenterTask):
@@ -89,7 +87,7 @@ class MoveToCenter(AbstractCenterTask):
         return self._state(pos, jnp.zeros((), jnp.float32))
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
-        action = check_action("MoveToCenter", action, (2,))
+        action = check_action(self, action, (2,))
         pos, _ = push(state.pipeline_state, action, self.speed)
         return self._state(pos, -distance(pos))
 

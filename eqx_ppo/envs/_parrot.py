@@ -50,7 +50,7 @@ class Parrot(AbstractEnv):
         return self._state(key, jnp.zeros((), jnp.float32))
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
-        action = check_action("Parrot", action, (self.obs_size,))
+        action = check_action(self, action, (self.obs_size,))
         sq_dist = jnp.sum((action - state.obs) ** 2)
         reward = jnp.exp(-sq_dist / (2 * self.reward_falloff**2))
         return self._state(state.pipeline_state, reward)

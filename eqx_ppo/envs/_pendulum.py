@@ -68,7 +68,7 @@ class Pendulum(AbstractEnv):
 
     def __check_init__(self):
         check_positive(
-            "Pendulum",
+            self,
             max_torque=self.max_torque,
             max_speed=self.max_speed,
             mass=self.mass,
@@ -99,7 +99,7 @@ class Pendulum(AbstractEnv):
         return self._state(theta, theta_dot, jnp.zeros((), jnp.float32))
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
-        action = check_action("Pendulum", action, (1,))
+        action = check_action(self, action, (1,))
         theta = state.pipeline_state["theta"]
         theta_dot = state.pipeline_state["theta_dot"]
         u = self.max_torque * jnp.clip(action[0], -1.0, 1.0)

@@ -75,7 +75,7 @@ class Recall(AbstractEnv):
         return self._state(cue, jnp.zeros((), jnp.int32), zero, zero)
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
-        action = check_action("Recall", action, (1,))
+        action = check_action(self, action, (1,))
         cue = state.pipeline_state["cue"]
         reward = jnp.clip(action[0], -1.0, 1.0) * cue
         t = state.pipeline_state["t"] + 1

@@ -41,7 +41,7 @@ class TwoArm(AbstractEnv):
 
     def __check_init__(self):
         check_positive(
-            "TwoArm",
+            self,
             arm1_radius=self.arm1_radius,
             arm2_radius=self.arm2_radius,
             speed=self.speed,
@@ -63,7 +63,7 @@ class TwoArm(AbstractEnv):
         return self._state(obs, {arm: jnp.zeros((), jnp.float32) for arm in _ARMS})
 
     def step(self, state: State, action: dict[str, Float[Array, "2"]]) -> State:
-        action = check_action_tree("TwoArm", action, {arm: (2,) for arm in _ARMS})
+        action = check_action_tree(self, action, {arm: (2,) for arm in _ARMS})
         obs, reward = {}, {}
         for arm in _ARMS:
             pos, vel = push(state.pipeline_state[arm]["pos"], action[arm], self.speed)
