@@ -116,8 +116,20 @@ def eqx_config(spec: Spec):
         )
     else:
         evaluation = eqx_ppo.EvalConfig(enabled=False)
+    settings = {**ppo_settings(spec), **spec.eqx_ppo_options}
+    if hasattr(eqx_ppo, "PPOConfig"):
+        # A `base` checkout from before the learner redesign (637070d and
+        # earlier): its settings live in `PPOConfig`, trained by `train_ppo`.
+        return eqx_ppo.TrainConfig(
+            ppo=eqx_ppo.PPOConfig(**settings),
+            eval=evaluation,
+            seed=spec.seed,
+            n_seeds=spec.n_seeds,
+            log_every_steps=spec.chunk_steps,
+            progress=False,
+        )
     return eqx_ppo.TrainConfig(
-        learner=eqx_ppo.PPO(**ppo_settings(spec), **spec.eqx_ppo_options),
+        learner=eqx_ppo.PPO(**settings),
         eval=evaluation,
         seed=spec.seed,
         n_seeds=spec.n_seeds,
@@ -139,7 +151,8 @@ def run_eqx(spec: Spec, env: Any = None) -> dict[str, Any]:
     train_env = env
     if spec.reward_scaling != 1.0:
         train_env = eqx_ppo.envs.RewardScalingWrapper(env, spec.reward_scaling)
-    result = eqx_ppo.train(
+    train = getattr(eqx_ppo, "train_ppo", None) or eqx_ppo.train
+    result = train(
         train_env,
         functools.partial(eqx_network, spec, env),
         eqx_config(spec),
