@@ -64,6 +64,12 @@ def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainCo
         )
     else:
         keys = key
+    return _split_seed_keys(keys)
+
+
+@jax.jit
+def _split_seed_keys(keys: Array) -> tuple[Array, Array, Array]:
+    """Each seed's (init, train, eval) keys, as three stacks: one program."""
     init, train, evaluate = jax.vmap(lambda k: jax.random.split(k, 3), out_axes=1)(keys)
     return init, train, evaluate
 
@@ -83,9 +89,21 @@ def _init_seed(env, networks, learner, init_key, train_key):
 
 # Module level, so a second run of the same env, networks and learner reuses
 # the compiled program instead of tracing a new closure.
-_init_seeds = eqx.filter_jit(
-    eqx.filter_vmap(_init_seed, in_axes=(None, None, None, 0, 0))
-)
+@eqx.filter_jit
+def _init_seeds(env, networks, learner, init_keys, train_keys):
+    return _over_seeds(
+        lambda keys, *shared: _init_seed(*shared, *keys),
+        (init_keys, train_keys),
+        env,
+        networks,
+        learner,
+    )
+
+
+@eqx.filter_jit
+def _first_seed(tree: Any) -> Any:
+    """`tree` without its leading seed axis, as one program (not one per leaf)."""
+    return jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, tree)
 
 
 def _initial_states(
@@ -95,11 +113,7 @@ def _initial_states(
     them: the template `load_checkpoint(env=, networks=)` builds."""
     init_keys, train_keys, _ = _seed_keys(None, config)
     states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
-    return (
-        states
-        if config.n_seeds > 1
-        else jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, states)
-    )
+    return states if config.n_seeds > 1 else _first_seed(states)
 
 
 register_template(
@@ -346,9 +360,7 @@ class _Driver(NamedTuple):
 
     def public(self, states: TrainingState) -> TrainingState:
         """The states as the user sees them: no seed axis for one seed."""
-        if self.config.n_seeds > 1:
-            return states
-        return jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, states)
+        return states if self.config.n_seeds > 1 else _first_seed(states)
 
     def run(self, states: TrainingState) -> TrainResult:
         learner, schedule, main = self.learner, self.schedule, is_main_process()
@@ -364,7 +376,7 @@ class _Driver(NamedTuple):
         )
         if iteration == 0:
             if learner.check_finite:
-                obs = jax.tree.map(lambda x: x[0], self.local(states.env_state.obs))
+                obs = _first_seed(self.local(states.env_state.obs))
                 _guard.check_host_values(
                     obs,
                     "observation from env.reset at the start of the run",
@@ -438,9 +450,7 @@ class _Driver(NamedTuple):
             progress.show_return(metrics["eval/episode_reward/mean"])
             row = {**row, **metrics}
         if main and schedule.due(schedule.video, iteration):
-            network = jax.tree.map(
-                lambda x: x[0] if eqx.is_array(x) else x, self.local(states.network)
-            )
+            network = _first_seed(self.local(states.network))
             with CompileTimer() as timer:
                 frames = record_video(
                     self.eval_env,
