@@ -386,13 +386,28 @@ def test_the_issues_truthy_strings_and_nones_are_refused_by_name(kwargs):
 @pytest.mark.parametrize(
     "call, name",
     [
-        (lambda: nn.make_recurrent_actor_critic(2, 2, 4, key=KEY, recurrent_critic="no"), "recurrent_critic"),
-        (lambda: nn.make_recurrent_actor_critic(2, 2, 4, key=KEY, trainable_initial_state="false"), "trainable_initial_state"),
-        (lambda: nn.make_recurrent_actor_critic(2, 2, 4, key=KEY, parallel_replay="yes"), "parallel_replay"),
+        (
+            lambda: nn.make_recurrent_actor_critic(
+                2, 2, 4, key=KEY, recurrent_critic="no"
+            ),
+            "recurrent_critic",
+        ),
+        (
+            lambda: nn.make_recurrent_actor_critic(
+                2, 2, 4, key=KEY, trainable_initial_state="false"
+            ),
+            "trainable_initial_state",
+        ),
+        (
+            lambda: nn.make_recurrent_actor_critic(
+                2, 2, 4, key=KEY, parallel_replay="yes"
+            ),
+            "parallel_replay",
+        ),
         (lambda: eqx_ppo.JSONLLogger("m.jsonl", append="no"), "append"),
     ],
     ids=["recurrent_critic", "trainable_initial_state", "parallel_replay", "append"],
-)  # fmt: skip
+)
 def test_the_issues_string_switches_are_refused_by_name(call, name):
     with pytest.raises(TypeError) as info:
         call()
@@ -507,11 +522,14 @@ class ShapeEnv(eqx.Module):
 
 
 ENV_ERRORS = [
-    (ShapeEnv(step_obs=(3,)), r"obs has per-env shape \(3,\) and dtype float32, not \(2,\)"),
+    (
+        ShapeEnv(step_obs=(3,)),
+        r"obs has per-env shape \(3,\) and dtype float32, not \(2,\)",
+    ),
     (ShapeEnv(reward=(1,)), r"reward has per-env shape \(1,\), not \(\)"),
     (ShapeEnv(done=(1,)), r"done has per-env shape \(1,\), not \(\)"),
     (ShapeEnv(step_info=("truncated",)), r"info\['truncated'\] is new"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -605,10 +623,14 @@ class _GrowingCarry(nn.AbstractStatefulModule):
     ("layer", "error", "match"),
     [
         (_PlainTuple(), TypeError, r"_PlainTuple\.__call__ returned tuple; a layer"),
-        (_GrowingCarry(), ValueError, r"_GrowingCarry\.__call__ returned the next_state"),
+        (
+            _GrowingCarry(),
+            ValueError,
+            r"_GrowingCarry\.__call__ returned the next_state",
+        ),
         (_VectorRegularization(), ValueError, r"regularization_loss of shape \(2,\)"),
     ],
-)  # fmt: skip
+)
 def test_a_custom_layer_breaking_the_contract_is_named(layer, error, match):
     k1, k2 = jax.random.split(KEY)
     network = nn.Sequential(
@@ -633,7 +655,11 @@ def test_a_custom_layer_breaking_the_contract_is_named(layer, error, match):
 def test_initial_states_of_another_network_or_config_are_named():
     state = eqx_ppo.train(ENV, mlp, TRAIN).training_state
     cases = [
-        (functools.partial(mlp, hidden=(16,)), TRAIN, r"is float32\[2, 8\], but a fresh"),
+        (
+            functools.partial(mlp, hidden=(16,)),
+            TRAIN,
+            r"is float32\[2, 8\], but a fresh",
+        ),
         (functools.partial(mlp, hidden=(8, 8)), TRAIN, r"structure differs"),
         (mlp, dataclasses.replace(TRAIN, n_seeds=2), r"another n_seeds or n_envs"),
         (
@@ -641,7 +667,7 @@ def test_initial_states_of_another_network_or_config_are_named():
             dataclasses.replace(TRAIN, learner=dataclasses.replace(LEARNER, n_envs=8)),
             r"another n_seeds or n_envs",
         ),
-    ]  # fmt: skip
+    ]
     for networks, config, match in cases:
         with pytest.raises(
             ValueError, match=rf"train\(initial_state=\.\.\.\): .*{match}"
@@ -682,7 +708,14 @@ def test_a_state_kept_from_checkpoint_fn_is_refused_by_name():
 def test_training_from_a_state_leaves_the_callers_state_usable():
     """The compiled chunks donate their input; `train` hands them a copy."""
     state = eqx_ppo.train(ENV, mlp, TRAIN).training_state
-    eqx_ppo.train(ENV, mlp, dataclasses.replace(TRAIN, learner=dataclasses.replace(LEARNER, total_steps=64)), initial_state=state)  # fmt: skip
+    eqx_ppo.train(
+        ENV,
+        mlp,
+        dataclasses.replace(
+            TRAIN, learner=dataclasses.replace(LEARNER, total_steps=64)
+        ),
+        initial_state=state,
+    )
     arrays = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
     assert arrays and not any(x.is_deleted() for x in arrays)
 
