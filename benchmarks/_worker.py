@@ -117,25 +117,25 @@ def eqx_config(spec: Spec):
     else:
         evaluation = eqx_ppo.EvalConfig(enabled=False)
     settings = {**ppo_settings(spec), **spec.eqx_ppo_options}
-    if hasattr(eqx_ppo, "PPOConfig"):
-        # A `base` checkout from before the learner redesign (637070d and
-        # earlier): its settings live in `PPOConfig`, trained by `train_ppo`.
-        return eqx_ppo.TrainConfig(
-            ppo=eqx_ppo.PPOConfig(**settings),
-            eval=evaluation,
-            seed=spec.seed,
-            n_seeds=spec.n_seeds,
-            log_every_steps=spec.chunk_steps,
-            progress=False,
-        )
+    if _before_redesign(eqx_ppo):
+        learner = {"ppo": eqx_ppo.PPOConfig(**settings)}
+    else:
+        learner = {"learner": eqx_ppo.PPO(**settings)}
     return eqx_ppo.TrainConfig(
-        learner=eqx_ppo.PPO(**settings),
+        **learner,
         eval=evaluation,
         seed=spec.seed,
         n_seeds=spec.n_seeds,
         log_every_steps=spec.chunk_steps,
         progress=False,
     )
+
+
+def _before_redesign(eqx_ppo: Any) -> bool:
+    """Whether `eqx_ppo` is a `base` checkout from before the learner redesign
+    (637070d and earlier): settings in `TrainConfig(ppo=PPOConfig(...))`,
+    trained by `train_ppo`."""
+    return hasattr(eqx_ppo, "PPOConfig")
 
 
 def run_eqx(spec: Spec, env: Any = None) -> dict[str, Any]:
@@ -151,7 +151,7 @@ def run_eqx(spec: Spec, env: Any = None) -> dict[str, Any]:
     train_env = env
     if spec.reward_scaling != 1.0:
         train_env = eqx_ppo.envs.RewardScalingWrapper(env, spec.reward_scaling)
-    train = getattr(eqx_ppo, "train_ppo", None) or eqx_ppo.train
+    train = eqx_ppo.train_ppo if _before_redesign(eqx_ppo) else eqx_ppo.train
     result = train(
         train_env,
         functools.partial(eqx_network, spec, env),

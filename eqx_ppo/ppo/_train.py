@@ -100,10 +100,13 @@ def _init_seeds(env, networks, learner, init_keys, train_keys):
     )
 
 
-@eqx.filter_jit
-def _first_seed(tree: Any) -> Any:
-    """`tree` without its leading seed axis, as one program (not one per leaf)."""
+def _seed_zero(tree: Any) -> Any:
+    """`tree`'s first seed: every array without its leading seed axis."""
     return jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, tree)
+
+
+_first_seed = eqx.filter_jit(_seed_zero)
+"""`_seed_zero` as one program on the host (not one per leaf)."""
 
 
 def _initial_states(
@@ -164,7 +167,7 @@ def _over_seeds(fn: Callable, stacked: Any, *shared: Any) -> Any:
     if n_seeds > 1:
         in_axes = (eqx.if_array(0),) + (None,) * len(shared)
         return eqx.filter_vmap(fn, in_axes=in_axes)(stacked, *shared)
-    out = fn(jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, stacked), *shared)
+    out = fn(_seed_zero(stacked), *shared)
     return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, out)
 
 
