@@ -10,7 +10,7 @@ of it again in another fresh process, the cache now warm. eqx_ppo runs twice
 in each process: without evaluation (the run Brax's is compared with), then
 with its own evaluation on, which adds the evaluation program only.
 
-Per program (the name JAX gives it: `_init_seed` is eqx_ppo's
+Per program (the name JAX gives it: `_init_seeds` is eqx_ppo's
 initialisation, `_run_chunk` its compiled chunk of iterations, `_evaluate`
 its evaluation, `_episode` its video; the rest are small eager operations,
 key splits and transfers), from `jax.monitoring`'s duration events: the
@@ -50,7 +50,7 @@ EVENTS = {
 }
 CACHE_HIT = "/jax/compilation_cache/cache_hits"
 PHASES = {
-    "_init_seed": "init",
+    "_init_seeds": "init",
     "_run_chunk": "chunk",
     "_evaluate": "eval",
     "_episode": "video",

@@ -37,6 +37,11 @@ def _use_own_compilation_cache():
 # whether a persistent cache is in use.
 _use_own_compilation_cache()
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+# A TPU multiplies float32 matrices in reduced-precision passes by default;
+# two programs computing the same values (a rollout and its replay) then agree
+# to about 3 digits. The suite asserts float32 agreement (`tests/_helpers.py`).
+if jax.default_backend() == "tpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
 
 
 @pytest.fixture

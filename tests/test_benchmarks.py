@@ -686,6 +686,17 @@ def test_serve_session_reports_errors_and_skips_past_the_deadline(capsys):
     assert lines[3]["result"]["skipped"] and "deadline" in lines[3]["result"]["error"]
 
 
+def test_compile_phases_name_programs_that_exist():
+    """A renamed program would silently fall into "eager ops" (as `_init_seed`
+    did, putting a TPU run's 16 s initialisation compile there)."""
+    from benchmarks.compile_time import PHASES
+    from eqx_ppo.ppo import _host, _train
+
+    for name in PHASES:
+        program = getattr(_train, name, None) or getattr(_host, name)
+        assert hasattr(program, "lower"), f"{name} is not a compiled program"
+
+
 def test_compile_events_are_attributed_to_programs_and_phases():
     from benchmarks.compile_time import (
         CompileEvents,
@@ -704,8 +715,8 @@ def test_compile_events_are_attributed_to_programs_and_phases():
         [lower, "_run_chunk", 0.5, False],
         [compile_, "_run_chunk", 8.0, False],
         [trace, "_run_chunk", 1.0, False],
-        [trace, "_init_seed", 0.25, False],
-        [compile_, "_init_seed", 0.5, True],
+        [trace, "_init_seeds", 0.25, False],
+        [compile_, "_init_seeds", 0.5, True],
         [compile_, "squeeze", 0.125, False],
         [trace, "squeeze", 0.0, False],
         [trace, "squeeze", 0.0, False],
@@ -713,7 +724,7 @@ def test_compile_events_are_attributed_to_programs_and_phases():
     programs = by_program(records)
     assert programs["_run_chunk"]["trace_s"] == 2.0
     assert programs["_run_chunk"]["traces"] == 2
-    assert programs["_init_seed"]["cache_hits"] == 1
+    assert programs["_init_seeds"]["cache_hits"] == 1
     phases = by_phase(programs)
     assert set(phases) == {"chunk", "init", "eager ops"}
     assert phases["chunk"]["compile_s"] == 8.0 and phases["chunk"]["programs"] == 1
