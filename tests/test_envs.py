@@ -153,6 +153,26 @@ def test_registry():
         make("move_to_center", episode_length=0)
 
 
+@pytest.mark.parametrize(
+    "prefix, extra",
+    [
+        ("brax", "brax"),
+        ("playground", "playground"),
+        ("gymnax", "gymnax"),
+        ("popgym_arcade", "popgym-arcade"),
+    ],
+)
+def test_a_missing_simulator_names_its_extra(prefix, extra, monkeypatch):
+    from eqx_ppo.envs import _registry
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}")
+
+    monkeypatch.setattr(_registry.importlib, "import_module", missing)
+    with pytest.raises(ImportError, match=rf"pip install 'eqx_ppo\[{extra}\]'"):
+        make(f"{prefix}:Anything")
+
+
 def test_is_abstract():
     with pytest.raises(TypeError, match="abstract"):
         AbstractEnv()  # pyright: ignore

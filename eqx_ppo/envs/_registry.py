@@ -4,9 +4,10 @@ or popgym-arcade."""
 import dataclasses
 import difflib
 import functools
+import importlib
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Literal, NamedTuple
 
 import jax
 
@@ -55,7 +56,7 @@ def registered_names() -> tuple[str, ...]:
     return tuple(sorted(_BUILTIN))
 
 
-def _unknown(call: str, source: str, name: str, known: Sequence[str]) -> ValueError:
+def _unknown(call: str, source: str, name: str, known: Collection[str]) -> ValueError:
     """The error for a name `source` does not have: the closest of its
     `known` names (by spelling, ignoring case), and all of them."""
     by_lower = {k.lower(): k for k in known}
@@ -67,32 +68,11 @@ def _unknown(call: str, source: str, name: str, known: Sequence[str]) -> ValueEr
     )
 
 
-def _missing(package: str, extra: str) -> ImportError:
-    return ImportError(
-        f"This env needs `{package}`, which is not installed. Install it with "
-        f"`pip install 'eqx_ppo[{extra}]'`."
-    )
-
-
-def _brax(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
-    try:
-        from brax import envs as brax_envs
-    except ImportError as e:
-        raise _missing("brax", "brax") from e
-    if name not in brax_envs._envs:  # brax's registry: it has no public list
-        raise _unknown(f"make('brax:{name}')", "brax", name, list(brax_envs._envs))
+def _brax(brax_envs: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
     return brax_envs.get_environment(name, **kwargs), 1000
 
 
-def _playground(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
-    try:
-        from mujoco_playground import registry
-    except ImportError as e:
-        raise _missing("mujoco_playground", "playground") from e
-    if name not in registry.ALL_ENVS:
-        raise _unknown(
-            f"make('playground:{name}')", "MuJoCo Playground", name, registry.ALL_ENVS
-        )
+def _playground(mp: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
     if "impl" not in kwargs and jax.default_backend() == "cpu":
         warnings.warn(
             f"make('playground:{name}'): on CPU, using the JAX (MJX) backend; "
@@ -101,8 +81,8 @@ def _playground(name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
             stacklevel=3,
         )
     kwargs = pinned_kwargs(f"playground:{name}", kwargs)
-    env = registry.load(name, config_overrides=kwargs)
-    config = registry.get_default_config(name)
+    env = mp.registry.load(name, config_overrides=kwargs)
+    config = mp.registry.get_default_config(name)
     repeat = kwargs.get("action_repeat", config.get("action_repeat", 1))
     if repeat != 1:
         warnings.warn(
@@ -136,13 +116,7 @@ def pinned_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "impl": config.get("impl", "warp")}
 
 
-def _gymnax(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
-    try:
-        import gymnax
-    except ImportError as e:
-        raise _missing("gymnax", "gymnax") from e
-    if name not in gymnax.registered_envs:
-        raise _unknown(f"make('gymnax:{name}')", "gymnax", name, gymnax.registered_envs)
+def _gymnax(gymnax: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
     env_params = kwargs.pop("env_params", None)
     env, params = gymnax.make(name, **kwargs)
     if isinstance(env_params, Mapping):
@@ -159,14 +133,9 @@ def _gymnax(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
     return GymnaxAdapter(env, params), None
 
 
-def _popgym_arcade(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
-    try:
-        import popgym_arcade
-    except ImportError as e:
-        raise _missing("popgym-arcade", "popgym-arcade") from e
-    known = popgym_arcade.registration.REGISTERED_ENVIRONMENTS
-    if name not in known:
-        raise _unknown(f"make('popgym_arcade:{name}')", "popgym-arcade", name, known)
+def _popgym_arcade(
+    popgym_arcade: Any, name: str, kwargs: dict[str, Any]
+) -> tuple[Any, None]:
     env, params = popgym_arcade.make(name, **kwargs)
     # The limit lives on the env under one of two names; the params' field,
     # where there is one, is the stable-gymnax default (1) for some envs.
@@ -177,6 +146,54 @@ def _popgym_arcade(name: str, kwargs: dict[str, Any]) -> tuple[Any, None]:
         env, params, flatten_obs=False, truncation_from_info=True, max_len=limit
     )
     return adapter, None
+
+
+class _Source(NamedTuple):
+    """Envs of another simulator, made by `make("<prefix>:<name>")`."""
+
+    title: str  # in errors
+    package: str  # the module imported, only when asked for
+    extra: str  # the pip extra that installs it
+    names: Callable[[Any], Collection[str]]  # its env names, from the package
+    build: Callable[[Any, str, dict[str, Any]], tuple[Any, int | None]]
+
+
+_SOURCES = {
+    # brax's registry has no public list
+    "brax": _Source("brax", "brax.envs", "brax", lambda m: m._envs, _brax),
+    "playground": _Source(
+        "MuJoCo Playground",
+        "mujoco_playground",
+        "playground",
+        lambda m: m.registry.ALL_ENVS,
+        _playground,
+    ),
+    "gymnax": _Source(
+        "gymnax", "gymnax", "gymnax", lambda m: m.registered_envs, _gymnax
+    ),
+    "popgym_arcade": _Source(
+        "popgym-arcade",
+        "popgym_arcade",
+        "popgym-arcade",
+        lambda m: m.registration.REGISTERED_ENVIRONMENTS,
+        _popgym_arcade,
+    ),
+}
+
+
+def _from_source(prefix: str, name: str, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    source = _SOURCES[prefix]
+    try:
+        module = importlib.import_module(source.package)
+    except ImportError as e:
+        raise ImportError(
+            f"This env needs {source.title}, which is not installed. Install it "
+            f"with `pip install 'eqx_ppo[{source.extra}]'`."
+        ) from e
+    known = source.names(module)
+    if name not in known:
+        raise _unknown(f"make('{prefix}:{name}')", source.title, name, known)
+    return source.build(module, name, kwargs)
 
 
 @checked
@@ -226,18 +243,12 @@ def make(
     """
     prefix, _, inner = name.partition(":")
     if inner:
-        makers = {
-            "brax": _brax,
-            "playground": _playground,
-            "gymnax": _gymnax,
-            "popgym_arcade": _popgym_arcade,
-        }
-        if prefix not in makers:
+        if prefix not in _SOURCES:
             raise ValueError(
                 f"make({name!r}): unknown prefix {prefix!r}; use one of "
                 f"{', '.join(_PREFIXES)} or a built-in name."
             )
-        env, default_length = makers[prefix](inner, kwargs)
+        env, default_length = _from_source(prefix, inner, kwargs)
     elif name in _BUILTIN:
         constructor, default_length = _BUILTIN[name]
         env = constructor(**kwargs)
