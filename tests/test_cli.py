@@ -779,8 +779,9 @@ def test_the_compile_cache_makes_a_second_run_load_its_programs(tmp_path):
 
 def test_compile_cache_flags_are_checked(tmp_path, capsys):
     argv = ["train", *TINY, "--out", str(tmp_path / "r")]
-    assert main([*argv, "--compile-cache", str(tmp_path), "--no-compile-cache"]) == 2
-    assert "give one of them" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--compile-cache", str(tmp_path), "--no-compile-cache"])
+    assert "not allowed with argument --compile-cache" in capsys.readouterr().err
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert main([*argv, "--compile-cache", str(blocked / "c")]) == 2

@@ -348,8 +348,6 @@ def _use_compile_cache(args: argparse.Namespace) -> None:
     loads them instead of compiling. A cache folder set through JAX (its config
     or `JAX_COMPILATION_CACHE_DIR`) is kept unless the flag is given."""
     if args.no_compile_cache:
-        if args.compile_cache is not None:
-            raise CLIError("--compile-cache and --no-compile-cache: give one of them.")
         jax.config.update("jax_enable_compilation_cache", False)
         return
     if args.compile_cache is None and jax.config.jax_compilation_cache_dir:

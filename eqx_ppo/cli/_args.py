@@ -314,7 +314,8 @@ def default_compile_cache() -> pathlib.Path:
 
 
 def _add_cache_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument(
         "--compile-cache",
         type=pathlib.Path,
         default=None,
@@ -324,7 +325,7 @@ def _add_cache_flags(parser: argparse.ArgumentParser) -> None:
         f"cache; default: {default_compile_cache()}, or JAX's own cache folder "
         "if you set one)",
     )
-    parser.add_argument(
+    cache.add_argument(
         "--no-compile-cache",
         action="store_true",
         help="compile everything afresh and write no compiled programs",
