@@ -181,7 +181,7 @@ def _sequential_backward(pairs, residuals, cotangent):
     d_h0 = product(a[:1], d_states[:1], pairs=pairs, conjugate=True)
     if a.shape[0] == 1:
         # A shared `a` factors out of both sums, which spares a full-length
-        # product and concatenation (the LRU's update, ~6% faster on a CPU).
+        # product and concatenation (the LRU's update).
         d_a = d_first + jnp.sum(d_rest, 0, keepdims=True)
         restarts = jnp.sum(jnp.where(keep[1:], 0.0, d_states[1:]), 0, keepdims=True)
         d_reset = product(a, restarts, pairs=pairs, conjugate=True)
