@@ -45,10 +45,11 @@ def test_single_head_output_shapes_and_lifting(getkey):
     assert out.output.actions.shape == (3,)
     assert out.output.loglikelihoods.shape == ()
     assert out.output.value_estimates.shape == ()  # (1,) squeezed
-    # The action port draws from its own fold of the key; the adapter lifts
-    # its fields.
-    action_key = jax.random.fold_in(key, zlib.crc32(b"action"))
-    port = net.action(net.action.initial_state(), x, key=action_key)
+    # The action port's sampler (its layer 1) draws from one fold of the key
+    # by its path; the adapter lifts its fields.
+    sampler_key = jax.random.fold_in(key, zlib.crc32(b"'action'/1"))
+    params = net.action[0](net.action[0].initial_state(), x).output
+    port = net.action[1]((), params, key=sampler_key)
     assert jnp.array_equal(out.output.actions, port.output["action"])
     assert jnp.array_equal(out.output.loglikelihoods, port.output["log_likelihood"])
     value = net.value(net.value.initial_state(), x).output

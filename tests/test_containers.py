@@ -20,7 +20,7 @@ from eqx_ppo.nn import (
     Sequential,
     StatefulModuleOutput,
 )
-from eqx_ppo.nn._module import reset_where, zero_loss
+from eqx_ppo.nn._module import AbstractLayerWrapper, reset_where, zero_loss
 
 
 class Affine(AbstractStatefulModule):
@@ -150,12 +150,15 @@ def test_regularisation_is_summed_and_metrics_nest_by_child():
 
 
 def fold(key, *path):
-    """The key a child at `path` gets, by the documented rule: positions are
-    folded in as they are, names as the CRC-32 of their UTF-8 bytes."""
-    for part in path:
-        data = part if isinstance(part, int) else zlib.crc32(part.encode())
-        key = jax.random.fold_in(key, data)
-    return key
+    """The key the layer at `path` gets, by the documented rule: one fold of
+    the outermost container's key. A child's position is folded in as it is,
+    its name as the CRC-32 of its UTF-8 bytes; a deeper layer's path as the
+    CRC-32 of its parts' reprs joined by "/"."""
+    if len(path) > 1:
+        return jax.random.fold_in(key, zlib.crc32("/".join(map(repr, path)).encode()))
+    (part,) = path
+    data = part if isinstance(part, int) else zlib.crc32(part.encode())
+    return jax.random.fold_in(key, data)
 
 
 def test_sequential_folds_each_position_into_the_key(getkey):
@@ -196,6 +199,11 @@ def test_a_new_stochastic_sibling_leaves_each_childs_noise_unchanged(getkey):
     crowded = noises(Parallel(a=Stash(), m=Stash(), q=Stash(), z=Stash()))
     np.testing.assert_array_equal(crowded["m"], alone["m"])
     assert not np.array_equal(crowded["a"], crowded["m"])
+    # Nested one level deeper: the same holds by the whole path.
+    alone = noises(Sequential([affine(1.0), Parallel(m=Stash(), q=affine(1.0))]))
+    crowded = noises(Sequential([Stash(), Parallel(a=Stash(), m=Stash(), q=Stash())]))
+    np.testing.assert_array_equal(crowded[1]["m"], alone[1]["m"])
+    assert not np.array_equal(crowded[1]["a"], crowded[1]["m"])
 
 
 def test_the_actors_actions_do_not_change_when_the_critic_draws_noise(getkey):
@@ -215,6 +223,41 @@ def test_the_actors_actions_do_not_change_when_the_critic_draws_noise(getkey):
         net(net.initial_state(), x, key=key).output.actions for net in (plain, noisy)
     ]
     np.testing.assert_array_equal(actions[0], actions[1])
+
+
+class Tagged(AbstractLayerWrapper):
+    """A wrapper that only adds a metric."""
+
+    layer: AbstractStatefulModule
+
+    def wrap_output(self, out):
+        return out._replace(metrics={**out.metrics, "tagged": True})
+
+
+def test_a_wrapped_container_routes_keys_as_the_bare_one(getkey):
+    """Wrapping a container (a lesion, a probe) leaves its layers' noise, in a
+    call and in a replay, as it was."""
+    key, x = getkey(), jnp.zeros(3)
+    inner = Sequential([Stash(), Parallel(a=Noise(), b=Stash())])
+    bare = Sequential([affine(1.0), inner])
+    wrapped = Sequential([affine(1.0), Tagged(inner)])
+
+    def same(a, b):
+        return jax.tree.all(jax.tree.map(np.array_equal, a, b))
+
+    out, wrapped_out = (n(n.initial_state(), x, key=key) for n in (bare, wrapped))
+    assert same(wrapped_out.output, out.output)
+    assert same(wrapped_out.extras, out.extras)
+    assert wrapped_out.metrics[1]["tagged"]
+    np.testing.assert_array_equal(
+        out.extras[1][1]["b"], jax.random.normal(fold(key, 1, 1, "b"), (3,))
+    )
+    keys = jax.random.split(key, (2, 3))
+    xs, done = jnp.zeros((2, 3, 3)), jnp.zeros((2, 3), bool)
+    bare_replay, wrapped_replay = (
+        n.replay(n.initial_state(), xs, None, keys, done) for n in (bare, wrapped)
+    )
+    assert same(wrapped_replay.output, bare_replay.output)
 
 
 def test_a_batch_of_keys_gives_each_child_every_keys_fold(getkey):
@@ -423,7 +466,7 @@ def test_scan_jit_and_filter_grad_through_containers(getkey):
 
     key = getkey()
     final_state, outputs = rollout(net, key)
-    # Layer 2 of the Sequential, then child "a" of the Map.
+    # Child "a" of the Map that is layer 2 of the Sequential: one fold.
     noises = np.array(
         [jax.random.normal(fold(k, 2, "a"), ()) for k in jax.random.split(key, 4)]
     )

@@ -323,8 +323,8 @@ def test_deterministic_layers_ignore_the_key(getkey):
 
 def test_actor_critic_sampler_gets_its_own_fold_of_the_call_key(getkey):
     # The sampler is child 2 of the actor, the adapter's "action" port, which
-    # is child 1 of the network: it draws from the call's key with those three
-    # folded in.
+    # is child 1 of the network: it draws from the call's key with that path
+    # folded in once.
     net = make_mlp_actor_critic(3, 2, [4], [4], key=getkey())
     x, key = jax.random.normal(getkey(), (3,)), getkey()
     out = net(net.initial_state(), x, key=key)
@@ -332,8 +332,6 @@ def test_actor_critic_sampler_gets_its_own_fold_of_the_call_key(getkey):
     actor = net.layers[1].action
     trunk = Sequential(actor.layers[:-1])
     params = trunk(trunk.initial_state(), normalized).output
-    sampler_key = jax.random.fold_in(
-        jax.random.fold_in(jax.random.fold_in(key, 1), zlib.crc32(b"action")), 2
-    )
+    sampler_key = jax.random.fold_in(key, zlib.crc32(b"1/'action'/2"))
     sampled = actor.layers[-1]((), params, key=sampler_key).output["action"]
     np.testing.assert_array_equal(out.output.actions, sampled)

@@ -192,7 +192,7 @@ class PopulationGraph(AbstractStatefulModule):
                     state["transforms"][conn.name],
                     source,
                     None if extras is None else extras[conn.name],
-                    key=child_key(key, conn.name),
+                    key=child_key(key, (conn.name,)),
                 )
                 next_transform_state[conn.name] = out.next_state
                 transform_extras[conn.name] = out.extras

@@ -10,9 +10,10 @@ Every container routes the five per-call channels the same way:
   call routes one step, so in the loss replay only recurrent children are
   scanned over time, and the others run once over all the minibatch's steps.
 - Child `i` of `Sequential` gets the key `jax.random.fold_in(key, i)`, the
-  child named `name` of a named container `fold_in(key, crc32(name))`: its
-  own key, whatever its siblings are, the same eagerly, under `jit` and in
-  the loss replay.
+  child named `name` of a named container `fold_in(key, crc32(name))`, and
+  a layer inside a nested container one fold by its whole path
+  (`_keys.child_key`): its own key, whatever its siblings are, the same
+  eagerly, under `jit` and in the loss replay.
 
 **Child order.** Named containers store their children sorted by name. JAX
 flattens dicts in sorted-key order, so this is the only order that survives a
@@ -25,6 +26,7 @@ import abc
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Key
@@ -32,6 +34,7 @@ from jaxtyping import Array, Bool, Key
 from .._typecheck import checked
 from ._keys import child_key
 from ._module import (
+    AbstractLayerWrapper,
     AbstractStatefulModule,
     SequenceOutput,
     State,
@@ -100,13 +103,28 @@ class _AbstractContainer(AbstractStatefulModule):
         *,
         key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
+        return self._call_at(state, x, extras, key, ())
+
+    def _call_at(
+        self,
+        state: dict[Hashable, State],
+        x: Any,
+        extras: dict[Hashable, Any] | None,
+        key: Key[Array, ""] | None,
+        path: tuple[Hashable, ...],
+    ) -> StatefulModuleOutput:
+        """The call of this container at `path` below the one given `key`."""
         children = self._children()
         outs: dict[Hashable, StatefulModuleOutput] = {}
 
         def run(name: Hashable, child_x: Any) -> Any:
-            child = children[name]
-            child_extras = _child(extras, name)
-            out = child(state[name], child_x, child_extras, key=child_key(key, name))
+            child, at = children[name], (*path, name)
+            routed = _routed(child, at)
+            if routed is None:
+                routed, child_keys = child, child_key(key, at)
+            else:
+                child_keys = key
+            out = routed(state[name], child_x, _child(extras, name), key=child_keys)
             outs[name] = checked_output(child, state[name], out)
             return out.output
 
@@ -129,16 +147,30 @@ class _AbstractContainer(AbstractStatefulModule):
         keys: Key[Array, "time env"] | None,
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
+        return self._replay_at(state0, xs, extras, keys, done, ())
+
+    def _replay_at(
+        self,
+        state0: dict[Hashable, State],
+        xs: Any,
+        extras: dict[Hashable, Any] | None,
+        keys: Key[Array, "time env"] | None,
+        done: Bool[Array, "time env"],
+        path: tuple[Hashable, ...],
+    ) -> SequenceOutput:
+        """The replay of this container at `path` below the one given `keys`."""
         children = self._children()
         outs: dict[Hashable, SequenceOutput] = {}
 
         def run(name: Hashable, child_xs: Any) -> Any:
-            outs[name] = children[name].replay(
-                state0[name],
-                child_xs,
-                _child(extras, name),
-                child_key(keys, name),
-                done,
+            child, at = children[name], (*path, name)
+            routed = _routed(child, at)
+            if routed is None:
+                routed, child_keys = child, child_key(keys, at)
+            else:
+                child_keys = keys
+            outs[name] = routed.replay(
+                state0[name], child_xs, _child(extras, name), child_keys, done
             )
             return outs[name].output
 
@@ -170,6 +202,39 @@ class _AbstractContainer(AbstractStatefulModule):
                 for name, child in self._children().items()
             }
         )
+
+
+class _Routed(AbstractStatefulModule):
+    """A container as called at `path` inside another: it takes the outer
+    container's key and folds its layers' whole paths in."""
+
+    container: _AbstractContainer
+    path: tuple[Hashable, ...] = eqx.field(static=True)
+
+    def __call__(self, state, x, extras=None, *, key=None):
+        return self.container._call_at(state, x, extras, key, self.path)
+
+    def replay(self, state0, xs, extras, keys, done):
+        return self.container._replay_at(state0, xs, extras, keys, done, self.path)
+
+    def initial_state(self) -> State:
+        return self.container.initial_state()
+
+    def reset_state(self, prev_state: State) -> State:
+        return self.container.reset_state(prev_state)
+
+
+def _routed(child: AbstractStatefulModule, path: tuple[Hashable, ...]) -> Any:
+    """`child` at `path`, taking its parent's key, if it is a container or
+    wraps one (its wrappers run as they are, around the routed container);
+    `None` for a layer, which gets its own key."""
+    if isinstance(child, _AbstractContainer):
+        return _Routed(child, path)
+    if isinstance(child, AbstractLayerWrapper):
+        inner = _routed(child.layer, path)
+        if inner is not None:
+            return eqx.tree_at(lambda wrapper: wrapper.layer, child, inner)
+    return None
 
 
 class _AbstractNamedContainer(_AbstractContainer):

@@ -1,17 +1,21 @@
-"""Keys: the key each child of a container gets, and the check that a
+"""Keys: the key each layer inside a container gets, and the check that a
 stochastic layer got one.
 
 A container hands child `i` of a `Sequential` the key
 `jax.random.fold_in(key, i)`, and the child named `name` of a dict container
-(or a graph's connection `name`) `fold_in(key, crc32(name))`. A child's key
-depends only on its parent's key and its own position or name, never on its
-siblings, so adding, removing or changing a sibling leaves its noise as it
-was. Every child gets a key, used or not: folding in is cheap, and XLA
-removes a key no layer draws from.
+(or a graph's connection `name`) `fold_in(key, crc32(name))`. A container
+inside a container passes the key on with the path to its children, so a
+layer deeper down gets one fold of the outermost container's key by its whole
+path (`child_key`), not one fold per level: on a CPU, JAX computes each fold
+in a loop of its own, once per env and step. A layer's key depends only on
+that key and its own path, never on its siblings, so adding, removing or
+changing a sibling leaves its noise as it was. Every layer gets a key, used
+or not: XLA removes a key no layer draws from.
 """
 
 import functools
 import zlib
+from collections.abc import Hashable
 from typing import Any
 
 import jax
@@ -19,13 +23,23 @@ from jaxtyping import Array, Key
 
 
 def child_key(
-    key: Key[Array, "*batch"] | None, child: int | str
+    key: Key[Array, "*batch"] | None, path: tuple[Hashable, ...]
 ) -> Key[Array, "*batch"] | None:
-    """The key of the child at position `child` (an int) or named `child` (a
-    str), for each of `key`'s keys; `None` stays `None`."""
+    """The key of the layer at `path` (positions and names, one per level)
+    below the container called with `key`, for each of `key`'s keys; `None`
+    stays `None`.
+
+    One fold however deep the layer sits: `fold_in(key, i)` for child `i`,
+    `fold_in(key, crc32(name))` for the child `name`, and for a deeper layer
+    `fold_in(key, crc32("/".join(map(repr, path))))`.
+    """
     if key is None:
         return None
-    data = child if isinstance(child, int) else zlib.crc32(child.encode())
+    if len(path) == 1 and isinstance(path[0], int):
+        data = path[0]
+    else:
+        text = path[0] if len(path) == 1 else "/".join(map(repr, path))
+        data = zlib.crc32(str(text).encode())
     fold = functools.partial(jax.random.fold_in, data=data)
     for _ in range(key.ndim):
         fold = jax.vmap(fold)
