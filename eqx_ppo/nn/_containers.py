@@ -103,41 +103,7 @@ class _AbstractContainer(AbstractStatefulModule):
         *,
         key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
-        return self._call_at(state, x, extras, key, ())
-
-    def _call_at(
-        self,
-        state: dict[Hashable, State],
-        x: Any,
-        extras: dict[Hashable, Any] | None,
-        key: Key[Array, ""] | None,
-        path: tuple[Hashable, ...],
-    ) -> StatefulModuleOutput:
-        """The call of this container at `path` below the one given `key`."""
-        children = self._children()
-        outs: dict[Hashable, StatefulModuleOutput] = {}
-
-        def run(name: Hashable, child_x: Any) -> Any:
-            child, at = children[name], (*path, name)
-            routed = _routed(child, at)
-            if routed is None:
-                routed, child_keys = child, child_key(key, at)
-            else:
-                child_keys = key
-            out = routed(state[name], child_x, _child(extras, name), key=child_keys)
-            outs[name] = checked_output(child, state[name], out)
-            return out.output
-
-        output = self._route(run, x, _one_step)
-        return StatefulModuleOutput(
-            next_state={name: out.next_state for name, out in outs.items()},
-            output=output,
-            regularization_loss=sum(
-                (out.regularization_loss for out in outs.values()), zero_loss()
-            ),
-            metrics={name: out.metrics for name, out in outs.items()},
-            extras={name: out.extras for name, out in outs.items()},
-        )
+        return _Routed(self, ())(state, x, extras, key=key)
 
     def replay(
         self,
@@ -147,42 +113,7 @@ class _AbstractContainer(AbstractStatefulModule):
         keys: Key[Array, "time env"] | None,
         done: Bool[Array, "time env"],
     ) -> SequenceOutput:
-        return self._replay_at(state0, xs, extras, keys, done, ())
-
-    def _replay_at(
-        self,
-        state0: dict[Hashable, State],
-        xs: Any,
-        extras: dict[Hashable, Any] | None,
-        keys: Key[Array, "time env"] | None,
-        done: Bool[Array, "time env"],
-        path: tuple[Hashable, ...],
-    ) -> SequenceOutput:
-        """The replay of this container at `path` below the one given `keys`."""
-        children = self._children()
-        outs: dict[Hashable, SequenceOutput] = {}
-
-        def run(name: Hashable, child_xs: Any) -> Any:
-            child, at = children[name], (*path, name)
-            routed = _routed(child, at)
-            if routed is None:
-                routed, child_keys = child, child_key(keys, at)
-            else:
-                child_keys = keys
-            outs[name] = routed.replay(
-                state0[name], child_xs, _child(extras, name), child_keys, done
-            )
-            return outs[name].output
-
-        output = self._route(run, xs, _every_step)
-        return SequenceOutput(
-            last_state={name: out.last_state for name, out in outs.items()},
-            output=output,
-            regularization_loss=sum(
-                (out.regularization_loss for out in outs.values()),
-                jnp.zeros(done.shape, jnp.float32),
-            ),
-        )
+        return _Routed(self, ()).replay(state0, xs, extras, keys, done)
 
     def initial_state(self) -> dict[Hashable, State]:
         return {name: child.initial_state() for name, child in self._children().items()}
@@ -205,23 +136,68 @@ class _AbstractContainer(AbstractStatefulModule):
 
 
 class _Routed(AbstractStatefulModule):
-    """A container as called at `path` inside another: it takes the outer
-    container's key and folds its layers' whole paths in."""
+    """A container's call and replay at `path` below the container that was
+    given the key: its layers get that key folded by their whole path."""
 
     container: _AbstractContainer
     path: tuple[Hashable, ...] = eqx.field(static=True)
 
-    def __call__(self, state, x, extras=None, *, key=None):
-        return self.container._call_at(state, x, extras, key, self.path)
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
+        children = self.container._children()
+        outs: dict[Hashable, StatefulModuleOutput] = {}
 
-    def replay(self, state0, xs, extras, keys, done):
-        return self.container._replay_at(state0, xs, extras, keys, done, self.path)
+        def run(name: Hashable, child_x: Any) -> Any:
+            child = children[name]
+            module, child_keys = _at(child, (*self.path, name), key)
+            out = module(state[name], child_x, _child(extras, name), key=child_keys)
+            outs[name] = checked_output(child, state[name], out)
+            return out.output
+
+        output = self.container._route(run, x, _one_step)
+        return StatefulModuleOutput(
+            next_state={name: out.next_state for name, out in outs.items()},
+            output=output,
+            regularization_loss=sum(
+                (out.regularization_loss for out in outs.values()), zero_loss()
+            ),
+            metrics={name: out.metrics for name, out in outs.items()},
+            extras={name: out.extras for name, out in outs.items()},
+        )
+
+    def replay(self, state0, xs, extras, keys, done) -> SequenceOutput:
+        children = self.container._children()
+        outs: dict[Hashable, SequenceOutput] = {}
+
+        def run(name: Hashable, child_xs: Any) -> Any:
+            module, child_keys = _at(children[name], (*self.path, name), keys)
+            outs[name] = module.replay(
+                state0[name], child_xs, _child(extras, name), child_keys, done
+            )
+            return outs[name].output
+
+        output = self.container._route(run, xs, _every_step)
+        return SequenceOutput(
+            last_state={name: out.last_state for name, out in outs.items()},
+            output=output,
+            regularization_loss=sum(
+                (out.regularization_loss for out in outs.values()),
+                jnp.zeros(done.shape, jnp.float32),
+            ),
+        )
 
     def initial_state(self) -> State:
         return self.container.initial_state()
 
     def reset_state(self, prev_state: State) -> State:
         return self.container.reset_state(prev_state)
+
+
+def _at(child: AbstractStatefulModule, path: tuple[Hashable, ...], key: Any):
+    """What runs `child` at `path`, and the key (or keys) it takes: a
+    container, or a wrapper of one, takes its parent's and routes the path on;
+    any other layer gets its own fold."""
+    routed = _routed(child, path)
+    return (child, child_key(key, path)) if routed is None else (routed, key)
 
 
 def _routed(child: AbstractStatefulModule, path: tuple[Hashable, ...]) -> Any:
