@@ -44,8 +44,6 @@ _BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
     "two_arm": (TwoArm, 20),
 }
 
-_PREFIXES = ("brax:", "playground:", "gymnax:", "popgym_arcade:")
-
 
 def registered_names() -> tuple[str, ...]:
     """The names of the built-in envs `make` knows, sorted.
@@ -181,7 +179,9 @@ _SOURCES = {
 }
 
 
-def _from_source(prefix: str, name: str, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def _from_source(
+    prefix: str, name: str, kwargs: dict[str, Any]
+) -> tuple[Any, int | None]:
     source = _SOURCES[prefix]
     try:
         module = importlib.import_module(source.package)
@@ -246,7 +246,7 @@ def make(
         if prefix not in _SOURCES:
             raise ValueError(
                 f"make({name!r}): unknown prefix {prefix!r}; use one of "
-                f"{', '.join(_PREFIXES)} or a built-in name."
+                f"{', '.join(p + ':' for p in _SOURCES)} or a built-in name."
             )
         env, default_length = _from_source(prefix, inner, kwargs)
     elif name in _BUILTIN:
@@ -256,7 +256,7 @@ def make(
         raise ValueError(
             f"make({name!r}): unknown env. Built-in envs: "
             f"{', '.join(registered_names())}; or use a prefix: "
-            f"{', '.join(p + '<name>' for p in _PREFIXES)}."
+            f"{', '.join(p + ':<name>' for p in _SOURCES)}."
         )
     if episode_length == "default":
         episode_length = default_length

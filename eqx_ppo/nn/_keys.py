@@ -35,11 +35,12 @@ def child_key(
     """
     if key is None:
         return None
-    if len(path) == 1 and isinstance(path[0], int):
+    if len(path) > 1:
+        data = zlib.crc32("/".join(map(repr, path)).encode())
+    elif isinstance(path[0], int):
         data = path[0]
     else:
-        text = path[0] if len(path) == 1 else "/".join(map(repr, path))
-        data = zlib.crc32(str(text).encode())
+        data = zlib.crc32(str(path[0]).encode())
     fold = functools.partial(jax.random.fold_in, data=data)
     for _ in range(key.ndim):
         fold = jax.vmap(fold)
