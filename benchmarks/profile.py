@@ -1,7 +1,8 @@
 """Where eqx_ppo's time goes: a per-op profile of one compiled program.
 
     python -m benchmarks.profile --env move_to_center [--policy lstm]
-        [--part update|step] [--seeds 16 --n-envs 64]
+        [--part update|step] [--seeds 16 --n-envs 64] [--hidden 256,256,256,256]
+        [--minibatches 32]
 
 Compiles the update alone (`step` on a fixed rollout, as `ceilings` times
 it) or a whole `step`, vmapped over `--seeds` training states when more
@@ -329,12 +330,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--env",
         default="move_to_center",
-        choices=["inverted_pendulum", "move_to_center"],
+        choices=["inverted_pendulum", "move_to_center", "cartpole"],
     )
     parser.add_argument("--policy", default="mlp", choices=["mlp", "lstm"])
     parser.add_argument("--part", default="update", choices=["update", "step"])
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--n-envs", type=int, default=256)
+    parser.add_argument(
+        "--hidden", default="32,32,32,32", help="MLP widths, e.g. 256,256,256,256"
+    )
+    parser.add_argument("--minibatches", type=int, default=8)
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument(
         "--name",
@@ -342,12 +347,20 @@ def main(argv: list[str] | None = None) -> None:
         help="results file stem (default profile_<env>_<policy>_<part>_<n>x<envs>)",
     )
     args = parser.parse_args(argv)
+    hidden = tuple(int(w) for w in args.hidden.split(","))
     spec = Spec(
-        env=args.env, policy=args.policy, n_envs=args.n_envs, n_seeds=args.seeds
+        env=args.env,
+        policy=args.policy,
+        n_envs=args.n_envs,
+        n_seeds=args.seeds,
+        hidden=hidden,
+        n_minibatches=args.minibatches,
     )
     started = machine()
     result = profile(spec, args.part, args.top)
     name = f"profile_{args.env}_{args.policy}_{args.part}_{args.seeds}x{args.n_envs}"
+    if hidden != Spec.hidden:
+        name += f"_{len(hidden)}x{hidden[0]}"
     publish(args.name or name, result, markdown, started)
 
 
