@@ -234,6 +234,17 @@ def test_fusion_forms_compute_the_same_gradients():
     assert "| stacked |" in text and "NO" not in text
 
 
+def test_init_compile_compiles_each_part_alone():
+    from benchmarks.init_compile import markdown, run
+
+    result = run("cartpole", 4, (4, 4))
+    names = [row["program"] for row in result["programs"]]
+    assert names[:2] == ["network factory", "init on a built network"]
+    assert all(row["xla_s"] > 0 and row["hlo_lines"] > 0 for row in result["programs"])
+    text = markdown({**result, "machine": {"backend": "cpu"}})
+    assert "| env reset, 4 envs |" in text
+
+
 def test_memory_kind_names_the_lru_state_size():
     from benchmarks.memory import _label, _replay_path, make_network
     from eqx_ppo import envs, nn
@@ -438,7 +449,8 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
 @pytest.mark.parametrize(
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "lesions", "memory", "multiseed"]
-    + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"],
+    + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"]
+    + ["init_compile"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):
     # Rerunning a benchmark from a checkout must not have to overwrite the
