@@ -1,12 +1,13 @@
 """Factories for the standard networks: MLPs and MLP / recurrent actor-critics.
 
 An actor-critic is a `Sequential` of the observation preprocessing (a
-`Normalizer`, for dict observations then a `Flattener`; or a CNN encoder for
-images) and a `PPOAdapter` (`net[-1]`) whose ports are flat `Sequential`s: an
-optional memory, the hidden layers, the output layer, then (actor) the action
-head: a sampler, or `Splitter` then `Map` of samplers for dict actions.
-Kernels are variance-scaled (fan-in, uniform; LeCun-uniform at scale 1), as
-in nnx-ppo; biases are zero.
+`Normalizer` unless `normalize_obs=False`, leaf by leaf, then for dict
+observations a `Flattener`; or a CNN encoder for images) and a `PPOAdapter`
+(`net[-1]`) whose ports are flat `Sequential`s: an optional memory, the
+hidden layers, the output layer, then (actor) the action head: a sampler, or
+`Splitter` then `Map` of samplers for dict actions. Kernels are
+variance-scaled (fan-in, uniform; LeCun-uniform at scale 1), as in nnx-ppo;
+biases are zero.
 """
 
 import math
