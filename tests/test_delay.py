@@ -131,8 +131,10 @@ def test_bad_arguments_and_inputs():
     with pytest.raises(TypeError, match="sample_input"):
         Delay({"a": 3}, k_steps=1)
     delay = Delay({"a": jnp.zeros(2)}, k_steps=1)
-    like = r"Delay expects one env's input shaped like its sample_input, "
-    with pytest.raises(ValueError, match=like + r"\{'a': 'float32\[2\]'\}; got \{'b'"):
+    like = r"Delay expects one env's input "
+    with pytest.raises(
+        ValueError, match=like + r"\{'a': 'float32\[2\]'\}, got \{'b'.*built"
+    ):
         delay(delay.initial_state(), {"b": jnp.zeros(2)})
     with pytest.raises(ValueError, match=r"got \{'a': 'float32\[4, 2\]'\}.*vmap"):
         delay(delay.initial_state(), {"a": jnp.zeros((4, 2))})

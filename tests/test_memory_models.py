@@ -100,7 +100,7 @@ def test_bad_cell_and_hidden_size_name_the_argument():
     with pytest.raises(TypeError, match="hidden_size"):
         nn.make_recurrent_actor_critic(3, 2, 2.5, key=jax.random.key(0))
     # A range the type cannot say: the factory names its own argument.
-    with pytest.raises(ValueError, match=r"\(hidden_size=0\).*positive int"):
+    with pytest.raises(ValueError, match=r"\(hidden_size=0\): must be >= 1"):
         nn.make_recurrent_actor_critic(3, 2, 0, key=jax.random.key(0))
 
 

@@ -66,15 +66,12 @@ def ppo_output(samples: Any, values: Any) -> PPONetworkOutput:
 class PPOAdapter(_AbstractContainer):
     """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
 
-    The `action` port must output a *sampler dict* `{"action", "log_likelihood"}`
-    (what every sampler returns) or a pytree of them (e.g. a `Map` of samplers
-    for dict actions); the adapter lifts the `"action"` fields into `actions`
-    and the `"log_likelihood"` fields into `loglikelihoods`, keeping the pytree
-    structure. The `value` port outputs an array of shape `(1,)`, squeezed to a
-    scalar, or a dict of them (one value head per reward key).
-
-    State, extras and metrics are dicts `{"action": ..., "value": ...}`; each
-    port gets its own key, as a named container's child does.
+    The `action` port outputs a *sampler dict* `{"action", "log_likelihood"}`
+    (what every sampler returns) or a pytree of them (a `Map` of samplers for
+    dict actions), lifted into `actions` and `loglikelihoods`. The `value`
+    port outputs an array of shape `(1,)`, squeezed to a scalar, or a dict of
+    them (one per reward key). State, extras and metrics are dicts
+    `{"action": ..., "value": ...}`, as in a named container.
 
     **Arguments:**
 

@@ -1,25 +1,14 @@
 """Containers: compose stateful modules into one.
 
-Every container routes the five per-call channels the same way:
+`state`, `extras` and `metrics` are dicts keyed like the children (positions
+for `Sequential`, names otherwise; `extras=None` hands `None` to every
+child), and the children's regularisation losses are summed. `replay` routes
+a `[T, M]` batch with the same code as a call routes one step, so only
+recurrent children are scanned over time. Keys: see `_keys.py`.
 
-- `state`, `extras` and `metrics` are dicts keyed like the children: integer
-  positions for [`eqx_ppo.nn.Sequential`][], the child names for the named
-  containers. `extras=None` hands `None` to every child.
-- The regularisation losses of the children are summed.
-- `replay` routes a `[T, M]` batch child by child with the same code as a
-  call routes one step, so in the loss replay only recurrent children are
-  scanned over time, and the others run once over all the minibatch's steps.
-- Child `i` of `Sequential` gets the key `jax.random.fold_in(key, i)`, the
-  child named `name` of a named container `fold_in(key, crc32(name))`, and
-  a layer inside a nested container one fold by its whole path
-  (`_keys.child_key`): its own key, whatever its siblings are, the same
-  eagerly, under `jit` and in the loss replay.
-
-**Child order.** Named containers store their children sorted by name. JAX
-flattens dicts in sorted-key order, so this is the only order that survives a
-round trip through `jax.tree_util` unchanged (under `jit`, `vmap` or
-`tree_map`); using it everywhere means that `Concat`'s output layout does not
-depend on how the container was built or transformed.
+Named containers store their children sorted by name, the order in which JAX
+flattens a dict, so that (e.g.) `Concat`'s output layout survives `jit`,
+`vmap` and `tree_map` unchanged.
 """
 
 import abc
@@ -29,7 +18,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Key
+from jaxtyping import Array
 
 from .._typecheck import checked
 from ._keys import child_key
@@ -44,10 +33,10 @@ from ._module import (
 )
 
 Run = Callable[[Hashable, Any], Any]
-"""Runs one child, by name, on its input and returns the child's output."""
+"""Runs one child, by name, on its input and returns its output."""
 
 PerStep = Callable[[Callable], Callable]
-"""Lifts a function of one step's outputs to what a call or a replay produces."""
+"""Lifts a function of one step's outputs to a call's or a replay's."""
 
 
 def _one_step(f: Callable) -> Callable:
@@ -63,13 +52,9 @@ def _child(extras: Any, name: Hashable) -> Any:
 
 
 class _AbstractContainer(AbstractStatefulModule):
-    """A module over children: the call, the replay, the carries and the
-    statistics update, all routed by `_route`.
-
-    A subclass names its children (`_children`, in the order they run),
-    builds a copy with other children (`_with_children`), and
-    says how an input flows through them (`_route`). The call and the replay
-    share `_route`, so a `[T, M]` batch is routed exactly as one step is.
+    """A module over children. A subclass names them (`_children`, in the
+    order they run), copies itself with others (`_with_children`) and says
+    how an input flows through them (`_route`, shared by call and replay).
     """
 
     @abc.abstractmethod
@@ -84,10 +69,9 @@ class _AbstractContainer(AbstractStatefulModule):
 
     @abc.abstractmethod
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Any:
-        """The container's output for input `x`: `run(name, input)` runs a
-        child (each exactly once, in `_children`'s order) and returns its
-        output. Code that combines outputs of one step goes through
-        `per_step`, since in a replay every output has `[T, M]` axes."""
+        """The output for input `x`; `run(name, input)` runs each child once,
+        in `_children`'s order. Code that combines one step's outputs goes
+        through `per_step` (in a replay they have `[T, M]` axes)."""
 
     def __check_init__(self):
         if not self._children():
@@ -95,24 +79,10 @@ class _AbstractContainer(AbstractStatefulModule):
                 f"`{type(self).__name__}()` needs at least one child module, got none."
             )
 
-    def __call__(
-        self,
-        state: dict[Hashable, State],
-        x: Any,
-        extras: dict[Hashable, Any] | None = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         return _Routed(self, ())(state, x, extras, key=key)
 
-    def replay(
-        self,
-        state0: dict[Hashable, State],
-        xs: Any,
-        extras: dict[Hashable, Any] | None,
-        keys: Key[Array, "time env"] | None,
-        done: Bool[Array, "time env"],
-    ) -> SequenceOutput:
+    def replay(self, state0, xs, extras, keys, done) -> SequenceOutput:
         return _Routed(self, ()).replay(state0, xs, extras, keys, done)
 
     def initial_state(self) -> dict[Hashable, State]:
@@ -124,9 +94,7 @@ class _AbstractContainer(AbstractStatefulModule):
             for name, child in self._children().items()
         }
 
-    def update_statistics(
-        self, extras: dict[Hashable, Any] | None
-    ) -> "_AbstractContainer":
+    def update_statistics(self, extras) -> "_AbstractContainer":
         return self._with_children(
             {
                 name: child.update_statistics(_child(extras, name))
@@ -136,8 +104,8 @@ class _AbstractContainer(AbstractStatefulModule):
 
 
 class _Routed(AbstractStatefulModule):
-    """A container's call and replay at `path` below the container that was
-    given the key: its layers get that key folded by their whole path."""
+    """A container run at `path` below the one given the key: its layers
+    get that key folded by their whole path."""
 
     container: _AbstractContainer
     path: tuple[Hashable, ...] = eqx.field(static=True)
@@ -193,17 +161,15 @@ class _Routed(AbstractStatefulModule):
 
 
 def _at(child: AbstractStatefulModule, path: tuple[Hashable, ...], key: Any):
-    """What runs `child` at `path`, and the key (or keys) it takes: a
-    container, or a wrapper of one, takes its parent's and routes the path on;
-    any other layer gets its own fold."""
+    """What runs `child` at `path`, and its key(s): a container (or a wrapper
+    of one) takes its parent's and routes the path on; a layer gets its own."""
     routed = _routed(child, path)
     return (child, child_key(key, path)) if routed is None else (routed, key)
 
 
 def _routed(child: AbstractStatefulModule, path: tuple[Hashable, ...]) -> Any:
-    """`child` at `path`, taking its parent's key, if it is a container or
-    wraps one (its wrappers run as they are, around the routed container);
-    `None` for a layer, which gets its own key."""
+    """`child` routed at `path` if it is a container or wraps one (around
+    the routed container); `None` for a layer."""
     if isinstance(child, _AbstractContainer):
         return _Routed(child, path)
     if isinstance(child, AbstractLayerWrapper):
@@ -214,8 +180,7 @@ def _routed(child: AbstractStatefulModule, path: tuple[Hashable, ...]) -> Any:
 
 
 class _AbstractNamedContainer(_AbstractContainer):
-    """Children by name, given as a dict or as keywords, stored sorted by name;
-    a subclass says how they are routed (`_route`)."""
+    """Children by name, given as a dict or as keywords, stored sorted."""
 
     modules: dict[str, AbstractStatefulModule]
 
@@ -265,8 +230,7 @@ def _dispatch(container: "Map | Concat", x: Any) -> dict[str, Any]:
 class Sequential(_AbstractContainer):
     """Chains layers: the output of layer `i` is the input of layer `i + 1`.
 
-    State, extras and metrics are dicts keyed by the integer position of each
-    layer: `{0: ..., 1: ...}`.
+    State, extras and metrics are dicts keyed by position: `{0: ..., 1: ...}`.
 
     **Arguments:**
 
@@ -326,9 +290,9 @@ class Parallel(_AbstractNamedContainer):
 class Map(_AbstractNamedContainer):
     """Per-key dispatch: child `k` maps `x[k]` to `output[k]`.
 
-    The input must be a dict holding at least every child's name; entries no
-    child is named after are dropped. Typical use: one action sampler per
-    action key, `Map(arm=NormalTanhSampler(...), gripper=CategoricalSampler(...))`.
+    The input must be a dict holding every child's name; other entries are
+    dropped. E.g. one sampler per action key,
+    `Map(arm=NormalTanhSampler(...), gripper=CategoricalSampler(...))`.
 
     **Arguments:**
 
@@ -348,9 +312,9 @@ def _concatenate(outputs: dict[str, Array]) -> Array:
 class Concat(_AbstractNamedContainer):
     """Per-key dispatch, then concatenation along the last axis.
 
-    Child `k` sees `x[k]`; the outputs are concatenated in **sorted key order**
-    (e.g. `Concat(vision=..., proprio=...)` puts `proprio` first), the same
-    eagerly and under `jit`. Entries of `x` no child is named after are dropped.
+    Child `k` sees `x[k]` (other entries are dropped); the outputs are
+    concatenated in **sorted key order** (`Concat(vision=..., proprio=...)`
+    puts `proprio` first).
 
     **Arguments:**
 
@@ -381,11 +345,8 @@ def _merge(outputs: dict[str, Any]) -> dict[Any, Any]:
 
 @checked
 class Merge(_AbstractNamedContainer):
-    """Runs every child on the same input and merges their dict outputs.
-
-    Each child must return a dict; the result is one flat dict. Two children
-    producing the same key is an error. State, extras and metrics stay keyed by
-    child name.
+    """Runs every child on the same input and merges their dict outputs into
+    one flat dict; two children producing the same key is an error.
 
     **Arguments:**
 

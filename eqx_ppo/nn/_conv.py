@@ -1,10 +1,5 @@
-"""Convolutions for pixel observations, and the standard CNN encoders.
-
-Observations from gymnax, popgym-arcade and most pixel environments are
-channels-last, `[H, W, C]`; `equinox.nn.Conv2d` wants channels-first,
-`[C, H, W]`. [`eqx_ppo.nn.Conv2d`][] wraps Equinox's convolution and
-transposes, so a network takes observations as the environment gives them.
-"""
+"""Convolutions for channels-last `[H, W, C]` pixel observations (as gymnax
+and popgym-arcade give them), and the standard CNN encoders."""
 
 import math
 from collections.abc import Callable
@@ -17,7 +12,7 @@ from jaxtyping import Array, Float, Key, Shaped
 
 from .._typecheck import checked
 from ._containers import Sequential
-from ._dense import Activation, Dense, Initializer, get_activation
+from ._dense import Activation, Dense, Initializer, get_activation, kernel_and_bias
 from ._module import AbstractStatefulModule, AbstractStatelessLayer
 from ._utils import Flattener
 
@@ -55,21 +50,16 @@ def _output_size(size: int, kernel: int, stride: int, padding: str | int) -> int
 class Conv2d(AbstractStatelessLayer):
     """A 2-D convolution `activation(conv(x) + bias)` on one env's `[H, W, C]` image.
 
-    Wraps `equinox.nn.Conv2d`, which holds the weight (`[out, in, kh, kw]`)
-    and runs the convolution on `[C, H, W]`; this layer moves the channel
-    axis to the front and back, so its input and output are channels-last
-    like the observations. Integer inputs (e.g. `uint8` pixels) are cast to
-    float first; [`eqx_ppo.nn.make_cnn_encoder`][] can scale them (`scale=1 / 255`).
+    Wraps `equinox.nn.Conv2d` (weight `[out, in, kh, kw]`, on `[C, H, W]`)
+    and moves the channel axis, so input and output are channels-last like
+    the observations. Integer inputs (e.g. `uint8` pixels) are cast to float.
+    As in [`eqx_ppo.nn.Dense`][] and flax, the kernel is LeCun normal and the
+    bias zero; the initialiser gets flax's `[kh, kw, in, out]` shape, so its
+    fan-in is `kh * kw * in`.
 
-    The initialisers follow [`eqx_ppo.nn.Dense`][] and flax: a LeCun-normal
-    kernel and a zero bias. The initialiser is called on the kernel's
-    `[kh, kw, in, out]` shape (flax's layout), so any `jax.nn.initializers`
-    initialiser gets the fan-in `kh * kw * in` and fan-out `kh * kw * out`.
-    Stateless: the carry is `()`, no regularisation, no metrics.
-
-    **Shapes:** input `[H, W, in_channels]`, output
-    `[H', W', out_channels]`, with `H' = (H + 2p - kh) // stride + 1` for
-    padding `p` (`"VALID"`: `p = 0`) and `H' = ceil(H / stride)` for `"SAME"`.
+    **Shapes:** `[H, W, in_channels]` to `[H', W', out_channels]`, with
+    `H' = (H + 2p - kh) // stride + 1` for padding `p` (`"VALID"`: 0), or
+    `ceil(H / stride)` for `"SAME"`.
 
     ```python
     conv = Conv2d(3, 16, 8, stride=4, activation="relu", key=jax.random.key(0))
@@ -96,27 +86,21 @@ class Conv2d(AbstractStatelessLayer):
     ):
         """**Arguments:**
 
-        - `in_channels`: channels of the input, its last axis.
-        - `out_channels`: channels of the output.
+        - `in_channels`, `out_channels`: channels of the input and output.
         - `kernel_size`: `k` or `(kh, kw)`.
         - `key`: PRNG key for the initialisers.
         - `stride`: `s` or `(sh, sw)`.
         - `padding`: `"VALID"` (none), `"SAME"`, or zeros added on every side.
-        - `activation`: `None` (linear), a callable, or a name, as in
-            [`eqx_ppo.nn.Dense`][].
-        - `use_bias`: whether to add a bias (one per output channel).
-        - `kernel_init`: initialiser for the `[kh, kw, in, out]` kernel;
-            default `jax.nn.initializers.lecun_normal()`.
-        - `bias_init`: initialiser for the `[out]` bias; default zeros.
+        - `activation`, `use_bias`, `kernel_init` (of the `[kh, kw, in, out]`
+            kernel), `bias_init`: as in [`eqx_ppo.nn.Dense`][].
         """
         kernel_size, stride = _pair(kernel_size), _pair(stride)
-        kernel_key, bias_key = jax.random.split(key)
-        if kernel_init is None:
-            kernel_init = jax.nn.initializers.lecun_normal()
-        if bias_init is None:
-            bias_init = jax.nn.initializers.zeros
-        kernel = kernel_init(
-            kernel_key, (*kernel_size, in_channels, out_channels), jnp.float32
+        kernel, bias = kernel_and_bias(
+            key,
+            (*kernel_size, in_channels, out_channels),
+            use_bias,
+            kernel_init,
+            bias_init,
         )
         # Only Equinox's structure is wanted; our initialisers fill it, so its
         # own (PyTorch-style) initialisation is traced abstractly, never run.
@@ -131,7 +115,6 @@ class Conv2d(AbstractStatelessLayer):
             dtype=jnp.float32,
             key=key,
         )
-        bias = bias_init(bias_key, (out_channels,), jnp.float32) if use_bias else None
         conv = eqx.tree_at(
             lambda c: (c.weight, c.bias),
             conv,
@@ -153,10 +136,8 @@ class Conv2d(AbstractStatelessLayer):
         return self.conv.out_channels
 
     def output_shape(self, height: int, width: int) -> tuple[int, int, int]:
-        """The output shape `(H', W', out_channels)` for an `[height, width, C]` input.
-
-        A spatial size below 1 means the image is too small for the kernel.
-        """
+        """The output shape `(H', W', out_channels)` for an `[height, width, C]`
+        input; a spatial size below 1 means the image is too small."""
         (kh, kw), (sh, sw) = self.conv.kernel_size, self.conv.stride
         padding = self.conv.padding
         # Equinox stores an int padding as ((p, p), (p, p)).
@@ -167,7 +148,10 @@ class Conv2d(AbstractStatelessLayer):
             self.out_channels,
         )
 
-    def _check_input(self, x: Array) -> None:
+    def forward(
+        self, x: Shaped[Array, "..."]
+    ) -> Float[Array, "out_height out_width out_channels"]:
+        """Apply the layer to one env's `[H, W, in_channels]` image."""
         shape = jnp.shape(x)
         if len(shape) != 3 or shape[-1] != self.in_channels:
             raise ValueError(
@@ -177,12 +161,6 @@ class Conv2d(AbstractStatelessLayer):
                 "vmap over the env axis, or use `eqx_ppo.nn.apply_batched`; add a "
                 "channel axis to a grayscale image (`obs[..., None]`)."
             )
-
-    def forward(
-        self, x: Shaped[Array, "..."]
-    ) -> Float[Array, "out_height out_width out_channels"]:
-        """Apply the layer to one env's `[H, W, in_channels]` image."""
-        self._check_input(x)
         if not jnp.issubdtype(x.dtype, jnp.floating):
             x = x.astype(self.conv.weight.dtype)
         y = self.conv(jnp.moveaxis(x, -1, 0))
@@ -193,13 +171,8 @@ class PixelScale(AbstractStatelessLayer):
     """Casts an image to float32 and multiplies it by `factor`.
 
     `PixelScale(1 / 255)` maps `uint8` pixels to `[0, 1]`. Unlike
-    [`eqx_ppo.nn.Scale`][], it accepts integer inputs (a float factor times a
-    `uint8` array has no implicit dtype promotion under strict promotion).
-
-    **Arguments:**
-
-    - `factor`: the multiplier, finite and `> 0`; static configuration, never
-      trained.
+    [`eqx_ppo.nn.Scale`][] it takes integer inputs (strict promotion would
+    refuse a float times a `uint8`). `factor`: finite and `> 0`, static.
     """
 
     factor: float = eqx.field(static=True, converter=float)
@@ -230,21 +203,14 @@ def _fits(stack: tuple[tuple[int, int, int], ...], height: int, width: int) -> b
     return True
 
 
-def _fitting_kind(
-    stack: tuple[tuple[int, int, int], ...], height: int, width: int
-) -> str:
-    """A `kind=` to suggest for an image too small for `stack`: a built-in
-    one, else a small custom spec, that fits it (one conv whose kernel is the
-    image's shorter side always does)."""
-    candidates: list[tuple[str, tuple[tuple[int, int, int], ...]]] = [
-        (f"kind={name!r}", layers) for name, (layers, _) in _KINDS.items()
-    ]
-    for custom in (((16, 3, 1), (32, 3, 2)), ((16, 3, 1),)):
-        candidates.append((f"kind={custom!r}", custom))
-    for text, layers in candidates:
+def _fitting_kind(stack: ConvSpec, height: int, width: int) -> Kind | ConvSpec:
+    """A `kind` that fits an image too small for `stack`: a built-in one, a
+    small custom one, or one conv as wide as the image's shorter side."""
+    for kind in (*_KINDS, ((16, 3, 1), (32, 3, 2)), ((16, 3, 1),)):
+        layers = _stack(kind)[0]
         if layers != stack and _fits(layers, height, width):
-            return text
-    return f"kind={((16, min(height, width), 1),)!r}"
+            return kind
+    return ((16, min(height, width), 1),)
 
 
 @checked
@@ -261,34 +227,26 @@ def make_cnn_encoder(
     """A CNN encoder: `"VALID"` convolutions, `Flattener`, then one `Dense`.
 
     Maps one env's `[H, W, C]` image to `out_size` features, every layer
-    followed by `activation`. The kinds are the standard Atari stacks:
-
-    - `"nature"`: Nature DQN (Mnih et al. 2015): 32 8x8 stride 4, 64 4x4
-      stride 2, 64 3x3 stride 1, Dense 512. Needs images of at least 36x36.
-    - `"impala_small"`: the first DQN / IMPALA's shallow network: 16 8x8
-      stride 4, 32 4x4 stride 2, Dense 256. Needs at least 20x20.
-    - a custom tuple of `(out_channels, kernel_size, stride)`, e.g.
-      `((16, 3, 1), (32, 3, 2))` for small images; Dense 256 by default.
-
-    The image size is checked here, so a stack too deep for `obs_shape`
-    fails at construction, not at the first rollout.
+    followed by `activation`; a stack too deep for `obs_shape` fails here.
 
     **Arguments:**
 
     - `obs_shape`: one env's observation shape `(H, W, C)`, channels last.
     - `key`: PRNG key for the initialisers.
-    - `kind`: `"nature"`, `"impala_small"` or a custom spec, as above.
+    - `kind`: `"nature"` (Nature DQN: 32 8x8 stride 4, 64 4x4 stride 2,
+      64 3x3 stride 1, Dense 512; images of at least 36x36),
+      `"impala_small"` (IMPALA's shallow network: 16 8x8 stride 4, 32 4x4
+      stride 2, Dense 256; at least 20x20), or a custom tuple of
+      `(out_channels, kernel_size, stride)`, e.g. `((16, 3, 1), (32, 3, 2))`.
     - `out_size`: features out; default 512 for `"nature"`, 256 otherwise.
-    - `activation`: a name, as in [`eqx_ppo.nn.Dense`][], or a callable,
-      applied after every layer, the final `Dense` included.
+    - `activation`: a name, as in [`eqx_ppo.nn.Dense`][], or a callable.
     - `scale`: if given, a first layer casts the image to float32 and
       multiplies it by `scale` (`1 / 255` for `uint8`); finite and `> 0`.
-    - `kernel_init`: the kernel initialiser of every layer; default
-      LeCun-normal, as in [`eqx_ppo.nn.Conv2d`][] and [`eqx_ppo.nn.Dense`][].
+    - `kernel_init`: every layer's kernel initialiser; default LeCun normal.
 
-    **Returns:** `(encoder, out_size)`: a [`eqx_ppo.nn.Sequential`][] of
-    `[PixelScale] + Conv2d... + [Flattener, Dense]` (stateless, no key used)
-    mapping `[H, W, C]` to `[out_size]`, and that `out_size`.
+    **Returns:** `(encoder, out_size)`: a stateless
+    [`eqx_ppo.nn.Sequential`][] of `[PixelScale] + Conv2d... + [Flattener,
+    Dense]`, and its `out_size`.
 
     ```python
     encoder, size = make_cnn_encoder((84, 84, 4), key=jax.random.key(0))
@@ -299,11 +257,19 @@ def make_cnn_encoder(
     height, width, channels = obs_shape
     stack, default_out = _stack(kind)
     out_size = default_out if out_size is None else out_size
-    in_channels = []
+    keys = jax.random.split(key, len(stack) + 1)
+    layers: list[AbstractStatefulModule] = [] if scale is None else [PixelScale(scale)]
     for i, (out_channels, kernel, stride) in enumerate(stack):
-        new_height, new_width = (
-            _output_size(size, kernel, stride, "VALID") for size in (height, width)
+        conv = Conv2d(
+            channels,
+            out_channels,
+            kernel,
+            stride=stride,
+            activation=activation,
+            kernel_init=kernel_init,
+            key=keys[i],
         )
+        new_height, new_width, _ = conv.output_shape(height, width)
         if new_height < 1 or new_width < 1:
             raise ValueError(
                 f"make_cnn_encoder(obs_shape={tuple(obs_shape)!r}, kind={kind!r}): "
@@ -311,25 +277,11 @@ def make_cnn_encoder(
                 f"({out_channels} {kernel}x{kernel} stride {stride}) gets a "
                 f"{height}x{width} input and would output "
                 f"{new_height}x{new_width}. Use "
-                f"{_fitting_kind(stack, *obs_shape[:2])}, which fits a "
+                f"kind={_fitting_kind(stack, *obs_shape[:2])!r}, which fits a "
                 f"{obs_shape[0]}x{obs_shape[1]} image, or larger observations."
             )
-        in_channels.append(channels)
+        layers.append(conv)
         height, width, channels = new_height, new_width, out_channels
-    keys = jax.random.split(key, len(stack) + 1)
-    layers: list[AbstractStatefulModule] = [] if scale is None else [PixelScale(scale)]
-    for i, (out_channels, kernel, stride) in enumerate(stack):
-        layers.append(
-            Conv2d(
-                in_channels[i],
-                out_channels,
-                kernel,
-                stride=stride,
-                activation=activation,
-                kernel_init=kernel_init,
-                key=keys[i],
-            )
-        )
     dense = Dense(
         height * width * channels,
         out_size,

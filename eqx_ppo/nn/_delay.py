@@ -6,10 +6,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, Key, PyTree
+from jaxtyping import Array, PyTree
 
-from .._typecheck import checked
-from ._errors import tree_spec
+from .._typecheck import check_range, checked
+from ._errors import check_input
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
 
@@ -23,11 +23,10 @@ class Delay(AbstractStatefulModule):
     """A `k_steps` delay line: the output at step `t` is the input at `t - k_steps`.
 
     For the first `k_steps` steps of an episode the output is `initial_value`.
-    The carry is a ring buffer of the last `k_steps` inputs plus a write
-    index, so a step costs one read and one write whatever `k_steps` is;
-    a reset refills the buffer with `initial_value`. Inputs may be any pytree
-    of arrays (e.g. dict observations; a `Mapping` is treated as a `dict`),
-    and are cast to the dtypes of `sample_input`.
+    The carry is a ring buffer of the last `k_steps` inputs and a write
+    index (one read and one write a step). Inputs may be any pytree of
+    arrays (a `Mapping` is treated as a `dict`), cast to `sample_input`'s
+    dtypes.
 
     ```python
     delay = Delay(jnp.zeros(3), k_steps=2)
@@ -57,11 +56,7 @@ class Delay(AbstractStatefulModule):
         - `initial_value`: what the buffer holds before it has been written
             `k_steps` times, and after each reset.
         """
-        if k_steps < 1:
-            raise ValueError(
-                f"Delay(k_steps={k_steps!r}) must be >= 1; for no delay, leave the "
-                "Delay out."
-            )
+        check_range("Delay(k_steps=", k_steps, 1)
         leaves, treedef = jax.tree.flatten(canonicalize(sample_input))
         self.k_steps = k_steps
         self.initial_value = float(initial_value)
@@ -80,28 +75,15 @@ class Delay(AbstractStatefulModule):
             "idx": jnp.zeros((), jnp.int32),
         }
 
-    def __call__(
-        self,
-        state: DelayState,
-        x: PyTree[Array],
-        extras: Any = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         """Push `x`, output the input of `k_steps` calls ago."""
         del extras, key
-        leaves, treedef = jax.tree.flatten(canonicalize(x))
-        if treedef != self.treedef or tuple(map(jnp.shape, leaves)) != self.shapes:
-            specs = zip(self.shapes, self.dtypes, strict=True)
-            expected = jax.tree.unflatten(
-                self.treedef, [jax.ShapeDtypeStruct(*spec) for spec in specs]
-            )
-            raise ValueError(
-                f"Delay expects one env's input shaped like its sample_input, "
-                f"{tree_spec(expected)}; got {tree_spec(x)}. Layers work on a single "
-                "env: vmap over the env axis, or use `eqx_ppo.nn.apply_batched`."
-            )
-        idx: Int[Array, ""] = state["idx"]
+        x = canonicalize(x)
+        specs = zip(self.shapes, self.dtypes, strict=True)
+        expected = [jax.ShapeDtypeStruct(*spec) for spec in specs]
+        check_input(self, x, jax.tree.unflatten(self.treedef, expected))
+        leaves = jax.tree.leaves(x)
+        idx = state["idx"]
         buffer = jax.tree.leaves(state["buffer"])
         delayed = [b[idx] for b in buffer]
         buffer = [

@@ -55,14 +55,9 @@ def get_activation(activation: Activation | None) -> Callable[[Array], Array]:
 def orthogonal(scale: float = 1.0) -> Initializer:
     """`jax.nn.initializers.orthogonal(scale)`, safe to `vmap` on CPU.
 
-    Under `jax.vmap` (e.g. a network factory vmapped over seeds) JAX's
-    initialiser becomes one batched QR custom call per matrix. XLA:CPU runs
-    independent calls concurrently on its intra-op thread pool, and each
-    batched LAPACK call then waits for sub-tasks on that same pool: with as
-    many concurrent QRs as pool threads (two on a 2-core machine), every
-    thread waits and the program hangs. Here a vmapped call loops over the
-    batch instead (`jax.lax.map`), one unbatched QR at a time. The values are
-    exactly those of `jax.nn.initializers.orthogonal`.
+    Vmapped, JAX's initialiser is one batched QR per matrix, and XLA:CPU can
+    deadlock running as many of them as it has pool threads; here a vmapped
+    call loops over the batch (`jax.lax.map`) instead. Same values.
     """
     base = jax.nn.initializers.orthogonal(scale)
 
@@ -80,15 +75,30 @@ def orthogonal(scale: float = 1.0) -> Initializer:
     return init
 
 
+def kernel_and_bias(
+    key: Key[Array, ""],
+    shape: tuple[int, ...],
+    use_bias: bool,
+    kernel_init: Initializer | None,
+    bias_init: Initializer | None,
+) -> tuple[Array, Array | None]:
+    """A float32 kernel of `shape` (LeCun normal unless `kernel_init`) and,
+    with `use_bias`, a bias of its last axis (zeros unless `bias_init`)."""
+    kernel_key, bias_key = jax.random.split(key)
+    kernel_init = kernel_init or jax.nn.initializers.lecun_normal()
+    bias_init = bias_init or jax.nn.initializers.zeros
+    kernel = kernel_init(kernel_key, shape, jnp.float32)
+    bias = bias_init(bias_key, shape[-1:], jnp.float32) if use_bias else None
+    return kernel, bias
+
+
 @checked
 class Dense(AbstractStatelessLayer):
     """A linear layer `activation(x @ kernel + bias)` for one env.
 
-    The defaults match flax: a LeCun-normal (truncated normal, variance
-    `1 / in_size`) kernel and a zero bias. The kernel is stored `[in, out]` as
-    in flax, so any `jax.nn.initializers` initialiser computes its fan-in and
-    fan-out the usual way. Stateless: the carry is `()`, there is no
-    regularisation, no metrics and nothing to replay.
+    As in flax: a LeCun-normal kernel stored `[in, out]` (so any
+    `jax.nn.initializers` initialiser sees the usual fan-in) and a zero bias.
+    Stateless: the carry is `()`.
 
     ```python
     layer = Dense(4, 8, activation="tanh", key=jax.random.key(0))
@@ -126,13 +136,9 @@ class Dense(AbstractStatelessLayer):
             default `jax.nn.initializers.lecun_normal()`.
         - `bias_init`: initialiser for the bias; default zeros.
         """
-        kernel_key, bias_key = jax.random.split(key)
-        if kernel_init is None:
-            kernel_init = jax.nn.initializers.lecun_normal()
-        if bias_init is None:
-            bias_init = jax.nn.initializers.zeros
-        self.kernel = kernel_init(kernel_key, (in_size, out_size), jnp.float32)
-        self.bias = bias_init(bias_key, (out_size,), jnp.float32) if use_bias else None
+        self.kernel, self.bias = kernel_and_bias(
+            key, (in_size, out_size), use_bias, kernel_init, bias_init
+        )
         self.activation = get_activation(activation)
         self.in_size = in_size
         self.out_size = out_size

@@ -48,12 +48,26 @@ def input_shape_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str:
     )
 
 
-def check_input(layer: Any, x: Any, shape: tuple[int, ...]) -> None:
-    """Raise at trace time unless `x`, the input of `layer`, is one env's input
-    of `shape`."""
-    got = jnp.shape(x)
-    if got != shape:
-        raise ValueError(
-            f"{type(layer).__name__} expects one env's input of shape {shape}, got "
-            f"shape {got}. " + input_shape_fix(got, shape)
+def check_input(layer: Any, x: Any, want: Any) -> None:
+    """Raise at trace time unless `x`, the input of `layer`, is one env's
+    input: of shape `want` (a tuple of ints), or shaped like the pytree of
+    arrays (or `jax.ShapeDtypeStruct`s) `want`."""
+    if isinstance(want, tuple) and all(isinstance(n, int) for n in want):
+        got = jnp.shape(x)
+        if got == want:
+            return
+        seen, fix = f"of shape {want}, got shape {got}", input_shape_fix(got, want)
+    else:
+        leaves, structure = jax.tree.flatten(x)
+        wanted, expected = jax.tree.flatten(want)
+        shapes = zip(map(jnp.shape, leaves), map(jnp.shape, wanted), strict=False)
+        wrong = [(got, shape) for got, shape in shapes if got != shape]
+        if structure == expected and not wrong:
+            return
+        seen = f"{tree_spec(want)}, got {tree_spec(x)}"
+        fix = (
+            input_shape_fix(*wrong[0])
+            if structure == expected
+            else "Give it an input of the structure it was built with."
         )
+    raise ValueError(f"{type(layer).__name__} expects one env's input {seen}. {fix}")

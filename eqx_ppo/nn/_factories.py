@@ -1,32 +1,13 @@
 """Factories for the standard networks: MLPs and MLP / recurrent actor-critics.
 
-Every actor-critic factory returns a [`eqx_ppo.nn.Sequential`][] whose last
-layer is a [`eqx_ppo.nn.PPOAdapter`][], preceded by the observation
-preprocessing:
-
-- int `obs_size`: `{0: Normalizer, 1: adapter}`, or `{0: adapter}` with
-  `normalize_obs=False`;
-- dict `obs_size`: `{0: Normalizer, 1: Flattener, 2: adapter}`, or
-  `{0: Flattener, 1: adapter}` with `normalize_obs=False`;
-- image `obs_size` `(H, W, C)` with `encoder=...`: `{0: CNN encoder,
-  1: adapter}`.
-
-Dict observations are normalised leaf by leaf (so each key keeps its own
-running statistics) and then flattened into one vector, keys in sorted order,
-before both ports. `net[-1]` is always the adapter.
-
-The adapter's ports are flat `Sequential`s: the hidden layers, the output
-layer, then the action head. For two hidden layers and a continuous action
-the keys are `{"action": {0, 1: Dense, 2: Dense(-> 2A), 3: NormalTanhSampler},
-"value": {0, 1: Dense, 2: Dense(-> 1)}}`. With `action_size` a dict, the
-action head is `Splitter` then `Map` of samplers (one per action key, in
-sorted key order) and the actions are a dict. With `discrete=True` the
-samplers are [`eqx_ppo.nn.CategoricalSampler`][]s and `action_size` is the
-number of categories (or a tuple of them, multi-discrete).
-
-Kernels are initialised by variance scaling, `fan_in` mode, uniform
-distribution, with scale `initializer_scale` (LeCun-uniform at 1.0), as in
-nnx-ppo's actor-critic factory; biases are zero.
+An actor-critic is a `Sequential` of the observation preprocessing (a
+`Normalizer` unless `normalize_obs=False`, leaf by leaf, then for dict
+observations a `Flattener`; or a CNN encoder for images) and a `PPOAdapter`
+(`net[-1]`) whose ports are flat `Sequential`s: an optional memory, the
+hidden layers, the output layer, then (actor) the action head: a sampler, or
+`Splitter` then `Map` of samplers for dict actions. Kernels are
+variance-scaled (fan-in, uniform; LeCun-uniform at scale 1), as in nnx-ppo;
+biases are zero.
 """
 
 import math
@@ -68,8 +49,8 @@ def _dense_stack(
     activate_final: bool,
     kernel_init: Callable[..., Array],
 ) -> list[Dense]:
-    keys = jax.random.split(key, len(sizes) - 1)
     n_layers = len(sizes) - 1
+    keys = jax.random.split(key, n_layers)
     return [
         Dense(
             sizes[i],
@@ -102,8 +83,8 @@ def make_mlp(
     - `out_size`: output features.
     - `key`: PRNG key for the initialisers.
     - `activation`: a name, as in [`eqx_ppo.nn.Dense`][], or a callable,
-      applied after every hidden layer.
-    - `activate_final`: also apply `activation` after the output layer.
+      after every hidden layer (and the output layer with `activate_final`).
+    - `activate_final`: see `activation`.
     - `initializer_scale`: variance scale of the (fan-in, uniform) kernel init.
     """
     return Sequential(
@@ -204,28 +185,18 @@ def actor_critic(
     activation: Activation,
     normalize_obs: bool,
     initializer_scale: float,
-    discrete: bool,
-    entropy_weight: float,
-    min_std: float,
-    std_scale: float,
     encoder: Encoder | None,
     pixel_scale: float | None,
+    **sampler_kwargs: Any,
 ) -> Sequential:
+    """The actor-critic both factories build; `make_trunk(port, features,
+    key)` gives a port's memory layers and their output size."""
     kernel_init = scaled_kernel_init(initializer_scale)
-    if encoder is not None:
-        key, encoder_key = jax.random.split(key)
-    else:
-        encoder_key = key
+    key, encoder_key = (key, key) if encoder is None else jax.random.split(key)
     preprocessing, features = _preprocessing(
         obs_size, normalize_obs, encoder, pixel_scale, encoder_key
     )
-    head_size, head = _action_head(
-        action_size,
-        discrete=discrete,
-        entropy_weight=entropy_weight,
-        min_std=min_std,
-        std_scale=std_scale,
-    )
+    head_size, head = _action_head(action_size, **sampler_kwargs)
     actor_trunk_key, actor_key, critic_trunk_key, critic_key = jax.random.split(key, 4)
 
     def port(name, trunk_key, mlp_key, hidden_sizes, out_size):
@@ -239,19 +210,9 @@ def actor_critic(
         )
         return [*trunk, *mlp]
 
-    adapter = PPOAdapter(
-        action=Sequential(
-            [
-                *port(
-                    "action", actor_trunk_key, actor_key, actor_hidden_sizes, head_size
-                ),
-                *head,
-            ]
-        ),
-        value=Sequential(
-            port("value", critic_trunk_key, critic_key, critic_hidden_sizes, 1)
-        ),
-    )
+    action = port("action", actor_trunk_key, actor_key, actor_hidden_sizes, head_size)
+    value = port("value", critic_trunk_key, critic_key, critic_hidden_sizes, 1)
+    adapter = PPOAdapter(action=Sequential([*action, *head]), value=Sequential(value))
     return Sequential([*preprocessing, adapter])
 
 
@@ -275,8 +236,7 @@ def make_mlp_actor_critic(
 ) -> Sequential:
     """A feed-forward actor and critic, each its own MLP on the same observation.
 
-    See the module documentation for the exact structure; for an int
-    `obs_size`, two hidden layers and `normalize_obs=True` it is
+    For an int `obs_size`, two hidden layers and `normalize_obs=True`:
 
     ```python
     Sequential([
@@ -292,29 +252,25 @@ def make_mlp_actor_critic(
     **Arguments:**
 
     - `obs_size`: features of one observation, or a dict from observation key
-      to its size (int) or shape (tuple); dict observations are flattened.
+      to its size (int) or shape (tuple), flattened in sorted key order.
     - `action_size`: action dimension; a dict of them for dict actions. With
       `discrete=True`: the number of categories, a tuple of them
       (multi-discrete), or a dict of either.
     - `actor_hidden_sizes`, `critic_hidden_sizes`: hidden widths, e.g. `[64, 64]`.
     - `key`: PRNG key for the initialisers.
-    - `activation`: hidden-layer activation, a name (`"swish"`, `"tanh"`,
-      `"relu"`, ...) or a callable.
+    - `activation`: hidden-layer activation, a name or a callable.
     - `normalize_obs`: put a running [`eqx_ppo.nn.Normalizer`][] first.
     - `initializer_scale`: variance scale of the kernel initialiser.
     - `entropy_weight`: weight of every sampler's entropy bonus.
-    - `min_std`, `std_scale`: the Gaussian samplers' std floor and scale. The
-      factories' floor, 0.1, is higher than `NormalTanhSampler`'s own default
-      (1e-3, nnx-ppo's): it keeps exploration alive on small tasks; pass
-      `min_std=1e-3` for the sampler's default.
+    - `min_std`, `std_scale`: the Gaussian samplers' std floor and scale; the
+      floor 0.1 (the sampler's own default is 1e-3) keeps exploration alive
+      on small tasks.
     - `discrete`: use [`eqx_ppo.nn.CategoricalSampler`][]s (integer actions).
-    - `encoder`: for image observations, `obs_size` is one env's
-      `(height, width, channels)` and a CNN from
-      [`eqx_ppo.nn.make_cnn_encoder`][] (`"nature"`, `"impala_small"` or a
-      custom spec) comes first, shared by the actor and the critic, in place
-      of the normaliser (`normalize_obs` is ignored).
-    - `pixel_scale`: with `encoder` (only), multiply the pixels by this
-      first, e.g. `1 / 255` for `uint8` images; finite and `> 0`.
+    - `encoder`: for images, `obs_size` is one env's `(height, width,
+      channels)` and a CNN from [`eqx_ppo.nn.make_cnn_encoder`][] comes first,
+      shared by both ports, in place of the normaliser.
+    - `pixel_scale`: with `encoder` only, multiply the pixels by this first,
+      e.g. `1 / 255` for `uint8` images; finite and `> 0`.
     """
 
     def no_trunk(port, features, key):

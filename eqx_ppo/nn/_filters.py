@@ -10,11 +10,8 @@ from jaxtyping import Array, PyTree
 
 
 class AbstractStatistics(eqx.Module):
-    """Marks arrays that are never trained (e.g. a normaliser's running moments).
-
-    [`eqx_ppo.nn.trainable`][] excludes every array inside a subclass, so the
-    optimiser, gradient norms and weight logging skip them.
-    """
+    """Marks arrays that are never trained (e.g. a normaliser's running
+    moments): [`eqx_ppo.nn.trainable`][] excludes every array inside one."""
 
 
 def _is_statistics(node: Any) -> bool:
@@ -24,17 +21,12 @@ def _is_statistics(node: Any) -> bool:
 def coefficient(*, nonnegative: bool = False, **kwargs: Any) -> Any:
     """A field for a layer's coefficient, e.g. an entropy or KL weight.
 
-    The value is stored as a float32 array: a pytree leaf, so changing it
-    does not recompile and a sweep can `vmap` over it, but
-    [`eqx_ppo.nn.trainable`][] leaves it out, so the optimiser never moves it.
-    `eqx.tree_at` skips the conversion: replace it with an array,
-    `jnp.float32(0.02)`, not a Python float (which `eqx.filter_jit` would
-    treat as a static value, compiling once per value).
-
-    With `nonnegative=True` the layer refuses a concrete value (every entry
-    of it) that is negative, infinite or NaN, as a weight of a loss term must
-    not be; a value stays concrete even when the layer is built inside a
-    trace (a factory under `eqx.filter_jit`), so it is still checked there.
+    Stored as a float32 array: a pytree leaf (changing it does not recompile,
+    a sweep can `vmap` over it) that [`eqx_ppo.nn.trainable`][] leaves out.
+    With `eqx.tree_at`, replace it with an array (`jnp.float32(0.02)`), not a
+    Python float, which `eqx.filter_jit` would treat as static. With
+    `nonnegative=True` the layer refuses a concrete value that is negative,
+    infinite or NaN, even when built inside a trace.
     """
     return eqx.field(
         converter=_concrete_float32,

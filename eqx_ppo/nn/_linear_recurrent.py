@@ -1,10 +1,9 @@
 """Linear recurrences with a parallel replay: LRU (carry `(re, im)`), MinGRU (`h`).
 
-Both layers update their carry as `h_t = a_t * h_{t-1} + b_t` with `a_t`, `b_t`
-computed from the input `x_t` alone. A step is one such update. The loss
-replay computes the coefficients of all `T x M` steps at once, as one matmul
-over the whole minibatch, and then composes them env by env, episode resets
-included, sequentially or with an associative scan (see `_recurrence.py`).
+Both update their carry as `h_t = a_t * h_{t-1} + b_t`, with `a_t`, `b_t`
+from the input `x_t` alone, so the loss replay computes the coefficients of
+all `T x M` steps in one matmul and composes them env by env, resets
+included (`_recurrence.py`).
 """
 
 import abc
@@ -14,9 +13,9 @@ from typing import Any, ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Key
+from jaxtyping import Array, Float, Key
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 from ._dense import Initializer
 from ._errors import check_input
 from ._module import (
@@ -26,7 +25,7 @@ from ._module import (
     zero_loss,
 )
 from ._recurrence import linear_recurrence, product, use_associative_scan
-from ._recurrent import init_input_weights, initial_parameter, initial_part
+from ._recurrent import init_gates, initial_parameter, initial_part
 
 LRUState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LRU carry `(re, im)`: the real and imaginary parts of the complex state."""
@@ -45,13 +44,10 @@ def _normal(
 
 
 class _AbstractLinearRecurrence(AbstractStatefulModule):
-    """What LRU and MinGRU share: one step and one replay of their update.
-
-    A layer gives the update's coefficients `(a, b)` of one or all steps, in
-    the layout of its packed state (`pairs`: a complex state as its real and
-    imaginary parts, `[2, hidden_size]`), and what it outputs from the new
-    state.
-    """
+    """One step and one replay of `h' = a h + b`: a layer gives `(a, b)` of
+    one or all steps, in the layout of its packed state (`pairs`: a complex
+    state as its real and imaginary parts, `[2, hidden_size]`), and its
+    output from the new state."""
 
     in_size: eqx.AbstractVar[int]
     parallel_replay: eqx.AbstractVar[bool | None]
@@ -63,29 +59,19 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
     ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
         """`a` and `b` of the update `h' = a h + b`, for one step or all of them."""
 
-    @abc.abstractmethod
-    def _output(
-        self, h: Float[Array, "..."], xs: Float[Array, "*time in_size"]
-    ) -> Array:
-        """The layer's output, from the packed new state and the input."""
+    def _output(self, h: Float[Array, "..."], xs: Float[Array, "*time in_size"]):
+        """The layer's output, from the packed new state and the input: `h`."""
+        return h
 
-    @abc.abstractmethod
     def _pack(self, state: Any) -> Float[Array, "..."]:
-        """The carry as one array, in the coefficients' layout."""
+        """The carry as one array, in the coefficients' layout: itself."""
+        return state
 
-    @abc.abstractmethod
     def _unpack(self, h: Float[Array, "..."]) -> Any:
-        """The carry of a packed state."""
+        """The carry of a packed state: itself."""
+        return h
 
-    def __call__(
-        self,
-        state: Any,
-        x: Float[Array, " in_size"],
-        extras: None = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
-        """One step for one env: the next carry, and the output."""
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras, key
         check_input(self, x, (self.in_size,))
         a, b = self._coefficients(x)
@@ -94,22 +80,10 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
             self._unpack(h), self._output(h, x), zero_loss(), {}, None
         )
 
-    def replay(
-        self,
-        state0: Any,
-        xs: Float[Array, "time env in_size"],
-        extras: Any,
-        keys: Key[Array, "time env"] | None,
-        done: Bool[Array, "time env"],
-    ) -> SequenceOutput:
-        """The coefficients of all `T x M` steps at once, composed per env as
-        `linear_recurrence` does.
-
-        Resets go to `initial_state()`, which is these layers' `reset_state`,
-        so the replay resets as the rollout does. It equals the scan of
-        `__call__` to float32 rounding, not bit for bit: the matmuls run on
-        `[T x M, in]` instead of one step's `[in]`.
-        """
+    def replay(self, state0, xs, extras, keys, done) -> SequenceOutput:
+        """The coefficients of all `T x M` steps at once, composed per env by
+        `linear_recurrence`, resetting to `initial_state()` (these layers'
+        `reset_state`). Equal to the scan of `__call__` to float32 rounding."""
         del extras, keys
         n_steps, n_envs = done.shape
         steps = xs.reshape(n_steps * n_envs, -1)
@@ -142,7 +116,7 @@ def _by_env(
     coefficient: Float[Array, "steps ..."], n_envs: int
 ) -> Float[Array, "time env ..."]:
     """A coefficient of `T x M` merged steps as `[T, M, ...]`; one of a single
-    step, which stands for all of them, as `[1, M, ...]`."""
+    step (the same at all of them) as `[1, M, ...]`."""
     if coefficient.shape[0] == 1:
         return jnp.broadcast_to(coefficient, (1, n_envs, *coefficient.shape[1:]))
     return coefficient.reshape(-1, n_envs, *coefficient.shape[1:])
@@ -160,21 +134,17 @@ class LRU(_AbstractLinearRecurrence):
     y  = Re(h' C) + D x                               C = C_re + i C_im
     ```
 
-    Every parameter is a real float32 array (`B` and `C` as their real and
-    imaginary parts; kernels stored `[in, out]` as in `Dense`), and so is the
-    carry: **the complex state is the tuple `(re, im)`** of two
-    `[hidden_size]` arrays, so checkpoints, `trainable` and `vmap` see only
-    real arrays. The output is the real `y`, which is also what a `Recorder`
-    around the layer records.
+    Every parameter is a real float32 array (`B`, `C` as real and imaginary
+    parts, kernels `[in, out]`), and so is the carry: **the complex state is
+    the tuple `(re, im)`** of two `[hidden_size]` arrays. The output is the
+    real `y`.
 
     The initialisation follows the paper: `lambda` uniform on the ring
     `r_min <= |lambda| <= r_max` with phase in `[0, max_phase]`,
-    `gamma_log = log(sqrt(1 - |lambda|^2))` (so white unit-variance inputs give a
-    unit-variance state however long the memory), `B ~ N(0, 1 / (2 in))`
-    per part, `C ~ N(0, 1 / hidden)` per part, `D ~ N(0, 1)`. The layer is
-    the paper's recurrence alone: its block's GELU/GLU, normalisation and
-    residual connection compose outside it, e.g. with `Dense` in a
-    `Sequential`.
+    `gamma_log = log(sqrt(1 - |lambda|^2))` (a unit-variance state for white
+    unit-variance inputs), `B ~ N(0, 1 / (2 in))` and `C ~ N(0, 1 / hidden)`
+    per part, `D ~ N(0, 1)`. The paper's block around the recurrence (GLU,
+    normalisation, residual) composes outside it, e.g. in a `Sequential`.
     """
 
     nu_log: Float[Array, " hidden_size"]
@@ -212,28 +182,22 @@ class LRU(_AbstractLinearRecurrence):
         - `hidden_size`: size of the complex state (the paper's `N`); the
             carry holds `2 * hidden_size` reals.
         - `key`: PRNG key for the initialisers.
-        - `out_size`: output features; default `in_size`, as in the paper,
-            where the layer maps the model width to itself. Then `D` is the
-            paper's elementwise skip `D * x`; otherwise it is a real
-            `[in_size, out_size]` matrix (LeCun normal) and the skip is `x D`.
+        - `out_size`: output features; default `in_size`, as in the paper.
+            Then `D` is the elementwise skip `D * x`; otherwise a real
+            `[in_size, out_size]` matrix (LeCun normal), the skip `x D`.
         - `r_min`, `r_max`: the ring of initial eigenvalue moduli,
             `0 <= r_min <= r_max < 1`. The default `[0, 0.999]` spreads the
-            memory from one step to about a thousand: the paper's appendix
-            uses `[0, 1)`, whose moduli near 1 leave no float32 room for
-            `gamma = sqrt(1 - |lambda|^2)`, and `0.999` is the cap of its
-            long-sequence runs (`[0.9, 0.999]`).
+            memory from one step to about a thousand (moduli nearer 1 leave
+            no float32 room for `gamma`).
         - `max_phase`: initial phases are uniform in `[0, max_phase]`,
-            `max_phase > 0`; the paper's default `2 pi` (smaller values bias
-            the state towards slow oscillations).
+            `max_phase > 0`.
         - `trainable_initial_state`: learn the initial state `(re, im)`
             (initialised to zeros) instead of starting every episode from
             zeros.
         - `parallel_replay`: compose the replay's steps with the associative
-            scan (`True`), sequentially (`False`), or the faster of the two
-            for the backend (`None`: sequential on CPUs and, for the LRU's
-            complex recurrence, on TPUs; associative otherwise; see the
-            module docstring). Either way the input and
-            output projections run once over the whole sequence.
+            scan (`True`), sequentially (`False`), or whichever is faster on
+            the backend (`None`: sequential on CPUs, and on TPUs for the LRU;
+            associative otherwise).
         """
         if not 0.0 <= r_min <= r_max < 1.0:
             raise ValueError(
@@ -241,11 +205,7 @@ class LRU(_AbstractLinearRecurrence):
                 "eigenvalue moduli needs 0 <= r_min <= r_max < 1; moduli of 1 or "
                 "more make the recurrence unstable."
             )
-        if not max_phase > 0:
-            raise ValueError(
-                f"LRU(max_phase={max_phase!r}) must be > 0: initial phases are "
-                "drawn in [0, max_phase]."
-            )
+        check_range("LRU(max_phase=", max_phase, 0, open_low=True)
         out_size = in_size if out_size is None else out_size
         radius_key, phase_key, b_re_key, b_im_key, c_re_key, c_im_key, d_key = (
             jax.random.split(key, 7)
@@ -331,12 +291,9 @@ class MinGRU(_AbstractLinearRecurrence):
     h' = (1 - z) * h + z * h~
     ```
 
-    This is the paper's plain minGRU: the candidate is linear, not passed
-    through the positive `g` of its log-space variant, which exists only to
-    scan in log space; here the scan works on `h` directly. Defaults:
-    LeCun-normal kernels (one per block), zero biases. With
-    `trainable_initial_state=True`, `initial_state()` returns the learned
-    `initial_h`.
+    The paper's plain minGRU (a linear candidate, without the positive `g`
+    of its log-space variant). Defaults: LeCun-normal kernels (one per
+    block), zero biases.
     """
 
     kernel: Float[Array, "in_size gates"]
@@ -358,27 +315,16 @@ class MinGRU(_AbstractLinearRecurrence):
         bias_init: Initializer | None = None,
         parallel_replay: bool | None = None,
     ):
-        """**Arguments:**
-
-        - `in_size`: input features.
-        - `hidden_size`: size of `h`, and of the output.
-        - `key`: PRNG key for the initialisers.
-        - `trainable_initial_state`: learn `h0` (initialised to zeros)
-            instead of starting every episode from zeros.
-        - `kernel_init`: initialiser of each block's `[in_size, hidden_size]`
-            kernel; default LeCun normal.
-        - `bias_init`: initialiser of each block's bias; default zeros.
-        - `parallel_replay`: as in [`eqx_ppo.nn.LRU`][].
+        """**Arguments:** as in [`eqx_ppo.nn.LSTM`][] (`kernel_init` and
+        `bias_init` per block) and, for `parallel_replay`,
+        [`eqx_ppo.nn.LRU`][].
         """
         kernel_key, bias_key = jax.random.split(key)
-        self.kernel, self.bias = init_input_weights(
-            in_size,
-            hidden_size,
-            2,
-            (kernel_key, bias_key),
-            kernel_init,
-            bias_init,
+        lecun, zeros = jax.nn.initializers.lecun_normal(), jax.nn.initializers.zeros
+        self.kernel = init_gates(
+            kernel_init, lecun, kernel_key, (in_size, hidden_size), 2
         )
+        self.bias = init_gates(bias_init, zeros, bias_key, (hidden_size,), 2)
         self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
         self.in_size = in_size
         self.hidden_size = hidden_size
@@ -391,24 +337,10 @@ class MinGRU(_AbstractLinearRecurrence):
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
     ) -> tuple[Float[Array, "*time hidden_size"], Float[Array, "*time hidden_size"]]:
-        """`1 - z` and `z * h~`: the update is `h' = (1 - z) * h + z * h~`."""
-        # Two matmuls on the kernel's blocks rather than one split afterwards:
-        # the split's gradient concatenates two `[T, hidden]` halves, the
-        # blocks' only two small `[in, hidden]` ones (13% of a replay's time).
+        """`1 - z` and `z * h~`."""
+        # Two matmuls on the kernel's blocks, not one split afterwards: the
+        # split's gradient concatenates two `[T, hidden]` halves.
         h = self.hidden_size
         z = jax.nn.sigmoid(xs @ self.kernel[:, :h] + self.bias[:h])
         candidate = xs @ self.kernel[:, h:] + self.bias[h:]
         return 1.0 - z, z * candidate
-
-    def _output(
-        self, h: Float[Array, "*time hidden_size"], xs: Float[Array, "*time in_size"]
-    ) -> Float[Array, "*time hidden_size"]:
-        return h
-
-    def _pack(
-        self, state: Float[Array, " hidden_size"]
-    ) -> Float[Array, " hidden_size"]:
-        return state
-
-    def _unpack(self, h: Float[Array, " hidden_size"]) -> Float[Array, " hidden_size"]:
-        return h

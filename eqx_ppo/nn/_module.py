@@ -1,45 +1,9 @@
 """The stateful module contract every eqx_ppo layer follows.
 
-**Batching convention.** A layer is written for *one* environment, as in
-Equinox: `x` has no batch axis, `state` is one env's carry, the regularisation
-loss is a scalar and every metric is one env's value. The library supplies the
-env axis with `jax.vmap`, giving each env its own PRNG key. We chose this over
-nnx-ppo's leading-batch-axis convention because
-
-1. per-env keys make every stochastic layer reproducible on any subset of
-   envs, so a minibatch replay of envs `[3, 7]` sees exactly the noise envs 3
-   and 7 saw in the rollout;
-2. the same layer runs unchanged over `[B]`, `[T, B]` or `[seeds, B]` by
-   stacking `vmap`s, which is how the loss replays feed-forward networks over
-   all time steps at once;
-3. layers are shorter: no `axis=-1` bookkeeping, no batch-size arguments.
-
-For interactive use, `initialize_state(batch_size)` builds a `[B, ...]` state
-and [`eqx_ppo.nn.apply_batched`][] calls a network once on a batch, so the
-nnx-ppo recording workflow keeps its length.
-
-**Shapes** of one call (single env):
-
-- `state`: the layer's carry pytree, `()` for stateless layers.
-- `x`: the layer's input pytree, e.g. `Float[Array, "features"]`.
-- `extras`: `None` to act afresh (rollout, inference); the `extras` this layer
-  emitted in the rollout to replay that step (loss replay).
-- `output.next_state`: same structure as `state`.
-- `output.regularization_loss`: `Float[Array, ""]`, added to the PPO loss.
-- `output.metrics`: a dict of arrays, logged under `net/<path>/...`.
-- `output.extras`: what the loss replay must get back; `None` if nothing.
-
-**Replay.** The loss replays a minibatch of `M` envs' length-`T` rollouts
-with `replay` (carries `[M, ...]`, every other leaf `[T, M, ...]`). By default
-a module without a carry runs once over all `T x M` steps, and a module with
-a carry has its `__call__` scanned over time, vmapped over the envs;
-containers replay child by child, so only their recurrent children are
-scanned, and a recurrence with a parallel form (an associative scan)
-overrides it.
-
-**Keys.** A container hands each child a key of its own, folded from its
-key and the child's position or name (`_keys.py`), so a child's noise never
-depends on its siblings.
+A layer is written for one env, as in Equinox: `x` has no batch axis, `state`
+is one env's carry, the regularisation loss is a scalar. The library adds the
+env axis with `jax.vmap`, one PRNG key per env; `docs/concepts.md` says why
+and how containers route keys.
 """
 
 import abc
@@ -99,11 +63,10 @@ class AbstractStatefulModule(eqx.Module):
     """Base class of every layer and container.
 
     Subclasses implement `__call__`; layers with a carry override
-    `initial_state`; layers that keep running statistics override
-    `update_statistics`; containers (and recurrences with a parallel form)
-    override `replay`. See the module docstring for the batching convention.
-    Every layer refuses a concrete `coefficient(nonnegative=True)` field
-    (see [`eqx_ppo.nn.coefficient`][]) that is negative, infinite or NaN.
+    `initial_state`, layers with running statistics `update_statistics`, and
+    containers (and recurrences with a parallel form) `replay`. Every layer
+    refuses a concrete `coefficient(nonnegative=True)` field that is
+    negative, infinite or NaN.
     """
 
     def __check_init__(self):
@@ -158,16 +121,23 @@ class AbstractStatefulModule(eqx.Module):
         - `done`: `[T, M]`; after a step with `done`, that env's carry is reset
           with `reset_state`, exactly as the rollout reset it.
 
-        The default runs a module without a carry once over all `T x M` steps,
-        one batched call: XLA runs the matmuls of one `[T x M, ...]` batch, and
-        their weight gradients above all, faster than those of a `[T, M, ...]`
-        one. A module with a carry has its `__call__` scanned over time,
-        vmapped over the envs, as the rollout runs it. An override must give
-        these values (to float rounding) and route keys and extras exactly as
-        `__call__` does; see the custom layer guide.
+        The default runs a module without a carry once over all `T x M` steps
+        (one `[T x M, ...]` batch: faster matmuls), and scans one with a carry
+        over time, vmapped over the envs. An override must give these values
+        (to float rounding) and route keys and extras as `__call__` does.
         """
         if jax.tree.leaves(state0):
-            return _scan(self, state0, xs, extras, keys, done)
+
+            def step(state, inputs):
+                x, e, k, d = inputs
+                out = jax.vmap(lambda s, x, e, k: self(s, x, e, key=k))(state, x, e, k)
+                reset = jax.vmap(lambda d, s: reset_where(self, d, s))
+                return reset(d, out.next_state), (out.output, out.regularization_loss)
+
+            last, (outputs, losses) = jax.lax.scan(
+                step, state0, (xs, extras, keys, done)
+            )
+            return SequenceOutput(last, outputs, losses)
         n_envs = done.shape[1]
         steps = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), (xs, extras, keys))
         out = jax.vmap(lambda x, e, k: self(state0, x, e, key=k))(*steps)
@@ -215,14 +185,7 @@ class AbstractStatelessLayer(AbstractStatefulModule):
     def forward(self, x: Any) -> Any:
         """The output for one env's input `x`."""
 
-    def __call__(
-        self,
-        state: tuple[()],
-        x: Any,
-        extras: None = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         """`forward(x)`, with carry `()`."""
         del state, extras, key
         return StatefulModuleOutput((), self.forward(x), zero_loss(), {}, None)
@@ -231,11 +194,9 @@ class AbstractStatelessLayer(AbstractStatefulModule):
 class AbstractLayerWrapper(AbstractStatefulModule):
     """Runs one `layer` and rewrites each step's output with `wrap_output`.
 
-    Everything else is `layer`'s: its key, carry, resets and statistics
-    (`update_statistics` returns the wrapper around the updated layer), and
-    its own (possibly parallel) `replay`. A replay
-    returns neither metrics nor extras, so `wrap_output` may change only
-    those two.
+    Everything else is `layer`'s: its key, carry, resets, statistics and
+    (possibly parallel) `replay`. A replay returns neither metrics nor
+    extras, so `wrap_output` may change only those two.
     """
 
     layer: eqx.AbstractVar[AbstractStatefulModule]
@@ -244,24 +205,10 @@ class AbstractLayerWrapper(AbstractStatefulModule):
     def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
         """This step's output, given what `layer` returned."""
 
-    def __call__(
-        self,
-        state: State,
-        x: Any,
-        extras: Any = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         return self.wrap_output(self.layer(state, x, extras, key=key))
 
-    def replay(
-        self,
-        state0: State,
-        xs: Any,
-        extras: Any,
-        keys: Key[Array, "time env"] | None,
-        done: Bool[Array, "time env"],
-    ) -> SequenceOutput:
+    def replay(self, state0, xs, extras, keys, done) -> SequenceOutput:
         return self.layer.replay(state0, xs, extras, keys, done)
 
     def initial_state(self) -> State:
@@ -282,10 +229,8 @@ def zero_loss() -> Float[Array, ""]:
 
 
 def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
-    """`out`, the result of calling `layer` on one env's carry `state`, if it
-    keeps the module contract; else an error naming the layer (at trace time),
-    instead of an attribute, broadcasting or scan-carry error in the container,
-    rollout or loss that reads it."""
+    """`out`, what `layer` returned for one env's carry `state`, if it keeps
+    the module contract; else an error naming the layer, at trace time."""
     name = type(layer).__name__
     if not isinstance(out, StatefulModuleOutput):
         raise TypeError(
@@ -293,15 +238,7 @@ def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
             "StatefulModuleOutput(next_state, output, regularization_loss, "
             "metrics, extras)."
         )
-    got, expected = carry_spec(out.next_state), carry_spec(state)
-    if got != expected:
-        raise ValueError(
-            f"{name}.__call__ returned the next_state {tree_spec(got)} "
-            f"for the carry {tree_spec(expected)}; a layer's carry must keep the "
-            "structure, shapes and dtypes its initial_state gives, step after "
-            "step, so that the rollout can scan it. Fix: return a next_state "
-            "shaped like the state passed in."
-        )
+    _check_carry(f"{name}.__call__ returned the next_state", out.next_state, state)
     if jnp.shape(out.regularization_loss) != ():
         raise ValueError(
             f"{name}.__call__ returned a regularization_loss of shape "
@@ -311,25 +248,18 @@ def checked_output(layer: Any, state: Any, out: Any) -> StatefulModuleOutput:
     return out
 
 
-def _scan(
-    module: AbstractStatefulModule,
-    state0: State,
-    xs: Any,
-    extras: Any,
-    keys: Key[Array, "time env"] | None,
-    done: Bool[Array, "time env"],
-) -> SequenceOutput:
-    """`module`'s `__call__` scanned over time and vmapped over the envs, each
-    env's carry reset where it is done: the rollout's own computation."""
-
-    def step(state, inputs):
-        x, e, k, d = inputs
-        out = jax.vmap(lambda s, x, e, k: module(s, x, e, key=k))(state, x, e, k)
-        next_state = jax.vmap(lambda d, s: reset_where(module, d, s))(d, out.next_state)
-        return next_state, (out.output, out.regularization_loss)
-
-    last, (outputs, losses) = jax.lax.scan(step, state0, (xs, extras, keys, done))
-    return SequenceOutput(last, outputs, losses)
+def _check_carry(call: str, got: State, expected: State) -> None:
+    """Raise unless the carry `got`, which `call` returned, keeps the
+    structure, shapes and dtypes of `expected`, as the rollout's scan needs."""
+    got, expected = carry_spec(got), carry_spec(expected)
+    if got != expected:
+        raise ValueError(
+            f"{call} {tree_spec(got)} for the carry {tree_spec(expected)}; a "
+            "layer's carry must keep the structure, shapes and dtypes its "
+            "initial_state gives, step after step, so that the rollout can scan "
+            "it. Fix: return a carry shaped like the one passed in (one env's, "
+            "e.g. initial_state())."
+        )
 
 
 def reset_where(
@@ -337,14 +267,8 @@ def reset_where(
 ) -> State:
     """One env's carry, reset if `done`: the rule the rollout and replay share."""
     fresh = module.reset_state(state)
-    got, expected = carry_spec(fresh), carry_spec(state)
-    if got != expected:
-        raise ValueError(
-            f"{type(module).__name__}.reset_state (or that of a layer inside "
-            f"it) returned a carry of {tree_spec(got)}; the carry it resets is "
-            f"{tree_spec(expected)}. Fix: return a carry of the same structure, "
-            "shapes and dtypes (one env's, e.g. initial_state())."
-        )
+    call = f"{type(module).__name__}.reset_state (or that of a layer inside it)"
+    _check_carry(f"{call} returned the carry", fresh, state)
     return jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh, state)
 
 
@@ -359,9 +283,8 @@ def apply_batched(
 ) -> StatefulModuleOutput:
     """Call `module` once on a batch: every leaf has a leading env axis `[B]`.
 
-    `key` is split into one key per env, in the same way the rollout does it,
-    so `apply_batched` on a batch reproduces the per-env calls (to float
-    rounding: a batched matmul may sum in another order).
+    `key` is split into one key per env as the rollout splits it, so this
+    reproduces the per-env calls (to float rounding).
 
     ```python
     state = net.initialize_state(8)

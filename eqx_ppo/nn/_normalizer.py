@@ -7,21 +7,18 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Key, PyTree
+import numpy as np
+from jaxtyping import Array, Float, PyTree
 
-from .._typecheck import checked
-from ._errors import input_shape_fix, tree_spec
+from .._typecheck import check_range, checked
+from ._errors import check_input
 from ._filters import AbstractStatistics
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 
 
 def canonicalize(tree: Any) -> Any:
-    """Turn every `Mapping` (OrderedDict, FrozenDict, ...) into a plain `dict`.
-
-    JAX treats `dict` and `OrderedDict` as different pytree nodes, so a
-    normaliser built from one would not line up with observations given as
-    the other. Lists and tuples are recursed into; other nodes are kept.
-    """
+    """`tree` with every `Mapping` (OrderedDict, FrozenDict, ...) a plain
+    `dict`, which JAX flattens alike, and lists and tuples recursed into."""
     if isinstance(tree, Mapping):
         return {k: canonicalize(v) for k, v in tree.items()}
     if type(tree) in (list, tuple):
@@ -29,49 +26,19 @@ def canonicalize(tree: Any) -> Any:
     return tree
 
 
-def _is_shape(spec: Any) -> bool:
-    return isinstance(spec, int) or (
-        type(spec) in (tuple, list) and all(isinstance(d, int) for d in spec)
-    )
-
-
 def _is_shape_leaf(spec: Any) -> bool:
-    return _is_shape(spec) or _is_array_like(spec)
+    """Whether `spec` is a leaf of `Normalizer`'s `shape`: an int, a tuple or
+    list of ints, or an array (or `jax.ShapeDtypeStruct`)."""
+    if type(spec) in (tuple, list):
+        return all(isinstance(d, int) for d in spec)
+    return isinstance(spec, int | jax.ShapeDtypeStruct) or eqx.is_array(spec)
 
 
-def _is_array_like(spec: Any) -> bool:
-    return eqx.is_array(spec) or isinstance(spec, jax.ShapeDtypeStruct)
-
-
-def _to_shape(spec: Any) -> tuple[int, ...]:
-    if _is_array_like(spec):
-        return tuple(spec.shape)
-    if isinstance(spec, int):
-        return (spec,)
-    return tuple(spec)
-
-
-def _check_input(x: PyTree[Array], mean: PyTree[Array]) -> None:
-    """Raise at trace time unless `x` is one env's input, shaped like `mean`."""
-    leaves, structure = jax.tree.flatten(x)
-    means, expected = jax.tree.flatten(mean)
-    if structure == expected and all(
-        jnp.shape(leaf) == m.shape for leaf, m in zip(leaves, means, strict=True)
-    ):
-        return
-    if structure == expected:
-        got, want = next(
-            (jnp.shape(leaf), m.shape)
-            for leaf, m in zip(leaves, means, strict=True)
-            if jnp.shape(leaf) != m.shape
-        )
-        fix = input_shape_fix(got, want)
-    else:
-        fix = "Give it an input of the structure it was built with (its `shape`)."
-    raise ValueError(
-        f"Normalizer expects one env's input {tree_spec(mean)}, got "
-        f"{tree_spec(x)}. {fix}"
-    )
+def _zeros(spec: Any) -> Float[Array, "..."]:
+    """float32 zeros of the shape a leaf of `Normalizer`'s `shape` gives."""
+    if eqx.is_array(spec) or isinstance(spec, jax.ShapeDtypeStruct):
+        return jnp.zeros(spec.shape, jnp.float32)
+    return jnp.zeros((spec,) if isinstance(spec, int) else tuple(spec), jnp.float32)
 
 
 class NormalizerStatistics(AbstractStatistics):
@@ -93,24 +60,13 @@ class NormalizerStatistics(AbstractStatistics):
 class Normalizer(AbstractStatefulModule):
     """Standardises its input with running statistics: `(x - mean) / std`.
 
-    The statistics (`statistics`: the running `mean`, `m2` and `count`) are an
-    [`eqx_ppo.nn.AbstractStatistics`][], so [`eqx_ppo.nn.trainable`][]
-    excludes them, and the forward pass reads them
-    through `lax.stop_gradient`. They change only through
-    `update_statistics`, which the trainer calls once per iteration, after the
-    gradient phase, with the raw inputs this layer saw during the rollout (it
-    emits them as `extras`).
-
-    Differences from nnx-ppo's `Normalizer`, on purpose:
-
-    1. Before any data (`count == 0`) the layer is the identity (mean 0,
-       std 1); nnx-ppo divides by 10 instead.
-    2. The std floor is `std_min` (default `1e-3`, the same as nnx-ppo's
-       variance floor of `1e-6`).
-    3. An optional `clip` bounds the normalised output to `[-clip, clip]`.
-
-    Inputs may be a single array or a pytree of arrays (e.g. dict
-    observations); any `Mapping` is treated as a plain `dict`.
+    The running `mean`, `m2` and `count` (`statistics`) are an
+    [`eqx_ppo.nn.AbstractStatistics`][]: [`eqx_ppo.nn.trainable`][] excludes
+    them and no gradient reaches them. Only `update_statistics` changes them,
+    once per iteration after the gradient phase, with the raw inputs this
+    layer emitted as `extras` in the rollout. Before any data the layer is
+    the identity (nnx-ppo divides by 10). Inputs may be any pytree of arrays;
+    a `Mapping` is treated as a `dict`.
 
     ```python
     norm = Normalizer({"pos": 3, "vel": (2,)})
@@ -125,7 +81,7 @@ class Normalizer(AbstractStatefulModule):
 
     def __init__(
         self,
-        shape: int | tuple[int, ...] | PyTree[Any],
+        shape: PyTree[int | Array | np.ndarray | jax.ShapeDtypeStruct],
         *,
         std_min: float = 1e-3,
         clip: float | None = None,
@@ -140,16 +96,9 @@ class Normalizer(AbstractStatefulModule):
         - `clip`: if given, the normalised output is clipped to
             `[-clip, clip]`.
         """
-        if not std_min > 0:
-            raise ValueError(f"Normalizer(std_min={std_min}) must be > 0.")
-        if clip is not None and not clip > 0:
-            raise ValueError(
-                f"Normalizer(clip={clip}) must be > 0, or None for no clipping."
-            )
-        shapes = jax.tree.map(_to_shape, canonicalize(shape), is_leaf=_is_shape_leaf)
-        zeros = jax.tree.map(
-            lambda s: jnp.zeros(s, jnp.float32), shapes, is_leaf=_is_shape
-        )
+        check_range("Normalizer(std_min=", std_min, 0, open_low=True)
+        check_range("Normalizer(clip=", clip, 0, open_low=True)
+        zeros = jax.tree.map(_zeros, canonicalize(shape), is_leaf=_is_shape_leaf)
         self.statistics = NormalizerStatistics(
             mean=zeros, m2=zeros, count=jnp.zeros((), jnp.float32)
         )
@@ -169,18 +118,11 @@ class Normalizer(AbstractStatefulModule):
             stats.m2,
         )
 
-    def __call__(
-        self,
-        state: tuple[()],
-        x: PyTree[Array],
-        extras: Any = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         """Normalise one env's input; emits the raw input as `extras`."""
         del state, extras, key
         x = canonicalize(x)
-        _check_input(x, self.statistics.mean)
+        check_input(self, x, self.statistics.mean)
         # Statistics are data, not parameters: no gradient may reach them.
         frozen = eqx.tree_at(
             lambda m: m.statistics, self, jax.lax.stop_gradient(self.statistics)
@@ -196,12 +138,9 @@ class Normalizer(AbstractStatefulModule):
         return StatefulModuleOutput((), output, zero_loss(), {}, x)
 
     def update_statistics(self, extras: PyTree[Array]) -> "Normalizer":
-        """Fold a rollout's raw inputs into the running statistics.
-
-        `extras` has this layer's input structure with leaves
-        `[*lead, *shape]` (usually `lead = [T, B]`); all samples are merged
-        in one batched Welford/Chan update. Returns a new Normalizer.
-        """
+        """Fold a rollout's raw inputs (leaves `[*lead, *shape]`, usually
+        `lead = [T, B]`) into the running statistics, in one Welford/Chan
+        update."""
         extras = canonicalize(extras)
         stats = self.statistics
         leaf, mean = jax.tree.leaves(extras)[0], jax.tree.leaves(stats.mean)[0]

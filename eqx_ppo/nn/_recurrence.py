@@ -1,25 +1,11 @@
 """The linear recurrence `h_t = a_t * h_{t-1} + b_t`, resetting on episode ends.
 
-The LRU and MinGRU compute the coefficients `a_t`, `b_t` of all steps of a
-replay at once, from the inputs alone, and compose them here
-(`linear_recurrence`), episode resets included, in one of two orders:
-
-- with `jax.lax.associative_scan`, in `O(log T)` depth instead of a
-  length-`T` loop;
-- with a sequential loop whose body is only the elementwise update, written
-  in place over the offsets. Its own `vmap` rule keeps the per-step reads
-  and writes plain slices of the batched arrays (a vmapped slice would
-  become a gather and a scatter), and its hand-written VJP is the same loop
-  run backwards, so neither pass stacks per-step buffers. The LRU's
-  `lambda`, the same at every step, is never broadcast over the sequence.
-
-Depth only pays where there is parallel width to spend it on. On a CPU the
-associative scan's extra passes over the sequence cost more than the
-sequential loop saves (`python -m benchmarks.memory`), so by default
-(`parallel_replay=None`) the layers compose with the associative scan on
-GPUs and TPUs and sequentially on CPUs; `True` or `False` forces one. The
-sequential path supports reverse-mode differentiation (`grad`, `vjp`), not
-forward mode (`jvp`).
+`linear_recurrence` composes the steps either with `jax.lax.associative_scan`
+(`O(log T)` depth) or with a sequential loop whose body is only the
+elementwise update, written in place; that loop has its own `vmap` rule (its
+slices stay slices, not gathers) and a hand-written VJP (the same loop run
+backwards), so neither pass stacks per-step buffers. Depth pays only where
+there is parallel width: `use_associative_scan` picks by backend.
 """
 
 import functools
@@ -35,9 +21,8 @@ from jaxtyping import Array, Bool, Float
 def product(
     a: Float[Array, "..."], h: Float[Array, "..."], *, pairs: bool, conjugate: bool
 ) -> Float[Array, "..."]:
-    """`a * h`, elementwise; with `pairs`, of complex vectors stored as their
-    real and imaginary parts along the second-last axis, `a` conjugated if
-    `conjugate`."""
+    """`a * h`; with `pairs`, of complex vectors stored as real and imaginary
+    parts along the second-last axis, `a` conjugated if `conjugate`."""
     if not pairs:
         return a * h
     a_re, a_im = a[..., :1, :], a[..., 1:, :]
@@ -105,11 +90,9 @@ def _forward_loop(steps: _Steps, axis: int, pairs: bool) -> Float[Array, "..."]:
 def _backward_loop(
     steps: _Steps, cotangent: Float[Array, "..."], axis: int, pairs: bool
 ) -> Float[Array, "..."]:
-    """The forward loop's adjoint: the gradient of every state, in place.
-
-    State `t` gets its own cotangent plus `conj(a[t + 1])` times the gradient
-    of state `t + 1`, unless step `t + 1` restarted.
-    """
+    """The forward loop's adjoint, in place: state `t` gets its cotangent plus
+    `conj(a[t + 1])` times the gradient of state `t + 1`, unless `t + 1`
+    restarted."""
     n_steps = cotangent.shape[axis]
 
     def step(i, d):
@@ -125,12 +108,8 @@ def _backward_loop(
 
 @functools.cache
 def _batched(loop: Callable, axis: int, pairs: bool) -> Callable:
-    """`loop` over time `axis`, vmapped by running it one axis further along.
-
-    `vmap` of the loop's slices would batch them into gathers and scatters,
-    several small ops per step; this rule keeps them plain slices of the
-    batched arrays, in whatever layout the batched coefficients come.
-    """
+    """`loop` over time `axis`, vmapped by running it one axis further along,
+    so its slices stay plain slices rather than gathers and scatters."""
 
     @custom_batching.custom_vmap
     def batched(*args):
@@ -152,12 +131,8 @@ def _batched(loop: Callable, axis: int, pairs: bool) -> Callable:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _sequential(steps: _Steps, pairs: bool) -> Float[Array, "time ..."]:
-    """Every state of the recurrence, one step after another.
-
-    Its gradient is the same kind of loop run backwards (`_backward_loop`):
-    neither pass stores more than the inputs and the states, and neither
-    materialises an `a` that is the same at every step.
-    """
+    """Every state of the recurrence, one step after another; its gradient
+    is `_backward_loop`."""
     return _batched(_forward_loop, 0, pairs)(steps)
 
 
@@ -207,25 +182,16 @@ def linear_recurrence(
 ) -> tuple[Float[Array, " time *state"], Float[Array, "*state"]]:
     """All states of `h_t = a_t * h_{t-1} + b_t` from `h0`, resetting on `done`.
 
-    As in a module's `replay`, `done[t]` replaces the state after
-    step `t` by `h_reset` before step `t + 1`. Returns the state after every
-    step (before its reset: what step `t` outputs) and the carry after the
-    last step (reset if that step was done).
+    As in `replay`, `done[t]` replaces the state after step `t` by `h_reset`.
+    Returns the state after every step (before its reset) and the carry after
+    the last step (reset if it was done). With `pairs=True` the states are
+    complex, `[..., 2, n]` (the LRU's layout). `a` may have a time axis of
+    length 1: the same at every step, never broadcast.
 
-    Real float32; or, with `pairs=True`, complex vectors as float32 arrays
-    whose second-last axis (size 2) holds their real and imaginary parts,
-    `[..., 2, n]`: the LRU's layout, which spares the conversions to and from
-    complex64. `a` may have a time axis of length 1: the same coefficients at
-    every step, never broadcast over the sequence.
-
-    `parallel=True` composes the steps by one associative scan: a step that
-    starts from a known state (`h0` at `t = 0`, `h_reset` after a done) folds
-    it into its offset, `b_t <- a_t * start + b_t`, and forgets everything
-    before it, `a_t <- 0`, and the offsets the scan accumulates are the
-    states themselves. `parallel=False` runs the steps one after another, in
-    place; its gradient is a hand-written VJP, the same loop run backwards,
-    so this path supports reverse-mode differentiation (`grad`, `vjp`) but
-    not `jvp`.
+    `parallel=True`: one associative scan, where a step that starts from a
+    known state folds it into its offset (`b_t <- a_t * start + b_t`,
+    `a_t <- 0`). `parallel=False`: the sequential loop, which supports
+    reverse-mode differentiation but not `jvp`.
     """
     n_steps = done.shape[0]
     per_step = (n_steps,) + (1,) * (b.ndim - 1)
@@ -246,10 +212,8 @@ def linear_recurrence(
 
 def use_associative_scan(parallel_replay: bool | None, pairs: bool) -> bool:
     """Whether to replay with the associative scan. `None` picks what measured
-    faster (`benchmarks.memory`): the sequential scan on CPUs, and on a TPU
-    for a complex recurrence (`pairs`: the LRU, 0.19x the LSTM at T = 256
-    against 1.84x sequentially); the associative scan otherwise (MinGRU on a
-    TPU: 3.98x)."""
+    faster (`benchmarks.memory`): sequential on CPUs, and on TPUs for a
+    complex recurrence (`pairs`); associative otherwise."""
     if parallel_replay is not None:
         return parallel_replay
     backend = jax.default_backend()

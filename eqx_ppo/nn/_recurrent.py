@@ -16,77 +16,39 @@ LSTMState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LSTM carry `(h, c)`: hidden state first, cell state second."""
 
 
-def _init_gates(
-    init: Initializer, key: Key[Array, ""], shape: tuple[int, ...], n_gates: int
+def init_gates(
+    init: Initializer | None,
+    default: Initializer,
+    key: Key[Array, ""],
+    shape: tuple[int, ...],
+    n_gates: int,
 ) -> Float[Array, "..."]:
-    """Initialise each gate's block separately and concatenate on the last axis.
-
-    Per-gate calls match flax (e.g. each recurrent block is its own orthogonal
-    matrix) while the layer still does one fused matmul per step.
-    """
+    """`n_gates` blocks of `shape`, each initialised on its own by `init` (or
+    `default`) as in flax, concatenated on the last axis for one fused matmul."""
+    init = default if init is None else init
     keys = jax.random.split(key, n_gates)
     return jnp.concatenate([init(k, shape, jnp.float32) for k in keys], axis=-1)
 
 
-def init_input_weights(
-    in_size: int,
-    hidden_size: int,
-    n_gates: int,
-    keys: tuple[Key[Array, ""], Key[Array, ""]],
-    kernel_init: Initializer | None,
-    bias_init: Initializer | None,
-) -> tuple[Array, Array]:
-    """The gate-stacked input `kernel` and `bias` of a layer.
-
-    `keys` are the kernel's and bias's keys. Defaults: LeCun-normal kernels,
-    zero biases.
-    """
-    kernel_key, bias_key = keys
-    kernel = _init_gates(
-        jax.nn.initializers.lecun_normal() if kernel_init is None else kernel_init,
-        kernel_key,
-        (in_size, hidden_size),
-        n_gates,
-    )
-    bias = _init_gates(
-        jax.nn.initializers.zeros if bias_init is None else bias_init,
-        bias_key,
-        (hidden_size,),
-        n_gates,
-    )
-    return kernel, bias
-
-
-def _init_weights(
+def _gated_weights(
     in_size: int,
     hidden_size: int,
     n_gates: int,
     keys: Key[Array, " 3"],
-    kernel_init: Initializer | None,
-    recurrent_init: Initializer | None,
-    bias_init: Initializer | None,
+    inits: tuple[Initializer | None, Initializer | None, Initializer | None],
 ) -> tuple[Array, Array, Array]:
-    """The gate-stacked `kernel`, `recurrent_kernel` and `bias` of a layer.
-
-    `keys` are the kernel's, recurrent kernel's and bias's keys. Defaults:
-    LeCun-normal input kernels, orthogonal recurrent kernels, zero biases.
-    """
-    kernel_key, recurrent_key, bias_key = keys
-    kernel, bias = init_input_weights(
-        in_size,
-        hidden_size,
-        n_gates,
-        (kernel_key, bias_key),
-        kernel_init,
-        bias_init,
+    """The gate-stacked `kernel`, `recurrent_kernel` and `bias`, from their
+    keys and initialisers: LeCun normal, orthogonal and zeros by default."""
+    defaults = (
+        jax.nn.initializers.lecun_normal(),
+        orthogonal(),
+        jax.nn.initializers.zeros,
     )
-    recurrent_kernel = _init_gates(
-        orthogonal() if recurrent_init is None else recurrent_init,
-        recurrent_key,
-        (hidden_size, hidden_size),
-        n_gates,
+    shapes = ((in_size, hidden_size), (hidden_size, hidden_size), (hidden_size,))
+    return tuple(
+        init_gates(init, default, key, shape, n_gates)
+        for init, default, key, shape in zip(inits, defaults, keys, shapes, strict=True)
     )
-    return kernel, recurrent_kernel, bias
 
 
 def initial_parameter(
@@ -120,12 +82,10 @@ class LSTM(AbstractStatefulModule):
 
     The defaults follow flax's `LSTMCell`: LeCun-normal input kernels,
     orthogonal recurrent kernels (one per gate) and **zero biases for every
-    gate, including the forget gate** (no `+1` forget bias). For a forget
-    bias, set `bias[hidden_size:2 * hidden_size]` with `eqx.tree_at`.
-
-    With `trainable_initial_state=True`, `initial_state()` returns the
-    parameters `(initial_h, initial_c)` themselves, so every episode start
-    (and every reset in the loss replay) passes gradient to them.
+    gate, the forget gate included**; for a forget bias, set
+    `bias[hidden_size:2 * hidden_size]` with `eqx.tree_at`. With
+    `trainable_initial_state=True`, every episode start (and every reset in
+    the loss replay) passes gradient to `(initial_h, initial_c)`.
     """
 
     kernel: Float[Array, "in_size gates"]
@@ -167,14 +127,12 @@ class LSTM(AbstractStatefulModule):
             `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
         - `bias_init`: initialiser of each gate's bias; default zeros.
         """
-        self.kernel, self.recurrent_kernel, self.bias = _init_weights(
+        self.kernel, self.recurrent_kernel, self.bias = _gated_weights(
             in_size,
             hidden_size,
             4,
             jax.random.split(key, 3),
-            kernel_init,
-            recurrent_init,
-            bias_init,
+            (kernel_init, recurrent_init, bias_init),
         )
         self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
         self.initial_c = initial_parameter(trainable_initial_state, hidden_size)
@@ -190,15 +148,7 @@ class LSTM(AbstractStatefulModule):
             initial_part(self.initial_c, self.hidden_size),
         )
 
-    def __call__(
-        self,
-        state: LSTMState,
-        x: Float[Array, " in_size"],
-        extras: None = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
-        """One step for one env; returns `(h', c')` as carry and `h'` as output."""
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras, key
         check_input(self, x, (self.in_size,))
         h, c = state
@@ -213,9 +163,8 @@ class LSTM(AbstractStatefulModule):
 class GRU(AbstractStatefulModule):
     """A gated recurrent unit layer for one env; the carry and output are `h`.
 
-    The update follows flax's `GRUCell` (and cuDNN): gates stacked in the
-    order `r, z, n` along the last axis of `kernel`, `recurrent_kernel` and
-    `bias`; the recurrent side has a bias only for the candidate `n`:
+    As flax's `GRUCell` (and cuDNN), with gates stacked `r, z, n` along the
+    last axis of `kernel`, `recurrent_kernel` and `bias`:
 
     ```
     r = gate_fn(x W_r + b_r + h U_r)
@@ -224,9 +173,7 @@ class GRU(AbstractStatefulModule):
     h' = (1 - z) * n + z * h
     ```
 
-    Defaults: LeCun-normal input kernels, orthogonal recurrent kernels (one
-    per gate), zero biases. With `trainable_initial_state=True`,
-    `initial_state()` returns the learned `initial_h`.
+    Defaults and `trainable_initial_state` as in [`eqx_ppo.nn.LSTM`][].
     """
 
     kernel: Float[Array, "in_size gates"]
@@ -252,24 +199,13 @@ class GRU(AbstractStatefulModule):
         recurrent_init: Initializer | None = None,
         bias_init: Initializer | None = None,
     ):
-        """**Arguments:**
-
-        - `in_size`: input features.
-        - `hidden_size`: size of `h`, and of the output.
-        - `key`: PRNG key for the initialisers.
-        - `trainable_initial_state`: learn `h0` (initialised to zeros)
-            instead of starting every episode from zeros.
-        - `gate_fn`: squashing of the `r` and `z` gates (callable or name).
-        - `activation_fn`: activation of the candidate `n` (callable or name).
-        - `kernel_init`: initialiser of each gate's `[in_size, hidden_size]`
-            input kernel; default LeCun normal.
-        - `recurrent_init`: initialiser of each gate's
-            `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
-        - `bias_init`: initialiser of every bias; default zeros.
+        """**Arguments:** as in [`eqx_ppo.nn.LSTM`][], with `h` alone as the
+        carry, `gate_fn` for the `r` and `z` gates, `activation_fn` for the
+        candidate `n`, and `bias_init` for every bias.
         """
         keys = jax.random.split(key, 4)
-        self.kernel, self.recurrent_kernel, self.bias = _init_weights(
-            in_size, hidden_size, 3, keys[:3], kernel_init, recurrent_init, bias_init
+        self.kernel, self.recurrent_kernel, self.bias = _gated_weights(
+            in_size, hidden_size, 3, keys[:3], (kernel_init, recurrent_init, bias_init)
         )
         bias_init = jax.nn.initializers.zeros if bias_init is None else bias_init
         self.recurrent_bias = bias_init(keys[3], (hidden_size,), jnp.float32)
@@ -283,15 +219,7 @@ class GRU(AbstractStatefulModule):
         """`h0`: the learned initial state, or zeros."""
         return initial_part(self.initial_h, self.hidden_size)
 
-    def __call__(
-        self,
-        state: Float[Array, " hidden_size"],
-        x: Float[Array, " in_size"],
-        extras: None = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
-        """One step for one env; returns `h'` as both carry and output."""
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras, key
         check_input(self, x, (self.in_size,))
         h = state

@@ -1,23 +1,17 @@
-"""Factories for the recurrent actor-critics: one memory per port.
+"""Factories for the recurrent actor-critics: those of `make_mlp_actor_critic`
+(`_factories.py`) with a memory at the start of each port."""
 
-The networks are those of [`eqx_ppo.nn.make_mlp_actor_critic`][] (see
-`_factories.py` for their layout) with a recurrent trunk at the start of
-each port: an LSTM or a GRU, or a nonlinear projection then an LRU or a
-MinGRU.
-"""
-
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import jax
 from jaxtyping import Array, Key
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 from ._containers import Sequential
 from ._dense import Activation, Dense
 from ._factories import ActionSize, Encoder, ObsSize, actor_critic, scaled_kernel_init
 from ._linear_recurrent import LRU, MinGRU
-from ._module import AbstractStatefulModule
 from ._recurrent import GRU, LSTM
 
 Cell = Literal["lstm", "gru", "lru", "mingru"]
@@ -25,72 +19,8 @@ Cell = Literal["lstm", "gru", "lru", "mingru"]
 
 def default_lru_state_size(hidden_size: int) -> int:
     """The LRU's complex states in a memory `hidden_size` wide: half, rounded
-    up, so its carry holds as many reals as the GRU's and MinGRU's."""
+    up, as many reals as the GRU's."""
     return -(-hidden_size // 2)
-
-
-def _cell(
-    cell: Cell,
-    features: int,
-    hidden_size: int,
-    *,
-    key: Key[Array, ""],
-    activation: Activation,
-    kernel_init: Callable[..., Array],
-    trainable_initial_state: bool,
-    parallel_replay: bool | None,
-    lru_state_size: int | None,
-) -> list[AbstractStatefulModule]:
-    """The recurrent trunk of one port: the cell, and for the linear
-    recurrences a nonlinear input projection in front of it."""
-    if cell == "lstm":
-        return [
-            LSTM(
-                features,
-                hidden_size,
-                key=key,
-                kernel_init=kernel_init,
-                trainable_initial_state=trainable_initial_state,
-            )
-        ]
-    if cell == "gru":
-        return [
-            GRU(
-                features,
-                hidden_size,
-                key=key,
-                kernel_init=kernel_init,
-                trainable_initial_state=trainable_initial_state,
-            )
-        ]
-    projection_key, cell_key = jax.random.split(key)
-    projection = Dense(
-        features,
-        hidden_size,
-        key=projection_key,
-        activation=activation,
-        kernel_init=kernel_init,
-    )
-    if cell == "lru":
-        recurrence: AbstractStatefulModule = LRU(
-            hidden_size,
-            default_lru_state_size(hidden_size)
-            if lru_state_size is None
-            else lru_state_size,
-            key=cell_key,
-            trainable_initial_state=trainable_initial_state,
-            parallel_replay=parallel_replay,
-        )
-    else:
-        recurrence = MinGRU(
-            hidden_size,
-            hidden_size,
-            key=cell_key,
-            kernel_init=kernel_init,
-            trainable_initial_state=trainable_initial_state,
-            parallel_replay=parallel_replay,
-        )
-    return [projection, recurrence]
 
 
 @checked
@@ -120,21 +50,11 @@ def make_recurrent_actor_critic(
     """A recurrent actor and critic, each port with its own memory, then an MLP.
 
     The actor (and, with `recurrent_critic=True`, the critic) gets its own
-    recurrent trunk reading the (normalised, flattened) observation, so the
-    memories are trained by their own losses and never interfere:
-
-    - `cell="lstm"`: an [`eqx_ppo.nn.LSTM`][] of width `hidden_size`;
-    - `cell="gru"`: an [`eqx_ppo.nn.GRU`][];
-    - `cell="lru"`: `Dense(-> hidden_size, activation)` then an
-      [`eqx_ppo.nn.LRU`][] with `lru_state_size` (default half of
-      `hidden_size`) complex states and `hidden_size` outputs;
-    - `cell="mingru"`: `Dense(-> hidden_size, activation)` then a
-      [`eqx_ppo.nn.MinGRU`][].
-
-    The linear recurrences (LRU, MinGRU) are linear in their input, so a
-    nonlinear projection comes first; they replay a whole sequence with one
-    associative scan instead of a length-`T` scan. With no hidden sizes the
-    LSTM network is
+    memory of width `hidden_size` on the (normalised, flattened) observation:
+    an [`eqx_ppo.nn.LSTM`][] or [`eqx_ppo.nn.GRU`][], or, since they are
+    linear in their input, `Dense(-> hidden_size, activation)` then an
+    [`eqx_ppo.nn.LRU`][] or [`eqx_ppo.nn.MinGRU`][]. With no hidden sizes
+    the LSTM network is
 
     ```python
     Sequential([
@@ -146,8 +66,7 @@ def make_recurrent_actor_critic(
     ])
     ```
 
-    and the carry is `{1: {"action": {0: (h, c), ...}, "value": {0: (h, c), ...}}}`
-    alongside the stateless layers' `()`.
+    with the carry `{1: {"action": {0: (h, c), ...}, "value": {0: (h, c), ...}}}`.
 
     **Arguments:**
 
@@ -158,25 +77,17 @@ def make_recurrent_actor_critic(
     - `hidden_size`: the width of each memory.
     - `cell`: `"lstm"`, `"gru"`, `"lru"` or `"mingru"`.
     - `recurrent_critic`: give the critic its own memory (the default); with
-      `False` the critic is a feed-forward MLP on the observation, the
-      cheaper common layout of recurrent PPO.
+      `False` the critic is a feed-forward MLP, the cheaper common layout.
     - `actor_hidden_sizes`, `critic_hidden_sizes`: widths of the MLP layers
-      between each trunk and its output layer; default none.
+      between each memory and its output layer; default none.
     - `trainable_initial_state`: learn each memory's initial carry.
-    - `parallel_replay`: how the LRU and MinGRU replay (see
-      [`eqx_ppo.nn.LRU`][]): `None` picks by backend, `True` forces the
-      associative scan, `False` the sequential scan of the elementwise update.
-    - `lru_state_size`: the number of the LRU's complex states (the paper's
-      `N`); default `hidden_size / 2` (rounded up), so its carry holds as
-      many reals as the GRU's and MinGRU's. `hidden_size` doubles the state
-      and costs a slower replay (see the guide "Choosing a memory model");
-      the output stays `hidden_size` wide. Only with `cell="lru"`.
+    - `parallel_replay`: how the LRU and MinGRU replay, as in
+      [`eqx_ppo.nn.LRU`][].
+    - `lru_state_size`: with `cell="lru"` only, the number of the LRU's
+      complex states; default `hidden_size / 2` (rounded up), so its carry
+      holds as many reals as the GRU's (see "Choosing a memory model").
     """
-    if hidden_size < 1:
-        raise ValueError(
-            f"make_recurrent_actor_critic(hidden_size={hidden_size}): the width "
-            "of each memory must be a positive int."
-        )
+    check_range("make_recurrent_actor_critic(hidden_size=", hidden_size, 1)
     if lru_state_size is not None and cell != "lru":
         raise ValueError(
             f"lru_state_size={lru_state_size!r} sizes the LRU's state, but "
@@ -185,20 +96,47 @@ def make_recurrent_actor_critic(
     kernel_init = scaled_kernel_init(initializer_scale)
 
     def trunk(port, features, key):
+        """A port's memory (for the linear recurrences, a nonlinear input
+        projection and the cell) and its output size."""
         if port == "value" and not recurrent_critic:
             return [], features
-        layers = _cell(
-            cell,
+        if cell in ("lstm", "gru"):
+            gated = LSTM if cell == "lstm" else GRU
+            memory = gated(
+                features,
+                hidden_size,
+                key=key,
+                kernel_init=kernel_init,
+                trainable_initial_state=trainable_initial_state,
+            )
+            return [memory], hidden_size
+        projection_key, cell_key = jax.random.split(key)
+        projection = Dense(
             features,
             hidden_size,
-            key=key,
+            key=projection_key,
             activation=activation,
             kernel_init=kernel_init,
-            trainable_initial_state=trainable_initial_state,
-            parallel_replay=parallel_replay,
-            lru_state_size=lru_state_size,
         )
-        return layers, hidden_size
+        if cell == "lru":
+            n = lru_state_size
+            memory = LRU(
+                hidden_size,
+                default_lru_state_size(hidden_size) if n is None else n,
+                key=cell_key,
+                trainable_initial_state=trainable_initial_state,
+                parallel_replay=parallel_replay,
+            )
+        else:
+            memory = MinGRU(
+                hidden_size,
+                hidden_size,
+                key=cell_key,
+                kernel_init=kernel_init,
+                trainable_initial_state=trainable_initial_state,
+                parallel_replay=parallel_replay,
+            )
+        return [projection, memory], hidden_size
 
     return actor_critic(
         obs_size,

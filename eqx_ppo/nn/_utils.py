@@ -21,12 +21,8 @@ class Splitter(AbstractStatelessLayer):
     """Splits the last axis into named slices, in argument order.
 
     `Splitter(mean=3, value=1)` maps `x` of shape `(4,)` to
-    `{"mean": x[0:3], "value": x[3:4]}`. The sizes must add up to the input's
-    last axis exactly; this is checked when the layer is traced.
-
-    **Arguments:**
-
-    - `**sizes`: name to positive slice size, in the order the slices are taken.
+    `{"mean": x[0:3], "value": x[3:4]}`; the positive sizes must add up to
+    the input's last axis.
     """
 
     sizes: tuple[tuple[str, int], ...] = eqx.field(static=True)
@@ -68,17 +64,11 @@ def _flatten(x: Any, preserve_levels: int) -> Any:
 class Flattener(AbstractStatelessLayer):
     """Flattens a pytree of arrays into one feature vector.
 
-    With `preserve_levels=0` every leaf is raveled and the results are
-    concatenated in pytree order (dict entries in sorted key order), so
-    `{"b": (2,), "a": (3, 1)}` becomes `concat([ravel(a), ravel(b)])` of shape
-    `(5,)`. With `preserve_levels=N` the top `N` levels of dict/list/tuple
-    structure are kept and everything below them is flattened:
-    `Flattener(1)` maps `{"a": {"p": (4,), "t": (8,)}, "b": (6,)}` to
-    `{"a": (12,), "b": (6,)}`; an array above that depth is raveled.
-
-    **Arguments:**
-
-    - `preserve_levels`: how many container levels to keep, `>= 0`.
+    Every leaf is raveled and the results concatenated in pytree order
+    (dicts in sorted key order): `{"b": (2,), "a": (3, 1)}` becomes
+    `concat([ravel(a), ravel(b)])`. `preserve_levels=N >= 0` keeps the top
+    `N` levels of dict/list/tuple structure: `Flattener(1)` maps
+    `{"a": {"p": (4,), "t": (8,)}, "b": (6,)}` to `{"a": (12,), "b": (6,)}`.
     """
 
     preserve_levels: int = eqx.field(static=True, default=0)
@@ -95,8 +85,7 @@ class Flattener(AbstractStatelessLayer):
 
 
 def _has_entry(value: Any, part: str | int) -> bool:
-    """Whether `value[part]` exists; JAX would clamp an out-of-range index into
-    an array instead of raising."""
+    """Whether `value[part]` exists (JAX clamps an out-of-range index)."""
     if eqx.is_array(value):
         return (
             isinstance(part, int)
@@ -128,19 +117,10 @@ def _select(x: Any, out_key: str, spec: FilterSpec) -> Any:
 
 @checked
 class Filter(AbstractStatelessLayer):
-    """Selects parts of a pytree into a new dict.
+    """Selects parts of a pytree into a new dict; the rest is dropped.
 
-    `spec` maps each output key to
-
-    - a key `k`: the value `x[k]`;
-    - a tuple path `(k1, k2, ...)`: the value `x[k1][k2]...`;
-    - a callable `fn`: the value `fn(x)`.
-
-    Everything not selected is dropped.
-
-    **Arguments:**
-
-    - `spec`: a dict from output key to one of the above.
+    `spec` maps each output key to a key `k` (`x[k]`), a tuple path
+    `(k1, k2, ...)` (`x[k1][k2]...`) or a callable `fn` (`fn(x)`).
 
     ```python
     Filter({"policy_obs": "state", "goal": ("task", "target"), "n": len})
@@ -158,14 +138,8 @@ class Filter(AbstractStatelessLayer):
 
 @checked
 class Scale(AbstractStatelessLayer):
-    """Multiplies every leaf of the input by a fixed factor.
-
-    The factor is static configuration, never trained.
-
-    **Arguments:**
-
-    - `factor`: the multiplier, finite.
-    """
+    """Multiplies every leaf of the input by a fixed, finite `factor`
+    (static configuration, never trained)."""
 
     factor: float = eqx.field(static=True, converter=float)
 

@@ -6,7 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Key
+from jaxtyping import Array, Float, Key
 
 from .._typecheck import checked
 from ._dense import Dense
@@ -21,13 +21,9 @@ AR1State = dict[str, Any]
 
 
 class GaussianHead(eqx.Module):
-    """The projection `x -> (mu, std)` and the sample, shared by both bottlenecks.
-
-    A plain Equinox module, not a stateful layer, so the bottlenecks stay leaf
-    layers (recording wraps them whole). The projection is initialised like a
-    [`eqx_ppo.nn.Dense`][]: LeCun-normal `[in_size, 2 * latent_size]` kernel,
-    zero bias; columns `[:latent_size]` give `mu`, the rest `pre_std`.
-    """
+    """The projection `x -> (mu, std)` and the sample, shared by both
+    bottlenecks: a plain Equinox module, so they stay leaf layers. Initialised
+    as a `Dense`; columns `[:latent_size]` give `mu`, the rest `pre_std`."""
 
     kernel: Float[Array, "in_size two_latent"]
     bias: Float[Array, " two_latent"]
@@ -68,23 +64,18 @@ class VariationalBottleneck(AbstractStatefulModule):
     """A Gaussian latent `z ~ N(mu, std)` sampled with the reparameterisation trick.
 
     A linear projection (`head`, initialised like [`eqx_ppo.nn.Dense`][]) maps
-    the input to `(mu, pre_std)` (first half, second half);
-    `std = softplus(pre_std) + min_std` and `z = mu + std * eps`,
-    `eps ~ N(0, I)` drawn from `key`. The same key therefore gives the same
-    `eps`, so the loss replay reproduces the rollout's noise exactly and
-    differentiates through the sample; nothing is stored in `extras`. The
-    regularisation loss is `kl_weight * KL(N(mu, std^2) || N(0, I))`, summed
-    over latent dimensions:
+    the input to `(mu, pre_std)`; `std = softplus(pre_std) + min_std` and
+    `z = mu + std * eps`, `eps ~ N(0, I)` drawn from `key`, so the loss replay
+    (same key) reproduces the rollout's noise and differentiates through the
+    sample. The regularisation loss is `kl_weight * KL(N(mu, std^2) || N(0, I))`:
 
     ```
     KL = 0.5 * sum(mu^2 + std^2 - 2 log(std) - 1)
     ```
 
     Metrics: `mu`, `sigma` (the std) and `kl`. In inference mode
-    (`eqx.nn.inference_mode`) the output is `mu` and no key is needed.
-
-    Unlike nnx-ppo's layer, which takes the concatenated `(mu, pre_std)` as
-    its input, this one owns the projection to them.
+    (`eqx.nn.inference_mode`) the output is `mu` and no key is needed. Unlike
+    nnx-ppo's layer, this one owns the projection to `(mu, pre_std)`.
     """
 
     head: GaussianHead
@@ -115,15 +106,7 @@ class VariationalBottleneck(AbstractStatefulModule):
         self.kl_weight = kl_weight
         self.inference = inference
 
-    def __call__(
-        self,
-        state: tuple[()],
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
-        """Sample one env's latent; returns carry `()`."""
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del state, extras
         check_input(self, x, (self.head.in_size,))
         check_draws(self, key)
@@ -136,24 +119,19 @@ class VariationalBottleneck(AbstractStatefulModule):
 class AR1VariationalBottleneck(AbstractStatefulModule):
     """A [`eqx_ppo.nn.VariationalBottleneck`][] that also penalises latent jumps.
 
-    Sampling, KL penalty, metrics and inference mode are those of
-    `VariationalBottleneck`. On top of the KL penalty it adds, as in nnx-ppo,
-    the first-order autoregressive (random-walk prior) smoothness penalty
+    On top of the KL penalty it adds, as in nnx-ppo, the first-order
+    autoregressive (random-walk prior) smoothness penalty
 
     ```
     ar1_weight * mean((z_t - z_{t-1})^2)      (mean over latent dimensions)
     ```
 
-    reported as the metric `l2_diff` (the unweighted mean). The carry holds
-    the previous sample and a `valid` flag; at an episode start (initial or
-    reset carry) there is no previous sample and the penalty is exactly 0.
-    The stale sample is masked with a double `where`, so even a NaN or
-    garbage previous carry never reaches the loss or its gradients (nnx-ppo
-    instead stores a NaN sentinel).
-
-    With `backprop_through_time=False` (the default here; nnx-ppo's default is
-    `True`) the previous sample is a constant: the penalty only pulls `z_t`
-    towards `z_{t-1}`, never the earlier step's encoder towards the later one.
+    reported as the metric `l2_diff` (unweighted). The carry holds the
+    previous sample and a `valid` flag; at an episode start the penalty is
+    exactly 0, and a stale (even NaN) sample never reaches the loss or its
+    gradients. With `backprop_through_time=False` (the default here, not in
+    nnx-ppo) the previous sample is a constant: the penalty pulls `z_t`
+    towards `z_{t-1}`, not the other way.
     """
 
     head: GaussianHead
@@ -195,21 +173,12 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
             "valid": jnp.zeros((), bool),
         }
 
-    def __call__(
-        self,
-        state: AR1State,
-        x: Float[Array, " in_size"],
-        extras: Any = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
-        """Sample one env's latent and add the penalty against the last sample."""
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras
         check_input(self, x, (self.head.in_size,))
         check_draws(self, key)
         z, metrics = self.head(x, key, self.inference)
-        prev: Float[Array, " latent"] = state["prev"]
-        valid: Bool[Array, ""] = state["valid"]
+        prev, valid = state["prev"], state["valid"]
         if not self.backprop_through_time:
             prev = jax.lax.stop_gradient(prev)
         # Inner where: an invalid (possibly NaN) prev never enters the
