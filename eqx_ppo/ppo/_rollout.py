@@ -262,6 +262,16 @@ def rollout(
     return carry, steps.transitions
 
 
+def _single_episodes(env, network, key, n_envs, length, save) -> Steps:
+    """One episode per env from fresh envs, never reset (for evaluation and
+    recording); `Steps.finished` masks the steps after an env's first `done`."""
+    check_env(env)
+    with seed_axis_hint(network):
+        return run_fresh_episodes(
+            env, network, key, n_envs=n_envs, length=length, reset="none", save=save
+        )
+
+
 def _mask_leaf(alive: Bool[Array, "..."], x: Array) -> Array:
     x = jnp.asarray(x, jnp.float32)
     return jnp.where(alive.reshape(alive.shape + (1,) * (x.ndim - alive.ndim)), x, 0.0)
@@ -288,23 +298,14 @@ def eval_rollout(
     env metric, reduced over units and envs (`eval/net/...`, `eval/env/...`).
     `key` is split into the envs' reset keys and the run's.
     """
-    check_env(env)
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,
         "env": LoggingLevel.ENV_METRICS in logging_level,
     }
     fields = ("reward",) + tuple(groups[g] for g, on in wanted.items() if on)
-    with seed_axis_hint(network):
-        steps = run_fresh_episodes(
-            env,
-            network,
-            key,
-            n_envs=n_envs,
-            length=max_episode_length,
-            reset="none",
-            save=SaveAt(transitions=fields),
-        )
+    save = SaveAt(transitions=fields)
+    steps = _single_episodes(env, network, key, n_envs, max_episode_length, save)
     alive = ~steps.finished
     returns = jax.tree.map(
         lambda r: jnp.sum(_mask_leaf(alive, r), axis=0), steps.transitions.reward
@@ -362,16 +363,7 @@ def record_activations_rollout(
     """
     from ..recording import with_recording
 
-    check_env(env)
     recorder = eqx.nn.inference_mode(with_recording(network))
-    with seed_axis_hint(network):
-        steps = run_fresh_episodes(
-            env,
-            recorder,
-            key,
-            n_envs=n_envs,
-            length=max_episode_length,
-            reset="none",
-            save=SaveAt(activations=True),
-        )
+    save = SaveAt(activations=True)
+    steps = _single_episodes(env, recorder, key, n_envs, max_episode_length, save)
     return steps.activations, steps.finished
