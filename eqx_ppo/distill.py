@@ -58,8 +58,7 @@ class _SamplerProbe(AbstractLayerWrapper):
 
 
 def _sampler_kind(sampler: AbstractStatefulModule) -> str:
-    """The sampler's class, with its number of actions if it has one
-    (`CategoricalSampler(n_actions=4)`)."""
+    """The sampler's class, with its number of actions if it has one."""
     kind = type(sampler).__name__
     n_actions = getattr(sampler, "n_actions", None)
     return kind if n_actions is None else f"{kind}(n_actions={n_actions!r})"
