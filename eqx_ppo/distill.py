@@ -1,39 +1,13 @@
 """Policy distillation: train a student network to act like a frozen teacher.
 
-The student drives the envs with its own stochastic actions, so it learns on
-the states it visits itself (Rusu et al. 2015, "Policy Distillation"). The
-teacher runs beside it in inference mode on the same observations, with its
-own carries, and both carries are reset with the env by the same `done` mask.
-The loss is the negative log-likelihood, under the student, of the teacher's
-deterministic *pre-squash* action (for `NormalTanhSampler`, the teacher's mean
-before `tanh`), which equals `KL(teacher || student)` up to the teacher's
-entropy when the teacher is deterministic, plus the student's regularisation.
-
-It uses PPO's replay machinery: minibatches split the env axis and each
-replays whole length-`T` sequences from the carry at the start of the
-rollout, with the rollout's per-step keys (so every stochastic layer of the
-student sees the noise it saw in the rollout). The only change is that the
-extras of the student's *samplers* are replaced by the teacher's, so each
-sampler scores the teacher's raw action instead of its own; every other extra
-(a normaliser's raw input, a bottleneck's sample) stays the student's.
-Samplers are found by shape-probing both networks once at trace time: a
-sampler is a leaf layer whose output is a `{"action", "log_likelihood"}`
-dict, so custom samplers work too. Teacher and student must have the same
-action structure and samplers of the same kinds (and numbers of actions) in
-the same order.
-
-The student's critic receives no gradient (the loss has no value term); its
-statistics (e.g. observation normaliser) are updated from its own rollout
-extras after the gradient phase, as in PPO. The teacher is never modified.
-
-Divergences from nnx-ppo's distillation:
-
-1. nnx-ppo feeds the teacher's *whole* replay extras into the student, so
-   both networks must be architectural twins; here only sampler extras are
-   exchanged, so a student may differ from its teacher (another width, a
-   normaliser the teacher lacks, an LSTM for an MLP).
-2. The optimiser, minibatching, `lr_schedule` and `reset_mode` are every
-   learner's (`eqx_ppo.AbstractLearner`'s settings).
+The student acts; the teacher runs beside it in inference mode, and the
+loss is the student's negative log-likelihood of the teacher's pre-squash
+action (`KL(teacher || student)` up to the teacher's entropy when the
+teacher is deterministic). The replay swaps only the samplers' extras for
+the teacher's; samplers are found by shape-probing both networks once at
+trace time (a leaf layer whose output is an `{"action", "log_likelihood"}`
+dict), so custom samplers work too. The distillation guide has the
+details and the differences from nnx-ppo.
 """
 
 from typing import Any
@@ -60,7 +34,7 @@ from .ppo import AbstractLearner, Minibatch
 from .ppo._learner import Axis, Loss, Module, Number, setting
 from .ppo._loss import replay_policy
 from .ppo._sharding import pmean
-from .ppo._validate import seed_axis_hint
+from .ppo._validate import check_output_type, seed_axis_hint
 from .recording import is_leaf_layer
 
 
@@ -84,8 +58,7 @@ class _SamplerProbe(AbstractLayerWrapper):
 
 
 def _sampler_kind(sampler: AbstractStatefulModule) -> str:
-    """The sampler's class, with its number of actions if it has one
-    (`CategoricalSampler(n_actions=4)`)."""
+    """The sampler's class, with its number of actions if it has one."""
     kind = type(sampler).__name__
     n_actions = getattr(sampler, "n_actions", None)
     return kind if n_actions is None else f"{kind}(n_actions={n_actions!r})"
@@ -110,12 +83,7 @@ def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
         raise type(error)(
             f"Distillation: the {who} cannot take the env's observation: {error}"
         ) from error
-    if not isinstance(out.output, PPONetworkOutput):
-        raise TypeError(
-            f"Distillation: the {who}'s output must be a "
-            "`PPONetworkOutput` (end it with `PPOAdapter(action=..., value=...)`); "
-            f"got {type(out.output).__name__}."
-        )
+    check_output_type(out.output, f"Distillation: the {who}")
     return out
 
 
@@ -133,28 +101,31 @@ def _sampler_paths(
     extras, matched in order; a clear error if the two cannot be matched."""
     teacher_out = _probe("teacher", teacher, obs)
     student_out = _probe("student", student, obs)
-    teacher_actions = tree_spec(teacher_out.output.actions)
-    student_actions = tree_spec(student_out.output.actions)
-    if teacher_actions != student_actions:
-        raise ValueError(
-            "Distillation: the teacher's and the student's actions differ.\n"
-            f"  teacher: {teacher_actions}\n  student: {student_actions}\n"
-            "Fix: give the student the teacher's action structure and sizes."
-        )
     teacher_marks = _marked(teacher_out.extras)
     student_marks = _marked(student_out.extras)
-
-    def summary(marks):
-        return [(m.kind, tree_spec(m.value)) for _, m in marks]
-
-    if summary(teacher_marks) != summary(student_marks):
+    # What the two must share: actions, and samplers that can score them.
+    compared = {
+        ("actions", "actions"): [
+            tree_spec(out.output.actions) for out in (teacher_out, student_out)
+        ],
+        ("samplers", "samplers (kind, replay extras)"): [
+            [(m.kind, tree_spec(m.value)) for _, m in marks]
+            for marks in (teacher_marks, student_marks)
+        ],
+    }
+    differ = {names: pair for names, pair in compared.items() if pair[0] != pair[1]}
+    if differ:
         raise ValueError(
-            "Distillation: the teacher's and the student's samplers differ, "
-            "so the student cannot score the teacher's raw actions.\n"
-            f"  teacher samplers (kind, replay extras): {summary(teacher_marks)}\n"
-            f"  student samplers (kind, replay extras): {summary(student_marks)}\n"
-            "Fix: end the student's action port with the same sampler kinds (and "
-            "numbers of actions), in the same order, as the teacher's."
+            "Distillation: the teacher's and the student's "
+            + ", and their ".join(f"{name} differ" for name, _ in differ)
+            + ", so the student cannot score the teacher's raw actions.\n"
+            + "".join(
+                f"  teacher {label}: {teacher}\n  student {label}: {student}\n"
+                for (_, label), (teacher, student) in differ.items()
+            )
+            + "Fix: give the student the teacher's action structure and sizes, and "
+            "end its action port with the same sampler kinds (and numbers of "
+            "actions), in the same order."
         )
     if any(not jax.tree.leaves(m.value) for _, m in student_marks):
         raise ValueError(
@@ -191,12 +162,10 @@ def _put(extras: Any, paths: tuple[tuple, ...], values: tuple) -> Any:
 class _StudentWithTeacher(AbstractStatefulModule):
     """The student, with the teacher running beside it on the same input.
 
-    Output, regularisation and metrics are the student's; the carry is
-    `{"student", "teacher"}` (so the rollout resets both by the same mask).
-    The extras are the student's, with each sampler's replaced by the
-    matching teacher sampler's: replaying the student alone on them scores
-    the teacher's actions. The student gets the step's key unchanged, so
-    that replay reproduces its noise.
+    Everything but the carry (`{"student", "teacher"}`) is the student's; in
+    its extras each sampler's are the matching teacher sampler's, so
+    replaying the student alone scores the teacher's actions. The student
+    gets the step's key unchanged, so that replay reproduces its noise.
     """
 
     student: AbstractStatefulModule
@@ -232,16 +201,12 @@ class _StudentWithTeacher(AbstractStatefulModule):
         )
 
     def initial_state(self) -> dict[str, State]:
-        return {
-            "student": self.student.initial_state(),
-            "teacher": self.teacher.initial_state(),
-        }
+        modules = {"student": self.student, "teacher": self.teacher}
+        return {name: m.initial_state() for name, m in modules.items()}
 
     def reset_state(self, prev_state: dict[str, State]) -> dict[str, State]:
-        return {
-            "student": self.student.reset_state(prev_state["student"]),
-            "teacher": self.teacher.reset_state(prev_state["teacher"]),
-        }
+        modules = {"student": self.student, "teacher": self.teacher}
+        return {name: m.reset_state(prev_state[name]) for name, m in modules.items()}
 
 
 def _single_env(obs: PyTree) -> PyTree:
@@ -249,9 +214,8 @@ def _single_env(obs: PyTree) -> PyTree:
 
 
 def _check_teacher(teacher: AbstractStatefulModule | SavedPytree) -> None:
-    """Raise unless the teacher's concrete weights are finite: a non-finite
-    teacher would stop training later with a non-finite loss that names
-    neither it nor the fix."""
+    """Raise unless the teacher's concrete weights are finite (else training
+    would stop later on a non-finite loss that names neither it nor the fix)."""
     leaves = jax.tree_util.tree_flatten_with_path(
         eqx.filter(teacher, eqx.is_inexact_array)
     )[0]

@@ -123,7 +123,7 @@ def test_mismatched_shapes_are_rejected(unchecked, args, match):
 
 
 @pytest.mark.parametrize("name", ["done", "truncated"])
-def test_non_bool_flags_are_rejected(unchecked, name):
+def test_non_bool_flags_are_rejected(name):
     flags = {"done": _D, "truncated": _D, name: _D.astype(jnp.float32)}
-    with pytest.raises(TypeError, match=rf"gae\({name}=float32.*expected a bool"):
+    with pytest.raises(TypeError, match=rf"parameter '?{name}"):
         gae(_R, _V, _V, flags["done"], flags["truncated"], gamma=0.9, lambda_=0.9)

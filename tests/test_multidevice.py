@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax.tree_util import Partial
 from eqx_ppo import LoggingLevel as L
 from eqx_ppo import PPO, Distillation, EvalConfig, TrainConfig, init, step
-from eqx_ppo.ppo._sharding import make_mesh, shard_state, shard_step
+from eqx_ppo import make_mesh, shard_state, shard_step
 
 
 ENV = eqx_ppo.envs.make("move_to_center")

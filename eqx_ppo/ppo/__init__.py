@@ -25,10 +25,11 @@ from ._rollout import (
     eval_rollout as eval_rollout,
     record_activations_rollout as record_activations_rollout,
 )
-from ._sharding import (
-    make_mesh as make_mesh,
+from ._sharding import make_mesh as make_mesh, shard_step as shard_step
+from ._step import (
+    TrainingState as TrainingState,
+    init as init,
     shard_state as shard_state,
-    shard_step as shard_step,
+    step as step,
 )
-from ._step import TrainingState as TrainingState, init as init, step as step
 from ._train import train as train

@@ -32,13 +32,8 @@ def gae(
     - `A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}`: any `done`
       cuts the trace.
 
-    A time limit ends its episode, so `truncated` counts only where `done`
-    (as the rollout stores it); a truncated step that is not done is an
-    ordinary step.
-
-    The result is wrapped in `stop_gradient`. At trace time, raises a
-    `ValueError` unless the five arrays share one shape, and a `TypeError`
-    unless `done` and `truncated` are bool.
+    `truncated` counts only where `done` (as the rollout stores it). The
+    result is wrapped in `stop_gradient`.
     """
     _check_inputs(rewards, values, next_values, done, truncated)
     truncated = truncated & done
@@ -75,11 +70,4 @@ def _check_inputs(rewards, values, next_values, done, truncated) -> None:
                 f"{shape}, got {jnp.shape(x)}. Fix: pass all five arrays as "
                 "[time, ...] of one shape (squeeze a value head's trailing axis "
                 "of size 1; do not swap the time and env axes)."
-            )
-    for name in ("done", "truncated"):
-        if jnp.result_type(others[name]) != jnp.bool_:
-            raise TypeError(
-                f"gae({name}={array_spec(others[name])}): expected a bool array, "
-                f"got dtype {jnp.result_type(others[name])}. Fix: pass a bool "
-                f"mask, e.g. `{name}.astype(bool)`."
             )

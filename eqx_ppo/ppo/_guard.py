@@ -1,14 +1,6 @@
-"""The non-finite guard: one fused check per iteration in the compiled step,
-read on the host when a chunk returns.
-
-In the graph (`flags`), every value that enters an update is checked: the
-observations the network saw and the one the value bootstraps from, the
-rewards, the loss, and the updated parameters and optimiser state; with the
-largest finite magnitudes, which tell an overflow of huge but finite inputs
-from a NaN. On the host (`raise_if_nonfinite`), the first iteration with a
-problem raises a `FloatingPointError` naming the cause and its fix, before
-the state is returned or checkpointed.
-"""
+"""The non-finite guard: flags computed in the compiled step (`flags`), read
+on the host when a chunk returns (`raise_if_nonfinite`), which raises for the
+first iteration with a problem, naming its cause and fix."""
 
 import dataclasses
 from typing import Any
@@ -55,9 +47,7 @@ def _first(bad: Bool[Array, "time env"]) -> tuple[Array, Array]:
     index = jnp.argmax(bad.ravel())
     t, env = jnp.divmod(index, bad.shape[1])
     found = bad.any()
-    return jnp.where(found, t, -1).astype(jnp.int32), jnp.where(found, env, -1).astype(
-        jnp.int32
-    )
+    return tuple(jnp.where(found, i, -1).astype(jnp.int32) for i in (t, env))
 
 
 def flags(
@@ -147,8 +137,8 @@ def _problem(f: dict[str, Any], learner: Any) -> tuple[str, str] | None:
 def raise_if_nonfinite(
     chunk: dict[str, np.ndarray], first_iteration: int, n_active: int, learner: Any
 ) -> None:
-    """Raise for the chunk's first iteration with a problem. `chunk` holds the
-    host flags, `[seeds, iterations]` each."""
+    """Raise for the chunk's first iteration with a problem (host flags,
+    `[seeds, iterations]` each)."""
     for i in range(n_active):
         for seed in range(chunk["debug/finite_loss"].shape[0]):
             found = _problem({k: v[seed, i] for k, v in chunk.items()}, learner)

@@ -28,10 +28,8 @@ def to_host(
 
 
 class CompileTimer:
-    """The seconds JAX spends tracing, lowering and compiling while the
-    context is open (`seconds`, from `jax.monitoring`), and the wall time
-    left for running (`running`, once closed), so that a chunk that compiled
-    reports the rate of its running time only."""
+    """The seconds JAX spends compiling while open (`seconds`) and the wall
+    time left for running (`running`), so rates leave compilation out."""
 
     _EVENTS = (
         "/jax/core/compile/jaxpr_trace_duration",
@@ -55,9 +53,7 @@ class CompileTimer:
 
 
 class Progress:
-    """A bar of env steps over all seeds. It says "compiling" until the first
-    chunk returns, and its elapsed time, rate and estimate leave compilation
-    out (a run's first estimate otherwise counts its compile as training)."""
+    """A bar of env steps over all seeds, whose times leave compilation out."""
 
     def __init__(self, enabled: bool, initial: int, total: int):
         self.bar = None

@@ -1,19 +1,9 @@
 """Learners: an algorithm and its settings, as one immutable value.
 
-A learner holds every setting of a run's iterations (sizes, optimiser,
-coefficients) and answers three questions for the shared `init`, `step` and
-`train`:
-
-- which module acts in the rollout (`acting`: the network itself, or the
-  network beside a teacher);
-- what a replay batch is (`replay_batch`: the rollout's transitions, or
-  those with a teacher's actions put in);
-- the loss of one minibatch (`loss`).
-
-Structural settings (sizes, counts, switches) are static: they fix array
-shapes and the compiled program. Coefficients are float32 array leaves, so
-changing one does not recompile and `jax.vmap` can sweep it, e.g.
-`eqx.filter_vmap(lambda lr: PPO(learning_rate=lr))(rates)`.
+A learner says which module acts in the rollout (`acting`), what the replay
+batch is (`replay_batch`) and the loss of one minibatch (`loss`). Structural
+settings are static (they fix the compiled program); coefficients are
+float32 array leaves, so `jax.vmap` can sweep them without recompiling.
 """
 
 import abc
@@ -61,8 +51,7 @@ def setting(
     open_low: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """A static, keyword-only learner field; `low`/`high` bound it (checked at
-    construction)."""
+    """A static, keyword-only learner field, range-checked at construction."""
     bounds = {} if low is None and high is None else {"bounds": (low, high, open_low)}
     return eqx.field(
         static=True, kw_only=True, default=default, metadata=bounds, **kwargs
@@ -182,9 +171,8 @@ class AbstractLearner(eqx.Module):
         return self.n_iterations * self.n_epochs * self.n_minibatches
 
     def free_on_resume(self) -> frozenset[str]:
-        """The settings a resumed run may change: logging, the finite check,
-        and `total_steps` under a constant learning rate (a decaying
-        schedule's every rate depends on it)."""
+        """The settings a resumed run may change (`total_steps` only under a
+        constant learning rate: a decaying schedule's every rate depends on it)."""
         free = {"logging_level", "logging_percentiles", "check_finite"}
         if self.lr_schedule == "constant":
             free.add("total_steps")

@@ -1,15 +1,9 @@
 """Loss replay and the PPO loss.
 
-A minibatch is a set of envs. Replay runs the current network over each env's
-whole length-`T` sequence, starting from the carry the env had at the start of
-the rollout, with the rollout's per-env keys and extras, resetting carries
-where the rollout did. With unchanged parameters it reproduces the rollout's
-log-likelihoods and values (bit for bit where the shapes match, else to
-float rounding: `docs/concepts.md` states the guarantee).
-
-Advantages are recomputed in every minibatch from the *current* critic (as
-nnx-ppo does), so later minibatches and epochs see fresher value estimates
-than the rollout's.
+Replay runs the current network over each env's whole sequence from its
+carry at the start of the rollout, with the rollout's keys and extras (the
+guarantee is in `docs/concepts.md`). Advantages are recomputed in every
+minibatch from the *current* critic, as nnx-ppo does.
 """
 
 from collections.abc import Mapping
@@ -51,11 +45,8 @@ def _replay_with_terminal_values(
     data: Transition,
     terminal_keys: Key[Array, "time m"],
 ) -> tuple[SequenceOutput, PyTree[Float[Array, "time m"]]]:
-    """Replay `data` and value every step's terminal observation.
-
-    A terminal value needs the step's carry before the reset, so the whole
-    network is scanned step by step.
-    """
+    """Replay `data` step by step, valuing each terminal observation with the
+    step's carry before the reset."""
 
     def step(carry, xs):
         obs, extras, k, tk, done, terminal_obs = xs
@@ -120,12 +111,8 @@ def replay_policy(
     state0: State,
     data: Transition,
 ) -> SequenceOutput:
-    """Replay a minibatch like [`replay`][], without value bootstrapping.
-
-    Losses that need no advantages (distillation) use it; feeding other
-    `extras` than the rollout's scores other actions under the same noise and
-    carries.
-    """
+    """Replay a minibatch like [`replay`][], without value bootstrapping
+    (for losses without advantages, like distillation)."""
     return network.replay(state0, data.obs, data.extras, data.key, data.done)
 
 
@@ -173,20 +160,15 @@ def ppo_loss(
 ) -> tuple[Float[Array, ""], dict[str, Any]]:
     """Clipped-surrogate PPO loss of one minibatch, and its metrics.
 
-    `total = actor + critic_loss_weight * critic + mean(regularisation)`, where
-    the actor and critic terms are summed over log-likelihood leaves and reward
-    keys, the critic term is `0.5 * mean((V - (V_stopgrad + A))^2)` (clipped
-    around the rollout's values with `value_clip_range`), and advantages are
-    normalised per minibatch when `normalize_advantages`. The metrics always
-    hold `loss/total` and `loss/approx_kl`, the minibatch's approximate KL
-    divergence `mean((r - 1) - log r)` from the rollout policy, summed over
-    log-likelihood leaves (the gradient phase reads it for `target_kl`).
+    `total = actor + critic_loss_weight * critic + mean(regularisation)`, the
+    actor and critic terms summed over log-likelihood leaves and reward keys;
+    the critic term is `0.5 * mean((V - (V_stopgrad + A))^2)`. The metrics
+    always hold `loss/total` and `loss/approx_kl` (`mean((r - 1) - log r)`,
+    summed over log-likelihood leaves).
 
-    `data` is the minibatch, sliced to `[T, M]`. Under `jax.shard_map` with
-    `axis_name`, `data` holds this device's share of the minibatch: advantages
-    are normalised with the moments of the whole minibatch and the metrics are
-    whole-minibatch values, while `total` stays this device's loss (its
-    gradient is averaged by the caller).
+    `data` is the minibatch, sliced to `[T, M]`. Under `jax.shard_map` it is
+    this device's share: advantages are normalised and metrics computed over
+    the whole minibatch, while `total` stays this device's loss.
     """
     rep = replay(
         network,

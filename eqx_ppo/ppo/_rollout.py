@@ -1,10 +1,4 @@
-"""Stepping a batch of envs with a network: auto-reset, rollouts and evaluation.
-
-The library owns the episode boundary: after `env.step`, every env whose
-`done` is set gets a start state *and* its network carry reset, by the same
-mask, before the next step. The transition keeps the pre-reset (terminal)
-observation for truncation bootstrapping.
-"""
+"""Stepping a batch of envs with a network: auto-reset, rollouts and evaluation."""
 
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
@@ -32,11 +26,9 @@ from ._validate import (
 class Transition(NamedTuple):
     """One rollout step for every env; the rollout stacks it to `[T, B, ...]`.
 
-    `key` holds the network key each env used at this step (`[env]`, from
-    `env_keys` of the step's key), so a replay of any env subset reproduces
-    every stochastic layer exactly by slicing it like any other field. In a
-    sharded run env `i` gets the key of global env `i`, so the keys do not
-    depend on the number of devices.
+    `key` holds the network key each env used at this step, so a replay of
+    any env subset reproduces every stochastic layer by slicing it like any
+    other field. `terminal_obs` is the observation before an auto-reset.
     """
 
     obs: PyTree[Array]
@@ -86,47 +78,19 @@ def reset_carry(
     return jax.vmap(lambda d, s: reset_where(network, d, s))(done, state)
 
 
-def _step_envs(env: Any, env_state: Any, actions: Any) -> Any:
-    """`env.step` vmapped, with the actions and the returned state checked
-    against the env's declarations (at trace time)."""
-    check_actions(env, actions)
-    next_env = jax.vmap(env.step)(env_state, actions)
-    check_step_output(env_state, next_env)
-    return next_env
-
-
 class StepCarry(NamedTuple):
     env_state: Any
     net_state: State
 
 
-TRAINING_FIELDS = (
-    "obs",
-    "key",
-    "output",
-    "reward",
-    "done",
-    "truncated",
-    "env_metrics",
-    "net_metrics",
-    "extras",
-)
+TRAINING_FIELDS = tuple(f for f in Transition._fields if f != "terminal_obs")
 """The `Transition` fields a training rollout keeps."""
 
 
 class SaveAt(eqx.Module):
-    """What `run_episodes` keeps of every step,
-    stacked to `[T, n_envs, ...]` (the same idea as Diffrax's `SaveAt`).
-
-    **Fields:**
-
-    - `transitions`: the names of the [`eqx_ppo.ppo.Transition`][] fields to
-      keep; the others come back as `None` (and are never computed).
-      `"terminal_obs"` is the observation before an auto-reset.
-    - `env_states`: the env state before every step (what `env.render` takes).
-    - `activations`: every recorded layer's output (the network must record,
-      see [`eqx_ppo.with_recording`][]).
-    """
+    """What `run_episodes` keeps of every step, stacked to `[T, n_envs, ...]`:
+    the named `Transition` fields (the others are `None`), the env states
+    before every step, and the recorded activations."""
 
     transitions: tuple[str, ...] = eqx.field(static=True, default=())
     env_states: bool = eqx.field(static=True, default=False)
@@ -142,14 +106,8 @@ class SaveAt(eqx.Module):
 
 
 class Steps(NamedTuple):
-    """What `run_episodes` returns besides the last carry, per step `[T, ...]`.
-
-    - `transitions`: a `Transition` with the saved fields (others `None`).
-    - `env_states`: the env states before each step, or `None`.
-    - `activations`: the recorded activations, or `None`.
-    - `finished`: `Bool[T, n_envs]`, whether an env's first episode of this
-      run had already ended before the step (to mask steps after it).
-    """
+    """What `run_episodes` saved, per step `[T, ...]`, and `finished`: whether
+    an env's first episode had already ended before the step."""
 
     transitions: Transition
     env_states: Any
@@ -176,8 +134,7 @@ def run_fresh_episodes(
     save: SaveAt,
 ) -> Steps:
     """`run_episodes` from fresh envs: `key` is split into `(reset, run)`, the
-    envs start from `start_episodes(..., reset, n_envs)` and run with `run`.
-    Evaluation, activation recording and videos use it."""
+    envs start from `start_episodes(..., reset, n_envs)` and run with `run`."""
     reset_key, run_key = jax.random.split(key)
     start = start_episodes(env, network, reset_key, n_envs)
     _, steps = run_episodes(
@@ -199,20 +156,16 @@ def run_episodes(
 ) -> tuple[StepCarry, Steps]:
     """The one episode runner: `length` steps of every env, keeping `save`.
 
-    Training rollouts, evaluation, activation recording and videos all run
-    through it. After every `env.step`, an env whose `done` is set gets a
-    start state *and* its carry reset, by the same mask (`reset="cached"`:
-    start states drawn once per call; `"fresh"`: `env.reset` at every step),
-    or runs on untouched (`reset="none"`, for single-episode evaluation; mask
-    with `Steps.finished`).
+    After every `env.step`, an env whose `done` is set gets a start state
+    *and* its carry reset, by the same mask (`"cached"`: start states drawn
+    once per call; `"fresh"`: `env.reset` at every step), or runs on
+    untouched (`"none"`; mask with `Steps.finished`).
 
-    **Keys.** `key` is split into `(cache, steps, fresh)`; step `t` uses
-    `steps_t = split(steps, length)[t]`, and env `i` acts with
-    `env_keys(steps_t, n_envs)[i]` (stored as `Transition.key`). Cached
-    start states come from `env_keys(cache, n_envs)`, fresh ones at step `t`
-    from `env_keys(split(fresh, length)[t], n_envs)`. Under `jax.shard_map`
-    with `axis_name`, `carry` holds this device's envs and they draw their
-    keys from the split for all envs.
+    **Keys.** `key` is split into `(cache, steps, fresh)`; env `i` acts at
+    step `t` with `env_keys(split(steps, length)[t], n_envs)[i]`; cached
+    start states use `env_keys(cache, n_envs)`, fresh ones at step `t`
+    `env_keys(split(fresh, length)[t], n_envs)`. Under `jax.shard_map` a
+    device's envs draw their keys from the split for all envs.
     """
     check_samplers(env, network)
     n_envs = jnp.shape(carry.env_state.done)[0]
@@ -234,7 +187,9 @@ def run_episodes(
         net_keys = keys_of(step_key)
         out = apply_network(network, net_state, env_state.obs, None, net_keys)
         check_network_output(out.output, env_state.reward)
-        next_env = _step_envs(env, env_state, out.output.actions)
+        check_actions(env, out.output.actions)
+        next_env = jax.vmap(env.step)(env_state, out.output.actions)
+        check_step_output(env_state, next_env)
         done = jnp.asarray(next_env.done).astype(bool)
         transition = Transition(
             obs=env_state.obs,
@@ -291,9 +246,8 @@ def rollout(
     keep_terminal_obs: bool,
     axis_name: str | None = None,
 ) -> tuple[StepCarry, Transition]:
-    """A training rollout: `run_episodes` with
-    auto-reset, keeping the training transitions (`terminal_obs` too when
-    `keep_terminal_obs`, for truncation bootstrapping)."""
+    """A training rollout: `run_episodes` with auto-reset, keeping the training
+    transitions (and `terminal_obs` when `keep_terminal_obs`)."""
     fields = TRAINING_FIELDS + (("terminal_obs",) if keep_terminal_obs else ())
     carry, steps = run_episodes(
         env,
@@ -308,26 +262,14 @@ def rollout(
     return carry, steps.transitions
 
 
-def _single_episodes(
-    env: Any,
-    network: AbstractStatefulModule,
-    key: PRNGKeyArray,
-    n_envs: int,
-    max_episode_length: int,
-    save: SaveAt,
-) -> Steps:
-    """One episode per env from fresh envs, for evaluation and recording: envs
-    are never reset, each runs `max_episode_length` steps, and
-    `Steps.finished` masks the steps after its first `done`."""
-    return run_fresh_episodes(
-        env,
-        network,
-        key,
-        n_envs=n_envs,
-        length=max_episode_length,
-        reset="none",
-        save=save,
-    )
+def _single_episodes(env, network, key, n_envs, length, save) -> Steps:
+    """One episode per env from fresh envs, never reset (for evaluation and
+    recording); `Steps.finished` masks the steps after an env's first `done`."""
+    check_env(env)
+    with seed_axis_hint(network):
+        return run_fresh_episodes(
+            env, network, key, n_envs=n_envs, length=length, reset="none", save=save
+        )
 
 
 def _mask_leaf(alive: Bool[Array, "..."], x: Array) -> Array:
@@ -354,48 +296,16 @@ def eval_rollout(
     `lifespan` (steps before `done`, counting the final step), and with
     `NETWORK_METRICS` / `ENV_METRICS` the per-episode mean of each network /
     env metric, reduced over units and envs (`eval/net/...`, `eval/env/...`).
-
-    **Keys.** As in `run_fresh_episodes`: `key` is split
-    into `(reset, run)`, the envs start from `env_keys(reset, n_envs)` and
-    `run_episodes` runs them with `run`.
+    `key` is split into the envs' reset keys and the run's.
     """
-    check_env(env)
-    with seed_axis_hint(network):
-        return _eval_metrics(
-            env,
-            network,
-            key,
-            n_envs,
-            max_episode_length,
-            logging_level,
-            logging_percentiles,
-        )
-
-
-def _eval_metrics(
-    env: Any,
-    network: AbstractStatefulModule,
-    key: PRNGKeyArray,
-    n_envs: int,
-    max_episode_length: int,
-    logging_level: LoggingLevel,
-    logging_percentiles: tuple[int | float, ...] | None,
-) -> dict[str, Array]:
-    """`eval_rollout`'s episodes and metrics."""
     groups = {"net": "net_metrics", "env": "env_metrics"}
     wanted = {
         "net": LoggingLevel.NETWORK_METRICS in logging_level,
         "env": LoggingLevel.ENV_METRICS in logging_level,
     }
     fields = ("reward",) + tuple(groups[g] for g, on in wanted.items() if on)
-    steps = _single_episodes(
-        env,
-        network,
-        key,
-        n_envs,
-        max_episode_length,
-        SaveAt(transitions=fields),
-    )
+    save = SaveAt(transitions=fields)
+    steps = _single_episodes(env, network, key, n_envs, max_episode_length, save)
     alive = ~steps.finished
     returns = jax.tree.map(
         lambda r: jnp.sum(_mask_leaf(alive, r), axis=0), steps.transitions.reward
@@ -443,22 +353,17 @@ def record_activations_rollout(
     """Run one deterministic episode per env and stack every layer's activations.
 
     `network` is copied with [`eqx_ppo.with_recording`][] and put in inference
-    mode; the original is untouched. Envs are **not** reset mid-rollout: each
-    runs a single episode for `max_episode_length` steps, and `dones[t, i]` is
-    the pre-step flag "env `i` had already terminated before step `t`"; mask
+    mode. Envs are **not** reset: each runs `max_episode_length` steps, and
+    `dones[t, i]` says env `i` had already terminated before step `t`; mask
     those steps out (`acts * (1 - dones)[..., None]`).
 
     Returns `(activations, dones)`: `activations` mirrors the network like
     [`eqx_ppo.extract_activations`][], each leaf `[max_episode_length, n_envs,
-    ...]`. Memory: `max_episode_length * n_envs * (sum of all units)` floats
-    stay on the device; shrink `n_envs` or the length on a small device.
+    ...]`, all on the device.
     """
     from ..recording import with_recording
 
-    check_env(env)
     recorder = eqx.nn.inference_mode(with_recording(network))
-    with seed_axis_hint(network):
-        steps = _single_episodes(
-            env, recorder, key, n_envs, max_episode_length, SaveAt(activations=True)
-        )
+    save = SaveAt(activations=True)
+    steps = _single_episodes(env, recorder, key, n_envs, max_episode_length, save)
     return steps.activations, steps.finished

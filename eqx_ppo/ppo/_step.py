@@ -1,13 +1,7 @@
 """The training state and the two pure functions of training, `init` and `step`.
 
-Both take a learner (`_learner.py`), which says which module acts, what the
-replay batch is and what the loss is; everything else (the rollout,
-minibatches, the optimiser, statistics, metrics, the non-finite guard) is
-shared. Networks hold non-array leaves (activation functions, inference
-flags), so use Equinox's filtered transforms: `eqx.filter_jit` them,
-`eqx.filter_vmap` them over keys (seeds) or over learner coefficients, and
-`lax.scan` their array leaves. `step` also runs data-parallel under
-`jax.shard_map` (see `eqx_ppo.shard_step`).
+Both take a learner; everything else (the rollout, minibatches, the
+optimiser, statistics, metrics, the non-finite guard) is shared.
 """
 
 import math
@@ -19,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Int, Key, PRNGKeyArray, PyTree
 
 from .._typecheck import checked
@@ -30,7 +25,7 @@ from ..nn._module import AbstractStatefulModule, State
 from . import _guard
 from ._learner import AbstractLearner, Minibatch
 from ._rollout import StepCarry, Transition, env_keys, rollout
-from ._sharding import gather_envs, pmean
+from ._sharding import gather_envs, partition_specs, place, pmean
 from ._validate import seed_axis_hint
 
 
@@ -63,6 +58,23 @@ class TrainingState(eqx.Module):
     steps: Int[Array, ""]
 
 
+@checked
+def shard_state(state: TrainingState, mesh: Mesh) -> TrainingState:
+    """`state` placed on `mesh`.
+
+    Env states and carries are split over the devices on their env axis,
+    everything else is replicated. In a multi-process run every process must
+    pass the same `state` (as `init` with the same key gives).
+    """
+    dynamic, static = eqx.partition(state, eqx.is_array)
+    placed = jax.tree.map(
+        lambda x, spec: place(x, NamedSharding(mesh, spec)),
+        dynamic,
+        partition_specs(state),
+    )
+    return eqx.combine(placed, static)
+
+
 def _learning_rate(learner: AbstractLearner) -> Callable[[Array], Array]:
     def schedule(count):
         progress = jnp.minimum(count / learner.n_updates, 1.0)
@@ -78,8 +90,8 @@ def _learning_rate(learner: AbstractLearner) -> Callable[[Array], Array]:
 
 
 class _Horizon(NamedTuple):
-    """The update count a decaying learning-rate schedule runs over, kept in the
-    optimiser state so that a resumed run can be checked against it."""
+    """The update count a decaying schedule runs over, kept in the optimiser
+    state so that a resumed run can be checked against it."""
 
     updates: Int[Array, ""]
 
@@ -101,14 +113,11 @@ def schedule_horizon(opt_state: PyTree) -> Array | None:
 
 def make_optimizer(learner: AbstractLearner) -> optax.GradientTransformation:
     """Adam (AdamW with `weight_decay`), optional global-norm clipping and the
-    learning-rate schedule, read from `learner`.
+    learning-rate schedule, read from `learner` (so never stale on resume).
 
-    Rebuilt from the learner wherever it is needed, so a resumed run or a
-    vmapped learning-rate sweep never carries a stale optimiser. It updates
-    all trainable leaves raveled into one vector: a network's tens of small
-    arrays then cost a handful of large fused ops per update, not a handful
-    per leaf (what `optax.flatten` does, which fails on a network without
-    parameters).
+    It updates all trainable leaves raveled into one vector: a few large
+    fused ops per update, not a few per leaf (`optax.flatten` fails on a
+    network without parameters).
     """
     links = []
     if learner.gradient_clipping is not None:
@@ -185,10 +194,8 @@ def _permutations(
     """The minibatches of one iteration: env positions, one row per update.
 
     A fresh permutation per epoch, cut into `n_minibatches`. Under
-    `jax.shard_map`, each device permutes only its own envs, with its own key
-    (`fold_in(key, device)`), so minibatching moves no data between devices:
-    global minibatch `j` is the union of every device's minibatch `j`, a
-    sample stratified by device. Every env is still used once per epoch.
+    `jax.shard_map` each device permutes its own envs with its own key, so
+    minibatching moves no data between devices.
     """
     if axis_name is not None:
         key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
@@ -213,16 +220,12 @@ def _gradient_phase(
     n_local_envs: int,
     axis_name: str | None,
 ) -> tuple[PyTree, PyTree, dict[str, Any]]:
-    """`n_epochs * n_minibatches` optimiser steps over env minibatches.
+    """`n_epochs * n_minibatches` optimiser steps; `minibatch_loss(params,
+    idx)` is the loss of the envs at positions `idx` of this device's batch.
 
-    `minibatch_loss(params, idx)` is the loss of the envs at positions `idx`
-    of this device's batch; gradients are averaged over `axis_name` on a mesh.
-
-    With `learner.target_kl`, from the first minibatch whose `loss/approx_kl`
-    exceeds `1.5 * target_kl`, no update is applied for the rest of the
-    iteration (computed and discarded, so the program keeps one shape under
-    `vmap`); the learning-rate schedule's count still advances, so the
-    schedule follows the run's progress.
+    With `target_kl`, updates from the first minibatch over `1.5 * target_kl`
+    on are computed and discarded (one shape under `vmap`); the schedule's
+    count still advances.
     """
     optimizer = make_optimizer(learner)
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
@@ -279,10 +282,7 @@ def step(
     With `axis_name`, this is the body of a data-parallel step under
     `jax.shard_map` (`eqx_ppo.shard_step` sets it up): `state.env_state`
     and `state.carry` hold this device's envs, everything else is
-    replicated. Envs get the keys they would get on one device; each device
-    shuffles its own envs into minibatches; gradients are averaged over
-    devices, statistics are updated from every device's extras, and metrics
-    are whole-batch values, so the replicated results agree on every device.
+    replicated, and the replicated results agree on every device.
     """
     acting = learner.acting(state.network, state.env_state.obs)
     _check_state(learner, acting, state, axis_name)
@@ -346,48 +346,49 @@ def _check_state(
     axis_name: str | None,
 ) -> None:
     """Raise unless `state` is one seed's state of `learner.n_envs` envs (this
-    device's share under `axis_name`) whose carries fit `acting`, at trace time."""
-    n_envs = jnp.shape(state.env_state.done)[jnp.ndim(state.iteration)]
+    device's share under `axis_name`) whose optimiser state and carries are
+    those `learner` and `acting` build, at trace time."""
+    problems = []
+    seeds = jnp.shape(state.iteration)
+    n_envs = jnp.shape(state.env_state.done)[len(seeds)]
     if axis_name is not None:
         n_envs *= jax.lax.axis_size(axis_name)
-    if jnp.ndim(state.iteration) or n_envs != learner.n_envs:
-        raise ValueError(
-            f"step(state=...): the state holds {n_envs} envs"
-            + (
-                f" of {jnp.shape(state.iteration)[0]} seeds"
-                if jnp.ndim(state.iteration)
-                else ""
-            )
-            + f", but the learner runs one seed of n_envs={learner.n_envs}. Fix: "
-            "use the learner the state was built with; `eqx.filter_vmap` the step "
-            "over a stack of seeds, or take one with `eqx_ppo.select_seed(state, i)`."
-        )
-    params = eqx.filter(state.network, trainable(state.network))
-    opt_state = eqx.filter_eval_shape(make_optimizer(learner).init, params)
-    if jax.tree.structure(opt_state) != jax.tree.structure(state.opt_state):
-        raise ValueError(
-            "step(state=...): the state's optimiser state is not the one the "
-            f"learner's optimiser (gradient_clipping={learner.gradient_clipping}, "
-            f"weight_decay={learner.weight_decay}, lr_schedule="
-            f"{learner.lr_schedule!r}) builds: a state built with another learner. "
-            "Fix: step it with the learner it was built with."
-        )
     carry = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.carry
     )
     expected = eqx.filter_eval_shape(acting.initial_state)
-    if tree_spec(carry) != tree_spec(expected):
+    if seeds or n_envs != learner.n_envs:
+        of_seeds = f" of {seeds[0]} seeds" if seeds else ""
+        problems.append(
+            f"the state holds {n_envs} envs{of_seeds}, but the learner runs one "
+            f"seed of n_envs={learner.n_envs}"
+        )
+    elif tree_spec(carry) != tree_spec(expected):
+        problems.append(
+            f"the state's carries (one env's) are {tree_spec(carry)}, but the "
+            f"acting module's are {tree_spec(expected)}: a state built with another "
+            "network or learner (e.g. another distillation teacher)"
+        )
+    params = eqx.filter(state.network, trainable(state.network))
+    opt_state = eqx.filter_eval_shape(make_optimizer(learner).init, params)
+    if jax.tree.structure(opt_state) != jax.tree.structure(state.opt_state):
+        problems.append(
+            "the state's optimiser state is not the one the learner's optimiser "
+            f"(gradient_clipping={learner.gradient_clipping}, weight_decay="
+            f"{learner.weight_decay}, lr_schedule={learner.lr_schedule!r}) builds: "
+            "a state built with another learner"
+        )
+    if problems:
         raise ValueError(
-            f"step(state=...): the state's carries (one env's) are {tree_spec(carry)}, "
-            f"but the acting module's are {tree_spec(expected)}: a state built with "
-            "another network or learner (e.g. another distillation teacher). Fix: "
-            "step it with the learner and network it was built with."
+            f"step(state=...): {'; '.join(problems)}. Fix: step it with the learner "
+            "and network it was built with; `eqx.filter_vmap` the step over a stack "
+            "of seeds, or take one with `eqx_ppo.select_seed(state, i)`."
         )
 
 
 def _check_loss(learner: AbstractLearner, out: Any) -> None:
-    """Raise naming the learner unless its loss returned `(scalar, metrics)`
-    with the metrics the engine reads (at trace time)."""
+    """Raise unless the learner's loss returned `(scalar, metrics)` with the
+    metrics the engine reads."""
     needed = {"loss/total"} | (
         {"loss/approx_kl"} if learner.target_kl is not None else set()
     )
@@ -405,10 +406,7 @@ def _iteration_metrics(
     data: Transition,
     params: PyTree,
 ) -> dict[str, Array]:
-    """An iteration's scalar metrics, chosen by `learner.logging_level`: the
-    gradient phase's loss metrics (their mean over updates, or percentiles),
-    then the rollout's env and network metrics (the latter under the
-    learner's `metrics_prefix`), batch statistics and weights."""
+    """An iteration's scalar metrics, chosen by `learner.logging_level`."""
     level, pct = learner.logging_level, learner.logging_percentiles
     out: dict[str, Array] = {}
     for name, value in loss_metrics.items():

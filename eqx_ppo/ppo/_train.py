@@ -1,16 +1,10 @@
 """`train`: the driver that runs compiled chunks of iterations between host events.
 
-The host events (evaluation, video, logging, checkpoints) happen at
-iterations a pure `_Schedule` picks from the config; between two of them one
+Between two host events (evaluation, video, logging, checkpoints) one
 compiled chunk runs the iterations in a loop with a traced bound, so one
 program serves every chunk. Inside the driver the state always has a leading
-seed axis (one seed or many, one layout, `vmap`ped over); it is squeezed only
-in what the user sees when `n_seeds=1`.
-
-With `mesh=` the chunk runs data-parallel under `jax.shard_map` (see
-`_sharding.py`): envs are split over the mesh's devices, the rest replicated.
-Host events run on process 0 only; evaluation and video use a local copy of
-the network, and checkpoints receive the state gathered onto one device.
+seed axis; it is squeezed only in what the user sees when `n_seeds=1`. Host
+events run on process 0 only.
 """
 
 import dataclasses
@@ -36,8 +30,8 @@ from ._host import CompileTimer, Progress, record_video, to_host
 from ._learner import AbstractLearner
 from ._result import TrainResult, VideoData
 from ._rollout import eval_rollout
-from ._sharding import check_mesh, is_main_process, on_mesh, shard_state, to_local
-from ._step import TrainingState, fresh_state, schedule_horizon, step
+from ._sharding import check_mesh, is_main_process, on_mesh, to_local
+from ._step import TrainingState, fresh_state, schedule_horizon, shard_state, step
 from ._validate import check_initial_state, check_resumed_progress, seed_axis_hint
 
 NetworkOrFactory = (
@@ -48,9 +42,7 @@ Metrics = dict[str, Any]
 
 def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
     """Each seed's (init, train, eval) keys, `[n_seeds]` each: the one place
-    they are split. `None` gives seed `i` the key `jax.random.key(seed + i)`;
-    one key is split into `n_seeds` (used as is for one seed); `[n_seeds]`
-    keys give one per seed."""
+    they are split (see `train`'s `key`)."""
     n = config.n_seeds
     if key is None:
         keys = jnp.stack([jax.random.key(config.seed + i) for i in range(n)])
@@ -101,19 +93,17 @@ def _init_seeds(env, networks, learner, init_keys, train_keys):
 
 
 def _seed_zero(tree: Any) -> Any:
-    """`tree`'s first seed: every array without its leading seed axis."""
     return jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, tree)
 
 
-_first_seed = eqx.filter_jit(_seed_zero)
-"""`_seed_zero` as one program on the host (not one per leaf)."""
+_first_seed = eqx.filter_jit(_seed_zero)  # One program, not one per leaf.
 
 
 def _initial_states(
     env: Any, networks: NetworkOrFactory, config: TrainConfig
 ) -> TrainingState:
-    """The fresh states `train` starts from with `key=None`, as the user sees
-    them: the template `load_checkpoint(env=, networks=)` builds."""
+    """The fresh states of `train` with `key=None`, as the user sees them:
+    `load_checkpoint(env=, networks=)`'s template."""
     init_keys, train_keys, _ = _seed_keys(None, config)
     states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
     return states if config.n_seeds > 1 else _first_seed(states)
@@ -160,9 +150,8 @@ def _scan_steps(chunk: _Chunk, state: TrainingState, n_active: Array):
 
 
 def _over_seeds(fn: Callable, stacked: Any, *shared: Any) -> Any:
-    """`fn(seed's part of stacked, *shared)` for every seed, stacked: a `vmap`;
-    for one seed, a call on its slice (a `vmap` of one traces and compiles
-    about a sixth slower for the same program)."""
+    """`fn(seed's part of stacked, *shared)` for every seed, stacked: a `vmap`,
+    or for one seed a call on its slice (which traces and compiles faster)."""
     n_seeds = next(x for x in jax.tree.leaves(stacked) if eqx.is_array(x)).shape[0]
     if n_seeds > 1:
         in_axes = (eqx.if_array(0),) + (None,) * len(shared)
@@ -171,20 +160,18 @@ def _over_seeds(fn: Callable, stacked: Any, *shared: Any) -> Any:
     return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, out)
 
 
-def _seeds_chunk(chunk: _Chunk, states: TrainingState, n_active: Array):
+def _seeds_chunk(states: TrainingState, chunk: _Chunk, n_active: Array):
     return _over_seeds(lambda s, c, n: _scan_steps(c, s, n), states, chunk, n_active)
 
 
 @eqx.filter_jit(donate="all-except-first")
 def _run_chunk(chunk: _Chunk, states: TrainingState, n_active: Array):
     if chunk.mesh is None:
-        return _seeds_chunk(chunk, states, n_active)
+        return _seeds_chunk(states, chunk, n_active)
     sharded = dataclasses.replace(
         chunk, step=jax.tree_util.Partial(chunk.step, axis_name="env")
     )
-    return on_mesh(
-        lambda s, c, n: _seeds_chunk(c, s, n), chunk.mesh, states, sharded, n_active
-    )
+    return on_mesh(_seeds_chunk, chunk.mesh, states, sharded, n_active)
 
 
 @eqx.filter_jit
@@ -233,13 +220,12 @@ class _Schedule(NamedTuple):
     def due(self, every: int | None, iteration: int) -> bool:
         return every is not None and (iteration % every == 0 or iteration == self.total)
 
-    def next_stop(self, iteration: int) -> int:
-        periods = [p for p in (self.eval, self.video, self.checkpoint, self.log) if p]
-        return min([self.total] + [(iteration // p + 1) * p for p in periods])
-
     @property
-    def chunk(self) -> int:
-        return min(p for p in (self.eval, self.video, self.checkpoint, self.log) if p)
+    def periods(self) -> list[int]:
+        return [p for p in (self.eval, self.video, self.checkpoint, self.log) if p]
+
+    def next_stop(self, iteration: int) -> int:
+        return min([self.total] + [(iteration // p + 1) * p for p in self.periods])
 
 
 @checked
@@ -302,9 +288,7 @@ def train(
         with seed_axis_hint(networks, "networks"):
             states = _init_seeds(env, networks, learner, init_keys, train_keys)
     else:
-        states = _resume(
-            env, networks, learner, config, initial_state, init_keys, train_keys
-        )
+        states = _resume(env, networks, config, initial_state)
     if mesh is not None:
         states = shard_state(states, mesh)
     driver = _Driver(
@@ -321,22 +305,13 @@ def train(
     return driver.run(states)
 
 
-def _resume(env, networks, learner, config, state, init_keys, train_keys):
+def _resume(env, networks, config, state):
     """The user's `state` with the driver's seed axis, checked against a fresh
     state's shapes; a copy, since the chunks donate their input."""
-    fresh = eqx.filter_eval_shape(
-        _init_seeds, env, networks, learner, init_keys, train_keys
+    check_initial_state(
+        state, eqx.filter_eval_shape(_initial_states, env, networks, config)
     )
-    if config.n_seeds == 1:
-        fresh = jax.tree.map(
-            lambda x: (
-                jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
-                if isinstance(x, jax.ShapeDtypeStruct)
-                else x
-            ),
-            fresh,
-        )
-    check_initial_state(state, fresh)
+    learner = config.learner
     check_resumed_progress(state, learner, schedule_horizon(state.opt_state))
     copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
     if config.n_seeds > 1:
@@ -368,7 +343,7 @@ class _Driver(NamedTuple):
     def run(self, states: TrainingState) -> TrainResult:
         learner, schedule, main = self.learner, self.schedule, is_main_process()
         spi, n_seeds = learner.steps_per_iteration, self.config.n_seeds
-        chunk = dataclasses.replace(self.chunk, length=schedule.chunk)
+        chunk = dataclasses.replace(self.chunk, length=min(schedule.periods))
         start = iteration = int(np.max(jax.device_get(states.iteration)))
         history: list[Metrics] = []
         final: Metrics = {}
@@ -419,22 +394,14 @@ class _Driver(NamedTuple):
 
     def events(self, states, iteration, row, history, progress) -> Metrics:
         """Evaluate, render, log and checkpoint at `iteration`, as due."""
-        schedule, main, spi = (
-            self.schedule,
-            is_main_process(),
-            self.learner.steps_per_iteration,
-        )
-        step_count = iteration * spi
+        schedule, main, config = self.schedule, is_main_process(), self.config
+        step_count = iteration * self.learner.steps_per_iteration
         throughput = LoggingLevel.THROUGHPUT in self.learner.logging_level
         if main and schedule.due(schedule.eval, iteration):
+            network = self.local(states.network)
             with CompileTimer() as timer:
-                metrics = _evaluate(
-                    self.eval_env,
-                    self.local(states.network),
-                    self.eval_keys,
-                    self.config.eval,
-                )
-                metrics = to_host(jax.device_get(metrics), self.config.n_seeds)
+                metrics = _evaluate(self.eval_env, network, self.eval_keys, config.eval)
+                metrics = to_host(jax.device_get(metrics), config.n_seeds)
             if self.learner.check_finite:
                 _guard.check_host_values(
                     metrics,
@@ -444,32 +411,21 @@ class _Driver(NamedTuple):
                 )
             history.append({"step": step_count, **metrics})
             if throughput:
-                eval_steps = (
-                    self.config.eval.n_envs * self.config.eval.max_episode_length
-                )
-                metrics["throughput/eval_sps"] = (
-                    eval_steps * self.config.n_seeds / timer.running
-                )
+                steps = config.eval.n_envs * config.eval.max_episode_length
+                metrics["throughput/eval_sps"] = steps * config.n_seeds / timer.running
             progress.show_return(metrics["eval/episode_reward/mean"])
             row = {**row, **metrics}
         if main and schedule.due(schedule.video, iteration):
             network = _first_seed(self.local(states.network))
             with CompileTimer() as timer:
                 frames = record_video(
-                    self.eval_env,
-                    network,
-                    self.config.video,
-                    self.eval_keys[0],
-                    step_count,
+                    self.eval_env, network, config.video, self.eval_keys[0], step_count
                 )
             if frames is not None:
                 self.video_fn(VideoData(*frames))
                 if throughput:
-                    row = {
-                        **row,
-                        "throughput/video_sps": self.config.video.episode_length
-                        / timer.running,
-                    }
+                    sps = config.video.episode_length / timer.running
+                    row = {**row, "throughput/video_sps": sps}
         # Logged before it is checkpointed: a run killed in between, resumed
         # from that checkpoint, has logged every step up to it.
         if main and self.log_fn is not None and (row or iteration > 0):

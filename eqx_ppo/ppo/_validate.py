@@ -1,9 +1,6 @@
 """What a type cannot say: that an env, a network and a state fit together.
 
-The episode runner calls the first four while it is traced (once per
-compiled program, never at run time); `check_initial_state` runs when a
-run resumes. Messages follow the library's style: what was expected, what
-was seen, `Fix: ...`.
+The episode runner's checks run while it is traced, never at run time.
 """
 
 import contextlib
@@ -24,15 +21,20 @@ from ..nn._module import AbstractStatefulModule
 from ..samplers import CategoricalSampler
 
 
+def check_output_type(output: Any, who: str = "The network") -> None:
+    """Raise unless `output` is a `PPONetworkOutput`."""
+    if not isinstance(output, PPONetworkOutput):
+        raise TypeError(
+            f"{who}'s output must be a `PPONetworkOutput` (end it with "
+            f"`PPOAdapter(action=..., value=...)`); got {type(output).__name__}."
+        )
+
+
 def check_network_output(output: Any, reward: Any) -> None:
     """Raise unless the network's batched output is a `PPONetworkOutput` with
     one value head per reward key and one number per env in every
     log-likelihood and value leaf."""
-    if not isinstance(output, PPONetworkOutput):
-        raise TypeError(
-            "The network's output must be a `PPONetworkOutput` (end it with "
-            f"`PPOAdapter(action=..., value=...)`); got {type(output).__name__}."
-        )
+    check_output_type(output)
     value_struct = jax.tree.structure(output.value_estimates)
     reward_struct = jax.tree.structure(reward)
     if value_struct != reward_struct:
@@ -196,9 +198,8 @@ def check_step_output(before: Any, after: Any) -> None:
 
 
 def check_initial_state(state: Any, expected: Any) -> None:
-    """Raise unless `state` has the type, seed axis, env count and leaves
-    (paths, shapes, dtypes) of `expected`, a fresh state's shapes, and no
-    buffer a compiled chunk has taken."""
+    """Raise unless `state` has the leaves (paths, shapes, dtypes) of
+    `expected`, a fresh state's shapes, and no buffer a chunk has taken."""
     prefix = "train(initial_state=...)"
     fix = "Fix: pass the network and config the state was built with."
     leaves = jax.tree_util.tree_flatten_with_path(state)[0]
@@ -211,11 +212,6 @@ def check_initial_state(state: Any, expected: Any) -> None:
                 "copy inside checkpoint_fn (jax.device_get), or load the "
                 "checkpoint it saved."
             )
-    if type(state) is not type(expected):
-        raise TypeError(
-            f"{prefix}: expected a {type(expected).__name__}, got "
-            f"{type(state).__name__}. {fix}"
-        )
     got = [(jax.tree_util.keystr(p), x) for p, x in leaves]
     want = [
         (jax.tree_util.keystr(p), x)
