@@ -466,6 +466,11 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
             r"config\.learner: the saved PPO is invalid: PPO\(n_envs=0\)",
         ),
         (
+            lambda h: h["config"]["learner"].update(n_env=2),
+            r"config\.learner: the saved PPO is invalid: .*unexpected keyword "
+            r"argument 'n_env'",
+        ),
+        (
             lambda h: h["config"]["learner"].pop("_type"),
             r"config\.learner: a sub-config saved without its \"_type\"",
         ),
@@ -502,6 +507,7 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
         "no-config",
         "unknown-flag",
         "invalid-value",
+        "unknown-field",
         "no-type",
         "key-impl",
         "no-path",
