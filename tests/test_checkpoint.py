@@ -413,6 +413,15 @@ def test_truncated_or_corrupted_file_is_refused(saved, tmp_path):
         ckpt.load_checkpoint(path, env=env, networks=networks)
 
 
+def test_a_checkpoint_without_its_state_file_is_refused(saved, tmp_path):
+    path, state = copy(saved, tmp_path)
+    (path / "state.eqx").unlink()
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"has no state\.eqx; it is incomplete"
+    ):
+        ckpt.load_checkpoint(path, like=state)
+
+
 def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
     path, _ = copy(saved, tmp_path)
     env, _, _ = small_setup()

@@ -38,11 +38,12 @@ from ._files import (
     HEADER,
     HEADER_SHA256,
     PREFIX,
-    checked_state_file,
+    STATE,
     latest_checkpoint as latest_checkpoint,
     list_checkpoints as list_checkpoints,
     named_step,
     read_header_json,
+    read_state,
     resolve,
     write_atomically,
     write_header,
@@ -350,5 +351,5 @@ def load_checkpoint(
             )
     template = _template(header, like, env, networks, config)
     check_structure(header.path, header.leaves, header.treedef, template)
-    file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
-    return deserialise(file, template, header.leaves)
+    data = read_state(header.path, header.state_bytes, header.state_sha256)
+    return deserialise(header.path / STATE, data, template, header.leaves)

@@ -26,11 +26,9 @@ T = TypeVar("T", bound=type)
 
 
 def register_config(cls: T) -> T:
-    """Class decorator: let checkpoint headers save and rebuild `cls`.
-
-    `cls` is a frozen dataclass (a config) or an `enum.Flag`; it is stored
-    under its class name, which must be unique among registered types.
-    """
+    """Class decorator: let checkpoint headers save and rebuild `cls`, a
+    frozen dataclass (a config) or an `enum.Flag`, stored under its class name
+    (unique among registered types)."""
     if not isinstance(cls, type) or not (
         dataclasses.is_dataclass(cls) or issubclass(cls, enum.Flag)
     ):
@@ -80,8 +78,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 class SavedPytree(NamedTuple):
     """A network a config holds (a distillation teacher), as the header keeps
-    it: a SHA-256 fingerprint of its structure and arrays, enough to tell on
-    resume whether it is the same one, but not to rebuild it."""
+    it: a SHA-256 fingerprint of its structure and arrays."""
 
     sha256: str
 

@@ -192,7 +192,7 @@ def _remove(path: pathlib.Path) -> None:
 def _is_intact(folder: pathlib.Path) -> bool:
     try:
         header = read_header_json(folder)
-        checked_state_file(folder, header["state_bytes"], header["state_sha256"])
+        read_state(folder, header["state_bytes"], header["state_sha256"])
     except (KeyError, TypeError, CheckpointError):
         return False
     return True
@@ -314,28 +314,25 @@ def removed_while_reading(folder: pathlib.Path) -> CheckpointError:
     )
 
 
-def checked_state_file(folder: pathlib.Path, size: int, sha256: str) -> pathlib.Path:
-    """`folder/state.eqx`, after checking its size and checksum."""
+def read_state(folder: pathlib.Path, size: int, sha256: str) -> bytes:
+    """The bytes of `folder/state.eqx`, after checking their size and checksum
+    (the bytes checked are the bytes loaded)."""
     file = folder / STATE
-    digest = hashlib.sha256()
     try:
-        actual = file.stat().st_size
-        if actual != size:
-            raise CheckpointError(
-                f"{file} has {actual} bytes, the header records {size}: "
-                "the file is truncated or was overwritten."
-            )
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        data = file.read_bytes()
     except FileNotFoundError:
         if folder.is_dir():
             raise CheckpointError(
                 f"{folder} has no {STATE}; it is incomplete."
             ) from None
         raise removed_while_reading(folder) from None
-    if digest.hexdigest() != sha256:
+    if len(data) != size:
+        raise CheckpointError(
+            f"{file} has {len(data)} bytes, the header records {size}: "
+            "the file is truncated or was overwritten."
+        )
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(
             f"{file} does not match the checksum in its header: it is corrupted."
         )
-    return file
+    return data

@@ -331,10 +331,8 @@ def live_peak(value: np.ndarray, dones: np.ndarray) -> float:
 
 
 def _use_compile_cache(args: argparse.Namespace) -> None:
-    """Point JAX's persistent compilation cache at `--compile-cache`: a run
-    whose programs were compiled before (same shapes, same machine, same JAX)
-    loads them instead of compiling. A cache folder set through JAX (its config
-    or `JAX_COMPILATION_CACHE_DIR`) is kept unless the flag is given."""
+    """Point JAX's persistent compilation cache at `--compile-cache` (a folder
+    set through JAX is kept unless the flag is given)."""
     if args.no_compile_cache:
         jax.config.update("jax_enable_compilation_cache", False)
         return
