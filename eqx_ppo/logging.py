@@ -116,9 +116,11 @@ def per_seed_columns(metrics: Metrics) -> dict[str, float]:
     return flat
 
 
-def _check_log_path(sink: str, path: pathlib.Path, append: bool, suffix: str) -> None:
+def _start_log(sink: str, path: pathlib.Path, append: bool, suffix: str) -> None:
     """Refuse a `path` that is a folder, or that holds an earlier run's log
-    (unless `append`): writing to it would mix two runs or lose the first."""
+    (unless `append`): writing to it would mix two runs or lose the first. A
+    log being continued loses, with a warning, an unfinished last line (a run
+    killed mid-write), onto which the next record would be glued."""
     if path.is_dir():
         raise IsADirectoryError(
             f"{sink}: {path} is a folder; pass the path of the log file to "
@@ -131,22 +133,8 @@ def _check_log_path(sink: str, path: pathlib.Path, append: bool, suffix: str) ->
             "path, or pass append=True to continue it (e.g. when resuming that "
             "run)."
         )
-
-
-def replace_file(path: pathlib.Path, text: str) -> None:
-    """Replace `path` by a file holding `text`, written to a temporary file
-    first, so a process killed while writing leaves the old file whole."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, newline="")
-    os.replace(partial, path)
-
-
-def _drop_partial_line(sink: str, path: pathlib.Path) -> None:
-    """Cut an unfinished last line (a run killed mid-write) off a log being
-    continued, with a warning."""
-    if not path.is_file():
-        return
-    data = path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = path.read_bytes() if path.is_file() else b""
     if not data or data.endswith(b"\n"):
         return
     keep = data.rfind(b"\n") + 1
@@ -157,6 +145,14 @@ def _drop_partial_line(sink: str, path: pathlib.Path) -> None:
         "from a run killed while writing?); dropped it before continuing.",
         stacklevel=3,
     )
+
+
+def replace_file(path: pathlib.Path, text: str) -> None:
+    """Replace `path` by a file holding `text`, written to a temporary file
+    first, so a process killed while writing leaves the old file whole."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, newline="")
+    os.replace(partial, path)
 
 
 @checked
@@ -170,9 +166,7 @@ class JSONLLogger:
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
-        _check_log_path("JSONLLogger", self.path, append, ".jsonl")
-        _drop_partial_line("JSONLLogger", self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _start_log("JSONLLogger", self.path, append, ".jsonl")
 
     def __call__(self, metrics: Mapping[str, Any], step: int | np.integer) -> None:
         record = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
@@ -191,8 +185,7 @@ class CSVLogger:
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
-        _check_log_path("CSVLogger", self.path, append, ".csv")
-        _drop_partial_line("CSVLogger", self.path)
+        _start_log("CSVLogger", self.path, append, ".csv")
         self._rows: list[dict[str, Any]] = []
         self._fields: list[str] = ["step"]
         if self.path.exists() and self.path.stat().st_size > 0:
@@ -206,7 +199,6 @@ class CSVLogger:
                     )
                 self._fields = list(reader.fieldnames)
                 self._rows = list(reader)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, metrics: Metrics, step: int) -> None:
         row = {"step": step, **per_seed_columns(metrics)}
