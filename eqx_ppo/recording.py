@@ -107,9 +107,7 @@ def with_recording(net: PyTree) -> PyTree:
     def record(node: Any) -> Any:
         if isinstance(node, PopulationGraph):
             return dataclasses.replace(node, record=True)
-        if is_leaf_layer(node):
-            return Recorder(node)
-        return node
+        return Recorder(node) if is_leaf_layer(node) else node
 
     if not any(map(is_target, jax.tree.leaves(net, is_leaf=is_target))):
         fix = "call the factory first" if callable(net) else "pass a network"

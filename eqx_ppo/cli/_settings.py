@@ -123,20 +123,6 @@ def _read_run(folder: pathlib.Path, given: str, wanted: str) -> dict[str, Any]:
     return run
 
 
-def _given(args: argparse.Namespace, flags: Sequence[str], fallback: str) -> str:
-    """`--flag value ...` for those of `flags` the command line gave (else
-    `fallback`), to name them in a one-line error."""
-    named = []
-    for flag in [f for f in flags if f in args.given] or [fallback]:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if isinstance(value, list):  # a repeated flag
-            named += [f"{flag} {v}" for v in value]
-        else:
-            text = ",".join(map(str, value)) if isinstance(value, tuple) else value
-            named.append(f"{flag} {text}")
-    return " ".join(named)
-
-
 @contextlib.contextmanager
 def blamed_on(
     args: argparse.Namespace,
@@ -144,12 +130,20 @@ def blamed_on(
     fallback: str,
     errors: tuple[type[Exception], ...] = (ValueError,),
 ):
-    """Turn `errors` raised inside into a one-line `CLIError` that names those
-    of `flags` the command line gave (else `fallback`)."""
+    """Turn `errors` raised inside into a one-line `CLIError` that starts with
+    those of `flags` the command line gave (else `fallback`), as typed."""
     try:
         yield
     except errors as e:
-        raise CLIError(f"{_given(args, flags, fallback)}: {e}") from e
+        named = []
+        for flag in [f for f in flags if f in args.given] or [fallback]:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            if isinstance(value, list):  # a repeated flag
+                named += [f"{flag} {v}" for v in value]
+            else:
+                text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                named.append(f"{flag} {text}")
+        raise CLIError(f"{' '.join(named)}: {e}") from e
 
 
 def _resumed_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
