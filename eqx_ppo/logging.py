@@ -7,6 +7,7 @@ device. Sinks receive plain `dict[str, float]` on the host.
 
 import csv
 import enum
+import importlib
 import io
 import json
 import math
@@ -115,12 +116,11 @@ def per_seed_columns(metrics: Metrics) -> dict[str, float]:
     return flat
 
 
-def _check_log_path(sink: str, path: pathlib.Path, append: bool, suffix: str) -> None:
-    """Refuse a `path` that is a folder, or that holds an earlier run's log.
-
-    A log is one run's: adding to (or rewriting) an earlier run's file would
-    mix the two runs or lose the first, so only `append=True` may reuse one.
-    """
+def _start_log(sink: str, path: pathlib.Path, append: bool, suffix: str) -> None:
+    """Refuse a `path` that is a folder, or that holds an earlier run's log
+    (unless `append`): writing to it would mix two runs or lose the first. A
+    log being continued loses, with a warning, an unfinished last line (a run
+    killed mid-write), onto which the next record would be glued."""
     if path.is_dir():
         raise IsADirectoryError(
             f"{sink}: {path} is a folder; pass the path of the log file to "
@@ -133,23 +133,8 @@ def _check_log_path(sink: str, path: pathlib.Path, append: bool, suffix: str) ->
             "path, or pass append=True to continue it (e.g. when resuming that "
             "run)."
         )
-
-
-def replace_file(path: pathlib.Path, text: str) -> None:
-    """Replace `path` by a file holding `text`, written to a temporary file
-    first, so a process killed while writing leaves the old file whole."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, newline="")
-    os.replace(partial, path)
-
-
-def _drop_partial_line(sink: str, path: pathlib.Path) -> None:
-    """Cut an unfinished last line (a run killed mid-write) off a log being
-    continued, with a warning: it cannot be parsed, and the next record
-    would otherwise be glued onto it."""
-    if not path.is_file():
-        return
-    data = path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = path.read_bytes() if path.is_file() else b""
     if not data or data.endswith(b"\n"):
         return
     keep = data.rfind(b"\n") + 1
@@ -162,23 +147,26 @@ def _drop_partial_line(sink: str, path: pathlib.Path) -> None:
     )
 
 
+def replace_file(path: pathlib.Path, text: str) -> None:
+    """Replace `path` by a file holding `text`, written to a temporary file
+    first, so a process killed while writing leaves the old file whole."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, newline="")
+    os.replace(partial, path)
+
+
 @checked
 class JSONLLogger:
     """Writes one JSON object per call to `path`: `{"step": ..., **metrics}`.
 
-    Non-finite values are written as `null`, so every line is strict JSON;
-    multi-seed values stay lists. A log is one run's: if `path` already holds
-    lines (an earlier run's), construction raises a `FileExistsError` naming
-    it, unless `append=True` (e.g. when resuming that run), which adds to it
-    (after cutting off, with a warning, an unfinished last line left by a run
-    killed while writing).
+    Non-finite values are written as `null`; multi-seed values stay lists. A
+    `path` that already holds a log is refused unless `append=True` (e.g. when
+    resuming that run), which continues it.
     """
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
-        _check_log_path("JSONLLogger", self.path, append, ".jsonl")
-        _drop_partial_line("JSONLLogger", self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _start_log("JSONLLogger", self.path, append, ".jsonl")
 
     def __call__(self, metrics: Mapping[str, Any], step: int | np.integer) -> None:
         record = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
@@ -190,18 +178,14 @@ class JSONLLogger:
 class CSVLogger:
     """Writes metrics as CSV rows; the header is the union of keys seen so far.
 
-    When a new key appears the file is rewritten with the wider header, so the
-    file always parses as one table; the rewrite goes to a temporary file that
-    then replaces the log, so a run killed mid-write leaves the log whole.
-    Multi-seed values become `key/seed{i}` columns. As with `JSONLLogger`, a
-    `path` that already holds a log raises a `FileExistsError` unless
-    `append=True`, which reads its rows and continues the table.
+    A new key rewrites the file (atomically) with the wider header, so it
+    always parses as one table. Multi-seed values become `key/seed{i}`
+    columns. `append` works as for `JSONLLogger`.
     """
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
         self.path = pathlib.Path(path)
-        _check_log_path("CSVLogger", self.path, append, ".csv")
-        _drop_partial_line("CSVLogger", self.path)
+        _start_log("CSVLogger", self.path, append, ".csv")
         self._rows: list[dict[str, Any]] = []
         self._fields: list[str] = ["step"]
         if self.path.exists() and self.path.stat().st_size > 0:
@@ -215,7 +199,6 @@ class CSVLogger:
                     )
                 self._fields = list(reader.fieldnames)
                 self._rows = list(reader)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, metrics: Metrics, step: int) -> None:
         row = {"step": step, **per_seed_columns(metrics)}
@@ -233,19 +216,23 @@ class CSVLogger:
                 csv.DictWriter(f, fieldnames=self._fields).writerow(row)
 
 
+def _import(module: str, sink: str) -> Any:
+    """The optional `module` a sink writes with, or an error naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(
+            f"{sink} needs {module}: `pip install 'eqx_ppo[logging]'`."
+        ) from e
+
+
 @checked
 class TensorBoardLogger:
     """Writes scalars with tensorboardX (`pip install eqx_ppo[logging]`)."""
 
     def __init__(self, logdir: str | pathlib.Path):
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError as e:
-            raise ImportError(
-                "TensorBoardLogger needs tensorboardX: "
-                "`pip install 'eqx_ppo[logging]'`."
-            ) from e
-        self.writer = SummaryWriter(str(logdir))
+        tensorboardx = _import("tensorboardX", "TensorBoardLogger")
+        self.writer = tensorboardx.SummaryWriter(str(logdir))
 
     def __call__(self, metrics: Metrics, step: int) -> None:
         for k, v in per_seed_columns(metrics).items():
@@ -259,13 +246,7 @@ class WandbLogger:
     `wandb.init`."""
 
     def __init__(self, **init_kwargs: Any):
-        try:
-            import wandb
-        except ImportError as e:
-            raise ImportError(
-                "WandbLogger needs wandb: `pip install 'eqx_ppo[logging]'`."
-            ) from e
-        self.run = wandb.init(**init_kwargs)
+        self.run = _import("wandb", "WandbLogger").init(**init_kwargs)
 
     def __call__(self, metrics: Metrics, step: int) -> None:
         self.run.log(per_seed_columns(metrics), step=step)

@@ -1,28 +1,11 @@
 """Activation recording: make every leaf layer report its output, for analysis.
 
-[`eqx_ppo.with_recording`][] is a pure tree transform, like
-`eqx.nn.inference_mode`: it returns a new network in which every leaf layer
-(a stateful module with no stateful module inside it) is wrapped in a
-[`eqx_ppo.Recorder`][], and every [`eqx_ppo.graph.PopulationGraph`][] is
-replaced by a copy with `record=True`. The arrays are shared with the
-original (immutability makes that free and safe) and the original is left
-untouched. A `Recorder` returns exactly what its layer returns, plus the
-layer's forward output in its metrics under the reserved `ACTIVATION_KEY`;
-the containers already carry every child's metrics up to the top-level call,
-keyed by position (`Sequential`) or name (dict containers), so
-[`eqx_ppo.extract_activations`][] can read them back as a tree mirroring the
-network.
-
-```python
-rec = eqx.nn.inference_mode(with_recording(net))  # deterministic actions
-state = rec.initialize_state(batch_size)
-out = eqx_ppo.nn.apply_batched(rec, state, obs, key=key)
-acts = extract_activations(out.metrics)  # e.g. acts[1]["action"][0]: [B, H]
-```
-
-Recording is meant for analysis after training; a recording network computes
-the same outputs, carries, losses and extras, but its metrics grow by one
-array per layer.
+[`eqx_ppo.with_recording`][] is a pure tree transform (like
+`eqx.nn.inference_mode`) that wraps every leaf layer in a
+[`eqx_ppo.Recorder`][], which adds the layer's output to its metrics under
+`ACTIVATION_KEY`; the containers carry every child's metrics up, so
+[`eqx_ppo.extract_activations`][] reads them back as a tree mirroring the
+network. See the recording guide.
 """
 
 import dataclasses
@@ -46,12 +29,9 @@ from .nn._module import (
 class Recorder(AbstractLayerWrapper):
     """Runs `layer` unchanged and adds its forward output to the metrics.
 
-    The output, carry, regularisation loss and extras are `layer`'s own; the
-    metrics are `layer`'s plus `{ACTIVATION_KEY: output}`. The carry, resets,
-    statistics and key use are forwarded (`update_statistics` returns a
-    `Recorder` around the updated layer); a replay returns no metrics, so the
-    layer's own (possibly parallel) replay runs unchanged. `eqx.nn.inference_mode`
-    reaches the layer through it.
+    Everything but the metrics is `layer`'s own; the metrics are `layer`'s
+    plus `{ACTIVATION_KEY: output}`. A replay returns no metrics, so the
+    layer's own (possibly parallel) replay runs unchanged.
 
     **Arguments:**
 
@@ -104,14 +84,11 @@ def with_recording(net: PyTree) -> PyTree:
 
     Every leaf layer (see [`eqx_ppo.recording.is_leaf_layer`][]) is wrapped in
     a [`eqx_ppo.Recorder`][]; every [`eqx_ppo.graph.PopulationGraph`][] gets
-    `record=True` instead (its connection transforms are not wrapped: the
-    graph records all its populations itself). Parameters are shared, `net`
-    is untouched, and outputs, carries, regularisation and extras are
+    `record=True` instead (it records all its populations itself). Parameters
+    are shared and outputs, carries, regularisation and extras are
     bit-identical to `net`'s. Read the activations with
-    [`eqx_ppo.extract_activations`][].
-
-    Calling it on a network that already records warns (`UserWarning`) and
-    returns the network unchanged rather than wrapping recorders in recorders.
+    [`eqx_ppo.extract_activations`][]. A network that already records is
+    returned unchanged, with a warning.
     """
     if is_recording(net):
         warnings.warn(
@@ -130,9 +107,7 @@ def with_recording(net: PyTree) -> PyTree:
     def record(node: Any) -> Any:
         if isinstance(node, PopulationGraph):
             return dataclasses.replace(node, record=True)
-        if is_leaf_layer(node):
-            return Recorder(node)
-        return node
+        return Recorder(node) if is_leaf_layer(node) else node
 
     if not any(map(is_target, jax.tree.leaves(net, is_leaf=is_target))):
         fix = "call the factory first" if callable(net) else "pass a network"

@@ -413,6 +413,15 @@ def test_truncated_or_corrupted_file_is_refused(saved, tmp_path):
         ckpt.load_checkpoint(path, env=env, networks=networks)
 
 
+def test_a_checkpoint_without_its_state_file_is_refused(saved, tmp_path):
+    path, state = copy(saved, tmp_path)
+    (path / "state.eqx").unlink()
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"has no state\.eqx; it is incomplete"
+    ):
+        ckpt.load_checkpoint(path, like=state)
+
+
 def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
     path, _ = copy(saved, tmp_path)
     env, _, _ = small_setup()
@@ -466,6 +475,11 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
             r"config\.learner: the saved PPO is invalid: PPO\(n_envs=0\)",
         ),
         (
+            lambda h: h["config"]["learner"].update(n_env=2),
+            r"config\.learner: the saved PPO is invalid: .*unexpected keyword "
+            r"argument 'n_env'",
+        ),
+        (
             lambda h: h["config"]["learner"].pop("_type"),
             r"config\.learner: a sub-config saved without its \"_type\"",
         ),
@@ -502,6 +516,7 @@ def test_wrong_network_structure_names_the_leaves(saved, tmp_path):
         "no-config",
         "unknown-flag",
         "invalid-value",
+        "unknown-field",
         "no-type",
         "key-impl",
         "no-path",

@@ -1,71 +1,17 @@
 """Checkpoints: save a training state, load it back exactly, resume.
 
-A checkpoint is one folder `step_<step, 9 digits>/` holding
+A checkpoint is one folder `step_<step, 9 digits>/` holding `state.eqx`, every
+array leaf of the state (`eqx.tree_serialise_leaves`, no pickle; PRNG keys as
+their key data), and `header.json`: the versions, the step, the config as
+JSON, your `metadata`, the size and SHA-256 of `state.eqx`, the state's
+structure and, last, the SHA-256 of the header itself. Writes are atomic, and
+nothing changed after a save loads. The checkpointing guide says what is
+saved, how loading checks it, and how to resume.
 
-- `state.eqx`: every array leaf of the state, written with
-  `eqx.tree_serialise_leaves` (NumPy `.npy` records, no pickle). PRNG keys are
-  stored as their raw key data (`jax.random.key_data`) and wrapped back, with
-  the saved key implementation, on load.
-- `header.json`: the format and library versions, the step, the configuration
-  as JSON, your `metadata`, the size and SHA-256 of `state.eqx`, and a
-  structure summary of the state (every leaf's path, shape and dtype, and the
-  pytree definition, which includes static fields such as layer sizes);
-  last, `header_sha256`, the SHA-256 of the file's bytes before it.
-
-**What is saved.** Everything in a [`eqx_ppo.TrainingState`][] (of any
-learner) that is an array: parameters, optimiser
-state (the optimiser itself is rebuilt from the config, see below),
-normaliser statistics, network carries, env states, the key and the
-counters. Built-in envs, Brax and MuJoCo Playground keep their whole state
-(physics included) in arrays, so it is all saved and a resumed run continues
-bit-identically on the same device type. A non-array leaf of an env state
-(rare: a Python object in `info`) is not saved; it comes back as it is in the
-template. Arrays are gathered to the host (a sharded run hands its
-`checkpoint_fn` the state gathered onto one device), so a checkpoint loads on
-any device count; states larger than one host's memory would need Orbax.
-
-**Atomic writes.** A checkpoint is written into a temporary folder next to
-the final one and renamed into place when complete, so a process killed
-mid-save leaves every earlier checkpoint whole; [`latest_checkpoint`][] only
-sees complete ones, and leftovers are removed by the next save. A replaced
-step and retention's (`keep`) old checkpoints are deleted only after the new
-one is in place, and retention never deletes steps after the one saved. One
-writer per directory.
-
-**Integrity.** Nothing in a checkpoint loads once changed: the header is
-checked against its own checksum and then field by field, the state file
-against the size and checksum the header records, and a `step_*` folder
-against the step its header records.
-
-**Loading** needs a *template* with the state's structure: pass `env=...,
-networks=...` (the state [`eqx_ppo.train`][] would start from, built from the
-config for shapes only, so nothing is allocated) or `like=` (a template
-state, or a function `config -> state`). Loading checks the
-header, the versions, the structure against the template, and the file's
-size and checksum before reading, and either returns the whole state or
-raises a [`CheckpointError`][] that says what differs; it never returns part
-of a state.
-
-**Layout of this package.** It knows no algorithm: `_files` writes and
-checks folders (atomic renames, retention, checksums), `_leaves` the leaves
-(specs, structure check, PRNG key data), `_codec` the configs in the header.
-Config classes register themselves with [`register_config`][], and the
-algorithm that owns a config registers how to build its template with
+`_files` writes and checks folders, `_leaves` the leaves, `_codec` the configs
+in the header; config classes join with [`register_config`][], and the
+algorithm owning a config registers its template builder with
 `register_template`.
-
-**Resuming.** The optimiser (learning rate, schedule, clipping) is rebuilt
-from the config passed to `train`, so resume with the saved config:
-
-```python
-config = eqx_ppo.read_header(path).config
-state = eqx_ppo.load_checkpoint(path, env=env, networks=networks)
-eqx_ppo.train(env, networks, config, initial_state=state)
-```
-
-or pass your config as `load_checkpoint(..., config=config)` and it is
-checked against the saved one (a [`CheckpointError`][] names every field that
-would change the optimisation; raising `total_steps` is allowed with a
-constant learning rate).
 """
 
 import dataclasses
@@ -92,11 +38,12 @@ from ._files import (
     HEADER,
     HEADER_SHA256,
     PREFIX,
-    checked_state_file,
+    STATE,
     latest_checkpoint as latest_checkpoint,
     list_checkpoints as list_checkpoints,
     named_step,
     read_header_json,
+    read_state,
     resolve,
     write_atomically,
     write_header,
@@ -112,15 +59,12 @@ from ._leaves import (
 )
 
 FORMAT_VERSION = 1
-"""The checkpoint layout version: 1 is what the first tagged release writes;
-a release that changes the layout bumps it (see CHANGELOG.md's policy)."""
+"""The checkpoint layout version; a release that changes the layout bumps it."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointHeader:
     """What `header.json` of a checkpoint says (see [`read_header`][]).
-
-    **Fields:**
 
     - `path`: the checkpoint folder.
     - `step`: the env step the state was saved at.
@@ -167,20 +111,16 @@ def save_checkpoint(
     **Arguments:**
 
     - `directory`: the folder of checkpoints (created if missing).
-    - `state`: a `TrainingState` (or any pytree of
-      arrays), single- or multi-seed.
-    - `config`: the run's config (a `TrainConfig`),
-      saved as JSON; `None` to save none.
+    - `state`: a `TrainingState` (or any pytree of arrays).
+    - `config`: the run's config (a `TrainConfig`), saved as JSON; `None` to
+      save none.
     - `step`: the env step, used in the folder name.
-    - `keep`: keep only the newest `keep` checkpoints (by step); `None` keeps
-      all. Older ones are deleted after the new one is complete.
+    - `keep`: keep only the newest `keep` checkpoints up to `step` (later ones
+      belong to another run: a warning says so); `None` keeps all.
     - `metadata`: extra JSON-serialisable information (e.g. how to rebuild the
       network), returned by [`read_header`][].
 
-    A checkpoint already saved at `step` is replaced; it is deleted only
-    once the new one is in place. Checkpoints at later steps than `step` are
-    never deleted (they belong to another run: a warning says so, since
-    loading the folder picks the highest step).
+    A checkpoint already saved at `step` is replaced.
     """
     _check_keep(keep)
     step = int(step)
@@ -266,8 +206,7 @@ _HEADER_FIELDS = {
 
 
 def _header_problem(raw: dict[str, Any]) -> str | None:
-    """What is wrong with `raw`, a header's JSON object, or `None`: each field
-    that `save_checkpoint` writes, of its type, and well-formed leaf specs."""
+    """What is wrong with `raw`, a header's JSON object, or `None`."""
     for name, kind in _HEADER_FIELDS.items():
         if name not in raw:
             return f"field `{name}` is missing"
@@ -287,11 +226,9 @@ def read_header(path: str | os.PathLike | None) -> CheckpointHeader:
     """The header of the checkpoint at `path` (a checkpoint folder, or a folder
     of checkpoints: the latest is read), with the config rebuilt.
 
-    Use it to rebuild what loading needs: `read_header(path).config` is the
-    run's config, `.metadata` what the run stored (e.g. network sizes). The
-    header is checked against its own checksum first, so a header that was
-    edited after saving, or damaged, is refused, as is one in a `step_*`
-    folder of another step than its own (files copied between folders).
+    `read_header(path).config` is the run's config, `.metadata` what the run
+    stored (e.g. network sizes). A header changed after saving, or in the
+    `step_*` folder of another step, is refused.
     """
     path = resolve(path)
     raw = read_header_json(path)
@@ -396,11 +333,10 @@ def load_checkpoint(
       and would change the optimisation (logging fields may differ, and
       `total_steps` may grow with a constant learning rate). Required for a
       distillation checkpoint, whose header keeps only a fingerprint of the
-      teacher (a different teacher is one of the differences).
+      teacher.
 
-    Raises [`CheckpointError`][] (a `ValueError`) if the checkpoint is
-    incomplete, corrupted, of an incompatible version, or does not match the
-    template; the message says what differs.
+    Returns the whole state or raises a [`CheckpointError`][] saying what
+    differs.
     """
     header = read_header(path)
     if config is not None and header.config is not None:
@@ -415,5 +351,5 @@ def load_checkpoint(
             )
     template = _template(header, like, env, networks, config)
     check_structure(header.path, header.leaves, header.treedef, template)
-    file = checked_state_file(header.path, header.state_bytes, header.state_sha256)
-    return deserialise(file, template, header.leaves)
+    data = read_state(header.path, header.state_bytes, header.state_sha256)
+    return deserialise(header.path / STATE, data, template, header.leaves)

@@ -1,11 +1,7 @@
 """The header codec: configs to JSON and back, and what may change on resume.
 
-Storage knows no algorithm. A config class joins the codec by decorating
-itself with [`register_config`][]; a flag enum (such as `LoggingLevel`) joins
-the same way. A registered config may say which of its fields a resumed run
-may change with a `free_on_resume()` method; every other field must match.
-Loading by `env=` / `networks=` needs a template builder, registered by the
-algorithm that owns the config with [`register_template`][].
+Configs and flag enums join with [`register_config`][]; a config's
+`free_on_resume()` names the fields a resumed run may change.
 """
 
 import dataclasses
@@ -30,11 +26,9 @@ T = TypeVar("T", bound=type)
 
 
 def register_config(cls: T) -> T:
-    """Class decorator: let checkpoint headers save and rebuild `cls`.
-
-    `cls` is a frozen dataclass (a config) or an `enum.Flag`; it is stored
-    under its class name, which must be unique among registered types.
-    """
+    """Class decorator: let checkpoint headers save and rebuild `cls`, a
+    frozen dataclass (a config) or an `enum.Flag`, stored under its class name
+    (unique among registered types)."""
     if not isinstance(cls, type) or not (
         dataclasses.is_dataclass(cls) or issubclass(cls, enum.Flag)
     ):
@@ -70,14 +64,9 @@ def template_builder(config: Any) -> Callable[[Any, Any, Any], Any]:
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a registered config (`TrainConfig`, its learner and
-    sub-configs), tagged with its class name under `"_type"`;
-    [`config_from_dict`][] inverts it. A network inside (a distillation
-    teacher) is kept as its fingerprint, a `SavedPytree`.
-
-    Coefficient arrays become floats (float32 values round-trip exactly);
-    flag enums such as `LoggingLevel` become a list of flag names.
-    """
+    """A JSON-ready dict of a registered config, tagged with its class name
+    under `"_type"`; [`config_from_dict`][] inverts it. A network inside (a
+    distillation teacher) is kept as its fingerprint, a `SavedPytree`."""
     if not dataclasses.is_dataclass(config) or type(config).__name__ not in _TYPES:
         raise TypeError(
             f"config_to_dict: expected a registered config, one of "
@@ -89,8 +78,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 class SavedPytree(NamedTuple):
     """A network a config holds (a distillation teacher), as the header keeps
-    it: a SHA-256 fingerprint of its structure and arrays, enough to tell on
-    resume whether it is the same one, but not to rebuild it."""
+    it: a SHA-256 fingerprint of its structure and arrays."""
 
     sha256: str
 
@@ -149,14 +137,9 @@ def _encode(value: Any, path: str) -> Any:
 
 
 def config_from_dict(data: dict[str, Any]) -> Any:
-    """The config that [`config_to_dict`][] turned into `data`.
-
-    Fields missing from `data` take their defaults. Anything else that does
-    not rebuild (an unknown type, field or flag, a sub-config without its
-    `"_type"`, a value the config refuses) raises a [`CheckpointError`][]
-    naming the field, as does `data` itself without a `"_type"` (it would
-    otherwise come back as a plain dict).
-    """
+    """The config that [`config_to_dict`][] turned into `data`; missing fields
+    take their defaults, and what does not rebuild raises a
+    [`CheckpointError`][] naming the field."""
     if not isinstance(data, dict) or "_type" not in data:
         seen = "a dict without" if isinstance(data, dict) else type(data).__name__
         raise CheckpointError(
@@ -191,15 +174,9 @@ def _decode(value: Any, path: str) -> Any:
             flags |= cls[name]
         return flags
     fields = {k: _decode(v, f"{path}.{k}") for k, v in value.items() if k != "_type"}
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - set(known))
-    if unknown:
-        raise CheckpointError(
-            f"{path}: the saved {kind} has fields {unknown} this version of "
-            "eqx_ppo does not know; it was written by a newer version."
-        )
+    configs = {f.name for f in dataclasses.fields(cls) if _is_config_field(f)}
     for name, field_value in fields.items():
-        if isinstance(field_value, dict) and _is_config_field(known[name]):
+        if isinstance(field_value, dict) and name in configs:
             raise CheckpointError(
                 f'{path}.{name}: a sub-config saved without its "_type".'
             )
@@ -215,11 +192,8 @@ def _is_config_field(field: dataclasses.Field) -> bool:
 
 
 def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:
-    """The fields of `given` that differ from `saved` and may not change on resume.
-
-    Walks registered configs field by field, skipping each config's
-    `free_on_resume()` fields; values are compared as the header stores them.
-    """
+    """The fields of `given` that differ from `saved` and may not change on
+    resume, compared as the header stores them."""
     if type(saved) is not type(given):
         return [
             f"{prefix or 'config '}type: saved {type(saved).__name__}, given "

@@ -1,16 +1,10 @@
 """Checkpoint folders on disk: atomic writes, retention, checksums.
 
-A checkpoint is a folder `step_<step, 9 digits>/`, written into a temporary
-sibling and renamed into place when complete; `header.json` is written last,
-so a folder with a header is complete. The header ends with its own
-checksum, `header_sha256`, the SHA-256 of every byte before that field, so
-any change to the file after it was saved (an edit, a flipped bit, a
-truncation) is refused; it records the checksum of `state.eqx` in turn.
-Deletions rename before removing, so a crash never leaves a half-deleted
-folder that looks like a checkpoint. A checkpoint being replaced is set
-aside, not deleted, until its successor is in place; if a crash comes
-between the two renames, loading finds it where it was set aside, and the
-next save puts it back.
+A checkpoint is written into a temporary sibling and renamed into place;
+`header.json`, written last, ends with its own SHA-256 and records that of
+`state.eqx`. Deletions rename before removing, and a replaced checkpoint is
+set aside until its successor is in place (loading finds it there if a crash
+comes between the two renames; the next save puts it back).
 """
 
 import hashlib
@@ -92,8 +86,7 @@ def write_header(folder: pathlib.Path, header: dict[str, Any]) -> None:
 
 
 def read_header_json(folder: pathlib.Path) -> dict[str, Any]:
-    """The JSON object in `folder/header.json`, after checking its checksum
-    (a file that passes it ends in a field, so it is an object or no JSON)."""
+    """The JSON object in `folder/header.json`, after checking its checksum."""
     file = folder / HEADER
     try:
         data = file.read_bytes()  # another OSError names the file itself
@@ -132,12 +125,8 @@ def named_step(folder: pathlib.Path) -> int | None:
 
 
 def _complete(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
-    """`(step, folder)` of every complete checkpoint in `directory`, by step.
-
-    A step whose replacement was killed between its two renames has no
-    `step_*` folder; its set-aside copy stands for it until a save puts it
-    back.
-    """
+    """`(step, folder)` of every complete checkpoint in `directory`, by step;
+    a set-aside copy stands for a step that has no `step_*` folder."""
     if not directory.is_dir():
         return []
     found: dict[int, pathlib.Path] = {}
@@ -158,21 +147,15 @@ def _complete(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
 
 @checked
 def list_checkpoints(directory: str | os.PathLike) -> list[pathlib.Path]:
-    """The complete checkpoints in `directory`, oldest step first.
-
-    Complete means a `step_*` folder with a `header.json` (written last), or
-    the copy of one that a save killed while replacing it set aside.
-    """
+    """The complete checkpoints in `directory` (those with a `header.json`,
+    written last), oldest step first."""
     return [p for _, p in _complete(pathlib.Path(directory))]
 
 
 @checked
 def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
-    """The complete checkpoint with the highest step in `directory`, or `None`.
-
-    Warns if a later `step_*` folder has no header: no save leaves one, so it
-    was damaged or copied incompletely, and loading passes over it.
-    """
+    """The complete checkpoint with the highest step in `directory`, or `None`;
+    warns of a later `step_*` folder without a header (loading passes over it)."""
     directory = pathlib.Path(directory)
     found = _complete(directory)
     latest = found[-1] if found else (-1, None)
@@ -209,7 +192,7 @@ def _remove(path: pathlib.Path) -> None:
 def _is_intact(folder: pathlib.Path) -> bool:
     try:
         header = read_header_json(folder)
-        checked_state_file(folder, header["state_bytes"], header["state_sha256"])
+        read_state(folder, header["state_bytes"], header["state_sha256"])
     except (KeyError, TypeError, CheckpointError):
         return False
     return True
@@ -250,14 +233,9 @@ def write_atomically(
     *,
     keep: int | None,
 ) -> pathlib.Path:
-    """Write `directory/step_<step>/` with `fill(tmp_folder)`, atomically.
-
-    The folder replaces any checkpoint at the same step, which is deleted only
-    once the new one is in place. With `keep`, of the checkpoints up to `step`
-    only the newest `keep` remain (never the new one's successors: a folder
-    with later steps holds another run, which is warned about, not deleted).
-    Leftovers of interrupted saves are removed.
-    """
+    """Write `directory/step_<step>/` with `fill(tmp_folder)`, atomically,
+    replacing any checkpoint of that step; with `keep`, only the newest `keep`
+    of the checkpoints up to `step` remain."""
     final = directory / f"{PREFIX}{step:09d}"
     tmp = replaced = None
     try:
@@ -274,23 +252,20 @@ def write_atomically(
             replaced = _aside(final, _REPLACED)
         try:
             os.replace(tmp, final)
-        except BaseException:
-            if replaced is not None:
+        finally:
+            if replaced is not None and not final.exists():
                 os.replace(replaced, final)
-            raise
         _fsync_dir(directory)
-    except OSError as e:
+    except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, OSError):
+            raise
         raise CheckpointError(
             f"Saving {final} failed ({type(e).__name__}: {e}); the half-written "
             f"copy was removed and every earlier checkpoint in {directory} is "
             "intact. Free space or fix the folder, then save again."
         ) from e
-    except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
     _remove_leftovers(directory)
     up_to_step = _check_retention(directory, step)
     if keep is not None:
@@ -339,28 +314,25 @@ def removed_while_reading(folder: pathlib.Path) -> CheckpointError:
     )
 
 
-def checked_state_file(folder: pathlib.Path, size: int, sha256: str) -> pathlib.Path:
-    """`folder/state.eqx`, after checking its size and checksum."""
+def read_state(folder: pathlib.Path, size: int, sha256: str) -> bytes:
+    """The bytes of `folder/state.eqx`, after checking their size and checksum
+    (the bytes checked are the bytes loaded)."""
     file = folder / STATE
-    if not folder.is_dir():
-        raise removed_while_reading(folder)
-    if not file.is_file():
-        raise CheckpointError(f"{folder} has no {STATE}; it is incomplete.")
-    digest = hashlib.sha256()
     try:
-        actual = file.stat().st_size
-        if actual != size:
-            raise CheckpointError(
-                f"{file} has {actual} bytes, the header records {size}: "
-                "the file is truncated or was overwritten."
-            )
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        data = file.read_bytes()
     except FileNotFoundError:
+        if folder.is_dir():
+            raise CheckpointError(
+                f"{folder} has no {STATE}; it is incomplete."
+            ) from None
         raise removed_while_reading(folder) from None
-    if digest.hexdigest() != sha256:
+    if len(data) != size:
+        raise CheckpointError(
+            f"{file} has {len(data)} bytes, the header records {size}: "
+            "the file is truncated or was overwritten."
+        )
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(
             f"{file} does not match the checksum in its header: it is corrupted."
         )
-    return file
+    return data

@@ -1,11 +1,7 @@
-"""A state's leaves on disk: leaf specs, the structure check, PRNG key data.
+"""A state's leaves on disk: leaf specs, the structure check, PRNG key data
+(written as raw key data, wrapped back with the saved implementation)."""
 
-Array leaves are written with `eqx.tree_serialise_leaves` (NumPy `.npy`
-records, no pickle). PRNG keys are written as their raw key data and wrapped
-back with the saved key implementation. The header records every leaf's path,
-shape and dtype and the pytree definition, so a load can say what differs.
-"""
-
+import io
 import os
 import pathlib
 import re
@@ -16,7 +12,6 @@ import jax
 import numpy as np
 
 from ._codec import CheckpointError
-from ._files import removed_while_reading
 
 
 def _is_key(x: Any) -> bool:
@@ -57,12 +52,8 @@ _OTHER = {"path": str, "type": str}
 
 
 def spec_problem(spec: Any) -> str | None:
-    """What is wrong with `spec`, a leaf spec read from a header, or `None`.
-
-    A spec is what `saved_structure` writes: exactly the fields of an array
-    (with `key_impl` for a PRNG key) or of another leaf, each of its type,
-    and a shape of ints >= 0; a PRNG key's `key_impl` must be known to JAX.
-    """
+    """What is wrong with `spec`, a leaf spec read from a header (exactly the
+    fields `saved_structure` writes, each of its type), or `None`."""
     if not isinstance(spec, dict):
         return f"is not an object ({type(spec).__name__})"
     fields = _OTHER if "type" in spec else _KEY if "key_impl" in spec else _ARRAY
@@ -93,13 +84,10 @@ def _holds_arrays(x: Any) -> bool:
 
 
 def check_saveable(state: Any) -> None:
-    """Raise naming the first leaf of `state` that holds NaN or inf (a
-    `FloatingPointError`), or that is not a pytree but holds arrays (a
-    `TypeError`: serialising writes arrays and scalars only, so that leaf's
-    arrays, e.g. all of a `TrainResult`, would be lost without a word)."""
+    """Refuse a `state` with NaN or inf, or with a leaf that holds arrays but
+    is not a pytree (serialising would lose them without a word)."""
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
         if eqx.is_inexact_array(x) and not np.isfinite(np.asarray(x)).all():
-            # A checkpoint is what a run resumes from: it must never hold NaN.
             raise FloatingPointError(
                 f"save_checkpoint(state=...): leaf {jax.tree_util.keystr(path)} "
                 "holds NaN or inf, and a checkpoint is never written with "
@@ -186,14 +174,15 @@ def _load_target(x: Any, spec: dict[str, Any]) -> Any:
     return x
 
 
-def deserialise(file: pathlib.Path, template: Any, saved_leaves: tuple) -> Any:
-    """The state in `file`, shaped like `template` (checked beforehand)."""
+def deserialise(
+    file: pathlib.Path, data: bytes, template: Any, saved_leaves: tuple
+) -> Any:
+    """The state in `data`, the checked bytes of `file`, shaped like
+    `template` (checked beforehand)."""
     specs = jax.tree.unflatten(jax.tree.structure(template), saved_leaves)
     target = jax.tree.map(_load_target, template, specs)
     try:
-        loaded = eqx.tree_deserialise_leaves(file, target)
-    except FileNotFoundError:
-        raise removed_while_reading(file.parent) from None
+        loaded = eqx.tree_deserialise_leaves(io.BytesIO(data), target)
     except Exception as e:
         raise CheckpointError(
             f"{file} could not be read ({type(e).__name__}: {e}); it is corrupted."

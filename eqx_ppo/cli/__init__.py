@@ -27,11 +27,11 @@ from ..logging import JSONLLogger, replace_file
 from ..ppo import select_seed, train
 from ._args import CONFIG_FLAGS, EVAL_ENVS, CLIError, _parser, default_compile_cache
 from ._settings import (
-    _given,
     _make_env,
     _new_run,
     _read_run,
     _resumed_run,
+    blamed_on,
     build_network,
     train_config,
 )
@@ -43,13 +43,8 @@ def _train(args: argparse.Namespace) -> int:
     env = _make_env(run)
     # Built, like the network checked above, before anything is written: bad
     # flags leave no folder behind.
-    try:
+    with blamed_on(args, CONFIG_FLAGS, "--n-envs"):
         config = train_config(run, progress=not args.no_progress)
-    except ValueError as e:
-        raise CLIError(f"{_given(args, CONFIG_FLAGS, '--n-envs')}: {e}") from e
-
-    def networks(key):
-        return build_network(run, env, key)
 
     # A run killed before its first checkpoint starts over (it had trained
     # nothing); else it continues from its latest checkpoint, whose step its
@@ -57,21 +52,17 @@ def _train(args: argparse.Namespace) -> int:
     latest = latest_checkpoint(out / "checkpoints") if resuming else None
     initial_state, logged = None, -1
     if latest is not None:
-        try:
-            initial_state = load_checkpoint(
-                latest, env=env, networks=networks, config=config
-            )
-        except CheckpointError as e:
-            previous = _previous_checkpoint(latest)
-            raise CLIError(
-                f"--resume {out}: {e}"
-                + (
-                    f"\nTo resume from {previous.name}, move {latest} out of "
-                    f"{latest.parent}."
-                    if previous
-                    else ""
-                )
-            ) from e
+        initial_state = _load(
+            latest,
+            run,
+            env,
+            config,
+            f"--resume {out}",
+            lambda previous: (
+                f"\nTo resume from {previous.name}, move {latest} out "
+                f"of {latest.parent}."
+            ),
+        )
         logged = read_header(latest).step
     ppo = config.learner
     total = ppo.n_iterations * ppo.steps_per_iteration
@@ -98,7 +89,7 @@ def _train(args: argparse.Namespace) -> int:
     if jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir:
         print(f"compiled programs are cached in {jax.config.jax_compilation_cache_dir}")
     try:
-        return _run(out, run, env, networks, config, initial_state, logged, resuming)
+        return _run(out, run, env, config, initial_state, logged, resuming)
     except FloatingPointError as e:
         raise CLIError(
             f"training stopped: {e} On the command line: start a new run with a "
@@ -120,11 +111,12 @@ def _kept(out: pathlib.Path) -> str:
     return f"its checkpoints up to {saved[-1].name} are kept."
 
 
-def _run(out, run, env, networks, config, initial_state, logged, resuming) -> int:
+def _run(out, run, env, config, initial_state, logged, resuming) -> int:
     """Train, logging the steps after `logged`, and write the run folder."""
-    # Written once the checkpoint loaded: a failed resume changes nothing.
+    # Written once the checkpoint loaded: a failed resume changes nothing. Each
+    # JSON file is replaced whole, so a run killed while writing keeps the old.
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "run.json", run)
+    replace_file(out / "run.json", json.dumps(run, indent=2))
     metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
     # Written as the evaluations run, so a killed run keeps its curve.
     eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
@@ -142,7 +134,7 @@ def _run(out, run, env, networks, config, initial_state, logged, resuming) -> in
     try:
         result = train(
             env,
-            networks,
+            lambda key: build_network(run, env, key),
             config,
             log_fn=log,
             checkpoint_fn=make_checkpoint_fn(out / "checkpoints", config, metadata=run),
@@ -166,7 +158,7 @@ def _run(out, run, env, networks, config, initial_state, logged, resuming) -> in
         "final_eval_return_mean_over_seeds": float(np.mean(final)),
         "eval_episodes": EVAL_ENVS,
     }
-    _write_json(out / "summary.json", summary)
+    replace_file(out / "summary.json", json.dumps(summary, indent=2))
     _plot(history, out / "learning_curve.png", run)
     print(
         f"final eval return: {float(np.mean(final)):.3f}"
@@ -184,12 +176,6 @@ def _drop_rows_after(path: pathlib.Path, step: int) -> None:
     kept = [line for line in lines if json.loads(line)["step"] <= step]
     if len(kept) < len(lines):
         replace_file(path, "".join(kept))
-
-
-def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
-    """Write `data` to `path` through a temporary file, so a run killed while
-    writing keeps the old file whole (`run.json` is what `--resume` reads)."""
-    replace_file(path, json.dumps(data, indent=2))
 
 
 def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:
@@ -221,11 +207,20 @@ def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:
     plt.close(fig)
 
 
-def _previous_checkpoint(checkpoint: pathlib.Path) -> pathlib.Path | None:
-    """The checkpoint saved before `checkpoint` in its folder, if any."""
-    earlier = list_checkpoints(checkpoint.parent)
-    earlier = earlier[: earlier.index(checkpoint)] if checkpoint in earlier else []
-    return earlier[-1] if earlier else None
+def _load(checkpoint, run, env, config, given: str, hint) -> Any:
+    """The state saved at `checkpoint`, or a one-line error naming `given` and,
+    with `hint(previous)`, the checkpoint saved before it (if any)."""
+    try:
+        return load_checkpoint(
+            checkpoint,
+            env=env,
+            networks=lambda key: build_network(run, env, key),
+            config=config,
+        )
+    except CheckpointError as e:
+        earlier = list_checkpoints(checkpoint.parent)
+        earlier = earlier[: earlier.index(checkpoint)] if checkpoint in earlier else []
+        raise CLIError(f"{given}: {e}" + (hint(earlier[-1]) if earlier else "")) from e
 
 
 def _load_for_analysis(path: pathlib.Path, seed: int):
@@ -235,12 +230,11 @@ def _load_for_analysis(path: pathlib.Path, seed: int):
         run_dir = path.parent
     else:
         run_dir = path.parent.parent
-    if not (run_dir / "run.json").is_file():
-        raise CLIError(
-            f"--checkpoint {path}: not a run folder, its checkpoints folder or a "
-            "checkpoint inside it (no run.json found)."
-        )
-    run = _read_run(run_dir, "--checkpoint")
+    run = _read_run(
+        run_dir,
+        f"--checkpoint {path}",
+        "a run folder, its checkpoints folder or a checkpoint inside it",
+    )
     if not 0 <= seed < run["seeds"]:
         raise CLIError(
             f"--seed {seed}: the run trained {run['seeds']} seed(s); pass 0 .. "
@@ -254,20 +248,14 @@ def _load_for_analysis(path: pathlib.Path, seed: int):
     if checkpoint is None:
         raise CLIError(f"--checkpoint {path}: the run has no checkpoint yet.")
     env = _make_env(run)
-    config = train_config(run, progress=False)
-    try:
-        state = load_checkpoint(
-            checkpoint,
-            env=env,
-            networks=lambda k: build_network(run, env, k),
-            config=config,
-        )
-    except CheckpointError as e:
-        previous = _previous_checkpoint(checkpoint)
-        raise CLIError(
-            f"--checkpoint {path}: {e}"
-            + (f"\nThe one before it: --checkpoint {previous}" if previous else "")
-        ) from e
+    state = _load(
+        checkpoint,
+        run,
+        env,
+        train_config(run, progress=False),
+        f"--checkpoint {path}",
+        lambda previous: f"\nThe one before it: --checkpoint {previous}",
+    )
     network = state.network
     if run["seeds"] > 1:
         network = select_seed(network, seed)
@@ -343,10 +331,8 @@ def live_peak(value: np.ndarray, dones: np.ndarray) -> float:
 
 
 def _use_compile_cache(args: argparse.Namespace) -> None:
-    """Point JAX's persistent compilation cache at `--compile-cache`: a run
-    whose programs were compiled before (same shapes, same machine, same JAX)
-    loads them instead of compiling. A cache folder set through JAX (its config
-    or `JAX_COMPILATION_CACHE_DIR`) is kept unless the flag is given."""
+    """Point JAX's persistent compilation cache at `--compile-cache` (a folder
+    set through JAX is kept unless the flag is given)."""
     if args.no_compile_cache:
         jax.config.update("jax_enable_compilation_cache", False)
         return

@@ -2,6 +2,7 @@
 env, the network and the `TrainConfig` they describe."""
 
 import argparse
+import contextlib
 import json
 import pathlib
 import time
@@ -60,12 +61,6 @@ def build_network(run: dict[str, Any], env: Any, key: jax.Array):
     )
 
 
-def _eval_every(run: dict[str, Any]) -> int:
-    """The run's evaluation (and checkpoint) spacing: `--eval-every`, else a
-    tenth of the steps it was started with."""
-    return run["eval_every"] or max(1, run["steps"] // 10)
-
-
 def train_config(run: dict[str, Any], progress: bool) -> TrainConfig:
     """The `TrainConfig` a run's `run.json` describes."""
     return TrainConfig(
@@ -106,11 +101,12 @@ def _episode_length(env: Any) -> int:
     return int(getattr(env, "max_len", 0) or 1000)
 
 
-def _read_run(folder: pathlib.Path, flag: str) -> dict[str, Any]:
-    """The settings in `folder/run.json`, or a one-line error naming the fix."""
+def _read_run(folder: pathlib.Path, given: str, wanted: str) -> dict[str, Any]:
+    """The settings in `folder/run.json`, or a one-line error that names the
+    flag as `given` and says what it wants."""
     file = folder / "run.json"
     if not file.is_file():
-        raise CLIError(f"{flag} {folder}: no run.json there; not a run folder.")
+        raise CLIError(f"{given}: no run.json there; not {wanted}.")
     try:
         run = json.loads(file.read_text())
         missing = sorted(RUN_KEYS - run.keys()) if isinstance(run, dict) else None
@@ -119,7 +115,7 @@ def _read_run(folder: pathlib.Path, flag: str) -> dict[str, Any]:
         missing, problem = None, f"cannot be read ({type(e).__name__}: {e})"
     if missing != []:
         raise CLIError(
-            f"{flag} {folder}: {file} {problem}, so the run cannot be rebuilt "
+            f"{given}: {file} {problem}, so the run cannot be rebuilt "
             "(eqx-ppo writes it whole: it was edited or damaged). Fix: restore it; "
             "every checkpoint's header keeps a copy, eqx_ppo.read_header("
             f"'{folder / 'checkpoints'}').metadata."
@@ -127,27 +123,27 @@ def _read_run(folder: pathlib.Path, flag: str) -> dict[str, Any]:
     return run
 
 
-def _given(args: argparse.Namespace, flags: Sequence[str], fallback: str) -> str:
-    """`--flag value ...` for those of `flags` the command line gave (else
-    `fallback`), to name them in a one-line error."""
-    named = []
-    for flag in [f for f in flags if f in args.given] or [fallback]:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if isinstance(value, list):  # a repeated flag
-            named += [f"{flag} {v}" for v in value]
-        else:
-            text = ",".join(map(str, value)) if isinstance(value, tuple) else value
-            named.append(f"{flag} {text}")
-    return " ".join(named)
-
-
-def _check_network(args: argparse.Namespace, run: dict[str, Any], env: Any) -> None:
-    """Build the network abstractly, so that a bad network flag is one line and
-    no run folder."""
+@contextlib.contextmanager
+def blamed_on(
+    args: argparse.Namespace,
+    flags: Sequence[str],
+    fallback: str,
+    errors: tuple[type[Exception], ...] = (ValueError,),
+):
+    """Turn `errors` raised inside into a one-line `CLIError` that starts with
+    those of `flags` the command line gave (else `fallback`), as typed."""
     try:
-        eqx.filter_eval_shape(build_network, run, env, jax.random.key(0))
-    except ValueError as e:
-        raise CLIError(f"{_given(args, NETWORK_FLAGS, '--env')}: {e}") from e
+        yield
+    except errors as e:
+        named = []
+        for flag in [f for f in flags if f in args.given] or [fallback]:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            if isinstance(value, list):  # a repeated flag
+                named += [f"{flag} {v}" for v in value]
+            else:
+                text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                named.append(f"{flag} {text}")
+        raise CLIError(f"{' '.join(named)}: {e}") from e
 
 
 def _resumed_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
@@ -159,7 +155,7 @@ def _resumed_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]
             f"--resume {out}: {', '.join(refused)} cannot change a run (its "
             "settings are in run.json); drop them, or start a new run with --out."
         )
-    run = _read_run(out, "--resume")
+    run = _read_run(out, f"--resume {out}", "a run folder")
     if "--steps" in args.given and args.steps != run["steps"]:
         if run["lr_schedule"] != "constant":
             raise CLIError(
@@ -187,10 +183,8 @@ def _new_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
         flags = " ".join(_flag_text(*item) for item in own.items())
         print(f"{args.env} trains with its own defaults: {flags}")
     env_kwargs = _env_kwargs(args.env_kwarg)
-    try:
+    with blamed_on(args, ENV_FLAGS, "--env", (ValueError, TypeError, ImportError)):
         env = envs.make(args.env, **env_kwargs)
-    except (ValueError, TypeError, ImportError) as e:
-        raise CLIError(f"{_given(args, ENV_FLAGS, '--env')}: {e}") from e
     run = {
         "env": args.env,
         # With the machine's choices (a Playground backend) pinned, so that
@@ -214,11 +208,13 @@ def _new_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
         "entropy_weight": args.entropy_weight,
         "minibatches": args.minibatches,
         "epochs": args.epochs,
-        "eval_every": args.eval_every,
+        # The evaluation (and checkpoint) spacing, fixed for the run.
+        "eval_every": args.eval_every or max(1, args.steps // 10),
         "episode_length": _episode_length(env),
     }
-    run["eval_every"] = _eval_every(run)
-    _check_network(args, run, env)
+    # Built abstractly, so that a bad network flag is one line and no folder.
+    with blamed_on(args, NETWORK_FLAGS, "--env"):
+        eqx.filter_eval_shape(build_network, run, env, jax.random.key(0))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or pathlib.Path("runs") / f"{args.env.replace(':', '_')}-{stamp}"
     if out.exists() and not out.is_dir():
