@@ -203,9 +203,6 @@ class PopulationGraphBuilder:
                 f"never affects {it}; connect an input{first} to {it}, directly or "
                 "through other populations."
             )
-        buffer_length = {name: 0 for name in pops}
-        for spec in specs:
-            buffer_length[spec.src] = max(buffer_length[spec.src], spec.delay)
         keys = jax.random.split(key, len(self._connections))
         transforms = {
             conn.spec.name: self._build_transform(conn, k)
@@ -214,9 +211,12 @@ class PopulationGraphBuilder:
         # Sorted by name, the order JAX flattens dicts in: the graph iterates
         # its transforms the same way before and after `jit` or `tree_map`.
         transforms = {name: transforms[name] for name in sorted(transforms)}
+        # A population's ring buffer holds as many steps as its longest delay.
         populations = tuple(
-            dataclasses.replace(p, buffer_length=buffer_length[p.name])
-            for p in pops.values()
+            dataclasses.replace(
+                p, buffer_length=max((s.delay for s in specs if s.src == n), default=0)
+            )
+            for n, p in pops.items()
         )
         self._finalized = True
         return PopulationGraph(
