@@ -216,12 +216,7 @@ class CountRecall(_AbstractChoiceEnv):
         )
         return State(
             # `counts[v]`: how many of `d_0, ..., d_t` equal `v`.
-            pipeline_state={
-                "dealt": dealt,
-                "queries": queries,
-                "counts": counts,
-                "t": t,
-            },
+            pipeline_state=dict(dealt=dealt, queries=queries, counts=counts, t=t),
             obs=obs,
             reward=reward,
             done=done,
