@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Float, Key
 
 from .._activation_key import ACTIVATION_KEY
 from ..nn._keys import child_key
@@ -19,12 +19,9 @@ from ..nn._module import (
 
 Role = Literal["input", "hidden", "output"]
 
-RingBuffer = tuple[Float[Array, "length size"], Int[Array, ""]]
-"""A population's last `length` activities and the slot the next one goes to."""
-
 GraphState = dict[str, dict[str, Any]]
-"""A graph's carry: `{"buffers": {population: ring buffer}, "transforms":
-{connection: carry}}`."""
+"""A graph's carry: `{"buffers": {population: (activities [length, size],
+write index)}, "transforms": {connection: carry}}`."""
 
 
 @dataclasses.dataclass(frozen=True)
