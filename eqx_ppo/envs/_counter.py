@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._env import AbstractEnv, check_action, check_int
-from ._state import State
+from ._state import State, ongoing
 
 
 class Counter(AbstractEnv):
@@ -46,12 +46,9 @@ class Counter(AbstractEnv):
 
     def reset(self, key: PRNGKeyArray) -> State:
         length = jax.random.randint(key, (), self.min_length, self.max_length + 1)
-        return State(
-            pipeline_state={"step": jnp.zeros((), jnp.int32), "length": length},
-            obs=jnp.zeros(1, jnp.float32),
-            reward=jnp.zeros((), jnp.float32),
-            done=jnp.zeros((), jnp.float32),
-        )
+        pipeline_state = {"step": jnp.zeros((), jnp.int32), "length": length}
+        zero = jnp.zeros((), jnp.float32)
+        return ongoing(pipeline_state, jnp.zeros(1, jnp.float32), zero)
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
         action = check_action(self, action, (1,))

@@ -13,7 +13,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._typecheck import Number, checked
 from ._draw import Canvas, frames
 from ._env import AbstractEnv, check_action, check_positive
-from ._state import State
+from ._state import State, ongoing
 
 
 def _angle_normalize(theta: Float[Array, ""]) -> Float[Array, ""]:
@@ -74,12 +74,8 @@ class Pendulum(AbstractEnv):
         parts = [jnp.cos(theta), jnp.sin(theta)]
         if not self.hide_velocity:
             parts.append(theta_dot)
-        return State(
-            pipeline_state={"theta": theta, "theta_dot": theta_dot},
-            obs=jnp.stack(parts),
-            reward=reward,
-            done=jnp.zeros((), jnp.float32),
-        )
+        physics = {"theta": theta, "theta_dot": theta_dot}
+        return ongoing(physics, jnp.stack(parts), reward)
 
     def reset(self, key: PRNGKeyArray) -> State:
         high = jnp.array([jnp.pi, 1.0], jnp.float32)
