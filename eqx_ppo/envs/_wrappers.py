@@ -6,9 +6,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from beartype.door import is_bearable
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._typecheck import checked
+from .._typecheck import Scalar, checked
 from ._env import AbstractEnv, Size, check_env, reported_truncation
 
 
@@ -146,7 +147,7 @@ class RewardScalingWrapper(AbstractWrapper):
 
     def __init__(self, env: Any, scale: PyTree[float]):
         leaves, treedef = jax.tree.flatten(scale)
-        if not leaves or not all(_is_real_scalar(s) for s in leaves):
+        if not leaves or not all(is_bearable(s, Scalar) for s in leaves):
             raise TypeError(
                 f"`RewardScalingWrapper(scale={scale!r})`: scale must be a float or "
                 "a dict of floats with the reward's keys."
@@ -187,12 +188,3 @@ class RewardScalingWrapper(AbstractWrapper):
 
     def step(self, state: Any, action: PyTree[Array]) -> Any:
         return self._scaled(self.env.step(state, action))
-
-
-def _is_real_scalar(x: Any) -> bool:
-    if isinstance(x, bool):
-        return False
-    a = np.asarray(x)
-    return a.ndim == 0 and (
-        np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)
-    )
