@@ -303,6 +303,12 @@ def test_gymnax_adapter_switches_must_be_bools(gymnax, flag):
         GymnaxAdapter(env, **{flag: "no"})
 
 
+def test_gymnax_adapter_needs_a_gymnax_env(gymnax):
+    # The declared protocol names the parameter: reset_env and step_env.
+    with pytest.raises(TypeError, match=r"(?s)parameter '?env.*_GymnaxEnv"):
+        GymnaxAdapter(make("move_to_center"))
+
+
 def test_gymnax_env_params_set_parameters_and_max_len(gymnax, getkey):
     chain = make("gymnax:MemoryChain-bsuite", env_params={"memory_length": 10})
     assert chain.env_params.memory_length == 10

@@ -483,9 +483,9 @@ def test_bad_constructor_arguments():
         MoveToCenter(speed=0.0)
     with pytest.raises(ValueError, match="arm2_radius=-1.0"):
         TwoArm(arm2_radius=-1.0)
-    with pytest.raises(ValueError, match="min_length <= max_length"):
+    with pytest.raises(ValueError, match="max_length must be an int >= 5"):
         Counter(min_length=5, max_length=4)
-    with pytest.raises(ValueError, match="length must be >= 2"):
+    with pytest.raises(ValueError, match="length must be an int >= 2"):
         Recall(length=1)
     with pytest.raises(ValueError, match="obs_size"):
         Parrot(obs_size=0)

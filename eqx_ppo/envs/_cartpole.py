@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._typecheck import Number, checked
-from ._draw import Canvas
+from ._draw import Canvas, frames
 from ._env import AbstractEnv, check_action, check_positive
 from ._state import State
 
@@ -42,16 +42,8 @@ class CartPole(AbstractEnv):
     - **Start**: every state variable `~ U(-0.05, 0.05)`.
     - **Optimal return**: 500 over 500 steps; a uniformly random force falls
       after about 26 steps on average.
-    - **Training it**: a 4x32 swish `make_mlp_actor_critic`, rewards scaled by
-      10 (`RewardScalingWrapper`) and `PPO(n_envs=256, rollout_length=20,
-      n_minibatches=8, learning_rate=1e-3, lr_schedule="linear",
-      normalize_advantages=False)` reach 500 on every one of 32 seeds by
-      410k steps and none falls below 200 after (`benchmarks/stability.py`).
-      With advantage normalisation on, converged seeds can drift away (the
-      FAQ's "Why did my run collapse?").
     - **Without velocity** (a memory task, POPGym's "stateless cart-pole"): a
-      feed-forward policy sees neither which way the pole falls nor how fast
-      the cart moves; a recurrent one can difference consecutive positions.
+      recurrent policy can difference consecutive positions.
 
     **Arguments:**
 
@@ -64,7 +56,7 @@ class CartPole(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_positive(self, max_force=self.max_force)
+        check_positive(self, "max_force")
 
     def _state(self, physics: Float[Array, "4"], reward, done) -> State:
         obs = physics[jnp.array([0, 2])] if self.hide_velocity else physics
@@ -112,22 +104,16 @@ class CartPole(AbstractEnv):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
-        frames = []
-        for item in trajectory:
-            physics = np.asarray(
-                item.pipeline_state if isinstance(item, State) else item
-            )
+
+        def draw(physics: Any) -> np.ndarray:
             x, theta = float(physics[0]), float(physics[2])
             cart = np.array([x, 0.0])
             tip = cart + 2 * _HALF_LENGTH * np.array([np.sin(theta), np.cos(theta)])
             canvas = Canvas(height, width, extent=_X_LIMIT + 0.3)
-            canvas.segment(
-                np.array([-_X_LIMIT, 0.0]),
-                np.array([_X_LIMIT, 0.0]),
-                0.02,
-                (160, 160, 160),
-            )
+            rail = np.array([_X_LIMIT, 0.0])
+            canvas.segment(-rail, rail, 0.02, (160, 160, 160))
             canvas.disk(cart, 0.15, (40, 40, 40))
             canvas.segment(cart, tip, 0.06, (200, 80, 40))
-            frames.append(canvas.image)
-        return frames
+            return canvas.image
+
+        return frames(trajectory, draw)

@@ -7,28 +7,23 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action
-from ._state import State
+from ._env import AbstractEnv, check_action, check_int
+from ._state import State, ongoing
 
 
 class Counter(AbstractEnv):
     """Say which step of the episode this is; episodes have random lengths.
 
-    A probe for the library's reset logic rather than a learning task: the
-    observation is constant, so only a policy whose carry counts steps *and*
-    is reset exactly when the env is reset can score. A counting network that
-    is reset one step early or late loses reward on every episode.
+    A probe for the library's reset logic: the observation is constant, so
+    only a carry that counts steps *and* is reset exactly with the env scores.
 
-    - **Observation**: `[0.0]` always, `Float[Array, "1"]`.
+    - **Observation**: `[0.0]` always.
     - **Action**: `Float[Array, "1"]`, the guessed step number.
     - **Reward**: `1` when the action is within `0.5` of the number of the step
-      being taken (`1` on an episode's first step, `2` on its second, ...),
-      else `0`.
+      being taken (`1` on an episode's first step), else `0`.
     - **Episode end**: termination after `L` steps, `L` drawn uniformly from
-      `{min_length, ..., max_length}` at reset (`{3, ..., 9}` by default).
-    - **Optimal return**: `L` (one per step); `(min_length + max_length) / 2`
-      on average. A policy that outputs `1, 2, 3, ...` from a carry reset with
-      the env achieves it.
+      `{min_length, ..., max_length}` at reset.
+    - **Optimal return**: `L`, `(min_length + max_length) / 2` on average.
 
     **Arguments:**
 
@@ -41,11 +36,8 @@ class Counter(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        if not 1 <= self.min_length <= self.max_length:
-            raise ValueError(
-                f"`Counter(min_length={self.min_length}, max_length="
-                f"{self.max_length})`: need 1 <= min_length <= max_length."
-            )
+        check_int(self, "min_length", 1, "an episode lasts at least one step")
+        check_int(self, "max_length", self.min_length, "it bounds min_length")
 
     @property
     def max_len(self) -> int:
@@ -54,12 +46,9 @@ class Counter(AbstractEnv):
 
     def reset(self, key: PRNGKeyArray) -> State:
         length = jax.random.randint(key, (), self.min_length, self.max_length + 1)
-        return State(
-            pipeline_state={"step": jnp.zeros((), jnp.int32), "length": length},
-            obs=jnp.zeros(1, jnp.float32),
-            reward=jnp.zeros((), jnp.float32),
-            done=jnp.zeros((), jnp.float32),
-        )
+        pipeline_state = {"step": jnp.zeros((), jnp.int32), "length": length}
+        zero = jnp.zeros((), jnp.float32)
+        return ongoing(pipeline_state, jnp.zeros(1, jnp.float32), zero)
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
         action = check_action(self, action, (1,))

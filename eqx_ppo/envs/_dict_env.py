@@ -9,24 +9,14 @@ from ._state import State, ongoing
 
 
 class DictObsAct(AbstractCenterTask):
-    """A probe for pytree plumbing: dict observations and a dict action.
-
-    The task is [`eqx_ppo.envs.MoveToCenter`][]'s, so results are comparable.
+    """A probe for pytree plumbing: [`eqx_ppo.envs.MoveToCenter`][]'s task
+    with dict observations and a dict action, so results are comparable.
 
     - **Observation**: `{"pos": Float[Array, "2"], "vel": Float[Array, "2"]}`,
       the position and the last displacement (zero at reset).
-    - **Action**: `{"force": Float[Array, "2"]}` in `[-1, 1]`; the point moves
-      by `speed * force`, with the force's norm capped at 1.
-    - **Reward**: minus the distance to the origin after the move.
-    - **Episode end**: never by itself; `make("dict_obs_act")` truncates at 20
-      steps.
-    - **Optimal return**: `-sum_{t>=1} max(start_radius - t * speed, 0)`,
-      `-2.0` with the defaults (radius 1, speed 0.2).
-
-    **Arguments:**
-
-    - `start_radius`: distance of the start position from the origin.
-    - `speed`: the largest distance covered in one step.
+    - **Action**: `{"force": Float[Array, "2"]}`, pushed as in `MoveToCenter`.
+    - **Reward**, **episode end**, **optimal return**, **arguments**: as in
+      `MoveToCenter`; `make("dict_obs_act")` truncates at 20 steps.
     """
 
     def _state(

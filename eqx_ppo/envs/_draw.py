@@ -1,6 +1,18 @@
 """A tiny numpy rasteriser for the `render` methods of the built-in envs."""
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import numpy as np
+
+from ._state import State
+
+
+def frames(
+    trajectory: Sequence[Any], draw: Callable[[Any], np.ndarray]
+) -> list[np.ndarray]:
+    """`draw` of each state's pipeline state (or of each pipeline state)."""
+    return [draw(s.pipeline_state if isinstance(s, State) else s) for s in trajectory]
 
 
 class Canvas:

@@ -1,12 +1,13 @@
 """The environment protocol: what the library needs from an env."""
 
 import abc
+import dataclasses
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
 
 from ._state import State
 
@@ -21,28 +22,19 @@ class AbstractEnv(eqx.Module):
     wherever an `AbstractEnv` is accepted; subclassing is only a convenience.
 
     - `reset(key) -> State` and `step(state, action) -> State` handle **one** env
-      (no batch axis); the library `vmap`s them. `step` never resets: the
-      library resets envs whose `done` is set, together with the network's
-      carry. Both must return states of identical structure and dtypes.
-    - `observation_size`: an int for a flat observation vector, or a dict with
-      the observation's keys holding the sizes of its leaves.
-    - `action_size`: for continuous actions, the length of the action vector
-      (or a dict of lengths for dict actions), each entry in `[-1, 1]`.
-    - `n_actions`: `None` for continuous actions. For discrete actions, the
-      number of choices (an int, or a tuple for multi-discrete); the action
-      passed to `step` is then an `int32` scalar (or vector) and `action_size`
-      is the number of logits a policy outputs, the sum of `n_actions`. It is
-      exactly the `n_actions` argument of `CategoricalSampler`. With dict
-      actions, a dict of those, keyed like `action_size` (each key's sampler
-      is checked against its entry). Envs without the attribute (Brax,
-      Playground) are continuous.
+      (no batch axis); the library `vmap`s them and resets envs whose `done` is
+      set. Both must return states of identical structure and dtypes.
+    - `observation_size`, `action_size`: an int for a flat vector (actions in
+      `[-1, 1]`), or a dict mirroring the observation or action.
+    - `n_actions`: `None` for continuous actions; for discrete ones the number
+      of choices (an int, a tuple for multi-discrete, or a dict of those for
+      dict actions), exactly `CategoricalSampler`'s `n_actions`. The action is
+      then an `int32` scalar (or vector) and `action_size` the number of logits.
     - `dt`: seconds per step, used for video frame rates.
-    - `max_len`: optional; the most steps an episode lasts, whether a time
-      limit ([`eqx_ppo.envs.EpisodeWrapper`][]) or the env itself ends it.
-      The CLI evaluates and records episodes of that length (1000 steps for
-      envs without it).
+    - `max_len`: optional; the most steps an episode lasts. The CLI evaluates
+      and records episodes of that length (1000 steps for envs without it).
     - `render(trajectory, height=..., width=...)`: optional; envs that can draw
-      themselves define it, so `hasattr(env, "render")` tells.
+      themselves define it.
     """
 
     @abc.abstractmethod
@@ -80,22 +72,34 @@ class AbstractEnv(eqx.Module):
 
 
 def reported_truncation(state: Any) -> Bool[Array, "*env"]:
-    """Whether a step ended its episode by a time limit, as the env reports it
-    in `info["truncation"]` (Brax) or `info["truncated"]` (gymnax); `False`
-    where it reports neither."""
+    """Whether the env reports a time-limit end in `info["truncation"]` (Brax)
+    or `info["truncated"]` (gymnax)."""
     for name in ("truncation", "truncated"):
         if name in state.info:
             return jnp.asarray(state.info[name]).astype(bool)
     return jnp.zeros(jnp.shape(state.done), bool)
 
 
-def check_positive(env: Any, **values: float) -> None:
-    """A `ValueError` naming `env`'s class and every non-positive value among
-    `values`."""
-    bad = {name: v for name, v in values.items() if not v > 0}
-    if bad:
-        args = ", ".join(f"{name}={v!r}" for name, v in bad.items())
+def check_positive(env: Any, *names: str) -> None:
+    """A `ValueError` naming `env`'s class and every field among `names` that is
+    not positive."""
+    bad = {name: getattr(env, name) for name in names}
+    args = ", ".join(f"{name}={v!r}" for name, v in bad.items() if not v > 0)
+    if args:
         raise ValueError(f"`{type(env).__name__}({args})`: must be positive.")
+
+
+def check_int(env: Any, name: str, minimum: int, why: str) -> None:
+    """A `ValueError` quoting `env`'s call unless its field `name` is an int >=
+    `minimum`."""
+    value = getattr(env, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        fields = dataclasses.fields(env)
+        call = ", ".join(f"{f.name}={getattr(env, f.name)!r}" for f in fields)
+        raise ValueError(
+            f"`{type(env).__name__}({call})`: {name} must be an int >= {minimum} "
+            f"({why})."
+        )
 
 
 def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
@@ -108,6 +112,19 @@ def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
             f"{shape}, got dtype {action.dtype} and shape {action.shape}. Build "
             f"the policy with action_size={shape[0] if len(shape) == 1 else shape} "
             "(the env's `action_size`)."
+        )
+    return action
+
+
+def check_choice(env: Any, action: Any, n: int) -> Int[Array, ""]:
+    """`action` as an integer scalar, or a `ValueError` naming `env`'s class."""
+    action = jnp.asarray(action)
+    if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
+        raise ValueError(
+            f"`{type(env).__name__}.step`: expected an integer scalar action in "
+            f"[0, {n}), got dtype {action.dtype} and shape {action.shape}. Build "
+            f"the policy with discrete=True and action_size={n} (the env's "
+            "`n_actions`)."
         )
     return action
 
@@ -128,13 +145,9 @@ def check_action_tree(env: Any, action: Any, shapes: dict[str, Any]) -> Any:
 
 
 def check_env(env: Any, name: str = "env") -> None:
-    """Raise a `TypeError` naming the argument `name` unless `env` follows the
-    protocol: a hashable instance with `reset(key)` and `step(state, action)`.
-
-    Catches, before anything is traced, an env class passed for an instance
-    and a raw gymnax env (whose `reset` / `step` take `params` and return
-    tuples).
-    """
+    """A `TypeError` naming the argument `name` unless `env` follows the
+    protocol: a hashable instance with `reset(key)` and `step(state, action)`
+    (not an env class, nor a raw gymnax env)."""
     _check_not_batched(name, env)
     if isinstance(env, AbstractEnv):
         return
@@ -177,10 +190,9 @@ _TRAINING_WRAPPERS = {
 
 
 def _check_not_batched(name: str, env: Any) -> None:
-    """Raise a `TypeError` if `env` is wrapped for Brax's training loop: a
-    batched env fails inside JAX with a shape error, and an auto-resetting
-    one trains silently on the next episode's first observation in place of
-    the terminal one (and bypasses `reset_mode`)."""
+    """A `TypeError` if `env` is wrapped for Brax's training loop: a batched
+    env fails inside JAX, and an auto-resetting one trains silently on the
+    next episode's first observation in place of the terminal one."""
     inner = env
     for _ in range(64):
         wrapper = type(inner).__name__

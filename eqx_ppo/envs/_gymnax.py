@@ -14,8 +14,17 @@ from beartype.door import is_bearable
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._typecheck import checked
-from ._env import AbstractEnv, describe
+from ._env import AbstractEnv, check_action, check_choice
 from ._state import State
+
+
+@typing.runtime_checkable
+class _GymnaxEnv(typing.Protocol):
+    """What the adapter calls on a gymnax env (e.g. `gymnax.make(name)[0]`)."""
+
+    def reset_env(self, key: Any, params: Any) -> Any: ...
+
+    def step_env(self, key: Any, state: Any, action: Any, params: Any) -> Any: ...
 
 
 def _is_discrete(space: Any) -> bool:
@@ -38,9 +47,8 @@ def _name(kind: Any) -> str:
 
 
 def _check_params(env: Any, params: Any) -> None:
-    """Refuse params that gymnax would fail on at the first step, or train on
-    silently: another class than the env's own, a field that is not of its
-    declared type (an array of any dtype passes, as vmapped params are), or a
+    """Refuse params of another class than the env's own, a field not of its
+    declared type (arrays of any dtype pass, as vmapped params are), or a
     count that is not a whole number >= 1."""
     expected = type(env.default_params)
     call = f"GymnaxAdapter({env.name}, env_params=...)"
@@ -85,47 +93,35 @@ class GymnaxAdapter(AbstractEnv):
     Differences from calling gymnax directly:
 
     1. It uses gymnax's non-resetting `reset_env` / `step_env`; the library owns
-       resets. gymnax's `step` needs a key, so the state keeps one in
-       `pipeline_state["key"]` and splits it every step: episodes are
-       reproducible from the reset key alone.
-    2. `done` is the end of an episode, `info["truncation"]` 1 when the time
-       limit ended it (there is a next state to bootstrap from). On gymnax's
-       API, `step_env` returns termination and the limit is `is_truncated`;
-       truncation is the limit without termination. On the stable-gymnax API
-       (e.g. `popgym-arcade`), `step_env` returns `done`, the limit included,
-       and reports the limit in its `info` (`"truncated"` or
-       `"truncation"`); truncation is that flag. (A step that both terminates
-       and hits the limit counts as truncation there: the flags cannot tell
-       them apart, as some envs' `info["terminated"]` includes the limit.)
-    3. A `Discrete(n)` action space becomes `n_actions = n` (the action is an
-       `int32` scalar, `action_size = n` logits). A `Box` space becomes
-       `action_size = prod(shape)` with actions in `[-1, 1]`, mapped linearly
-       onto `[low, high]` unless `rescale_actions=False`.
-    4. Observations are cast to `float32` (values unchanged) and, unless
-       `flatten_obs=False`, flattened to a vector; `observation_size` is then
-       their total size, and otherwise their shape (e.g. `(128, 128, 3)` for
-       an image).
-    5. gymnax code runs under JAX's standard dtype promotion, whatever the
-       caller's setting, because some envs mix ints and floats.
+       resets. The state keeps a key in `pipeline_state["key"]`, split every
+       step, so episodes are reproducible from the reset key alone.
+    2. `done` ends the episode; `info["truncation"]` is 1 when the time limit
+       ended it. On gymnax's API the limit is `is_truncated` and truncation
+       is the limit without termination; on the stable-gymnax API (e.g.
+       `popgym-arcade`) `step_env`'s `done` includes the limit, reported in
+       its `info` (`"truncated"` or `"truncation"`), and truncation is that flag.
+    3. A `Discrete(n)` action space becomes `n_actions = n` (an `int32` scalar
+       action); a `Box` space `action_size = prod(shape)` with actions in
+       `[-1, 1]`, mapped linearly onto `[low, high]` unless
+       `rescale_actions=False`.
+    4. Observations are cast to `float32` and, unless `flatten_obs=False`,
+       flattened; `observation_size` is then their size, else their shape.
+    5. gymnax code runs under JAX's standard dtype promotion.
 
     **Arguments:**
 
     - `env`: a gymnax environment, e.g. `gymnax.make("CartPole-v1")[0]`.
-    - `env_params`: its parameters; `env.default_params` if `None`. Checked
-      here: an instance of the env's own params class, each field of its
-      declared type (an int may stand for a float; arrays pass, for
-      vmapped params), and `max_steps_in_episode` and `memory_length` whole
-      numbers >= 1.
+    - `env_params`: its parameters (`env.default_params` if `None`): the
+      env's own params class, each field of its declared type, and
+      `max_steps_in_episode` and `memory_length` whole numbers >= 1.
     - `rescale_actions`: map continuous actions from `[-1, 1]` to the Box bounds.
     - `flatten_obs`: flatten observations to a vector; `False` keeps their
       shape (images stay `[H, W, C]` for a CNN).
     - `truncation_from_info`: read the time limit from `step_env`'s `info`
-      (the stable-gymnax API) rather than from `is_truncated`; `None` chooses
-      the former exactly when the env has no `is_truncated` method.
-      `make("popgym_arcade:...")` passes `True`.
+      (the stable-gymnax API) rather than `is_truncated`; `None` does so
+      exactly when the env has no `is_truncated`.
     - `max_len`: the episode limit reported as `env.max_len`; by default the
-      params' `max_steps_in_episode` (`None` without). Some envs keep theirs
-      elsewhere (popgym-arcade's on the env object).
+      params' `max_steps_in_episode` (`None` without).
     """
 
     env: Any
@@ -137,7 +133,7 @@ class GymnaxAdapter(AbstractEnv):
 
     def __init__(
         self,
-        env: Any,
+        env: _GymnaxEnv,
         env_params: Any = None,
         *,
         rescale_actions: bool = True,
@@ -145,12 +141,6 @@ class GymnaxAdapter(AbstractEnv):
         truncation_from_info: bool | None = None,
         max_len: int | None = None,
     ):
-        if not (hasattr(env, "step_env") and hasattr(env, "reset_env")):
-            raise TypeError(
-                f"GymnaxAdapter(env=...): expected a gymnax environment, got "
-                f"{describe(env)}. Fix: pass one instance, e.g. "
-                "gymnax.make('CartPole-v1')[0]."
-            )
         env_params = env.default_params if env_params is None else env_params
         _check_params(env, env_params)
         self.env = env
@@ -182,23 +172,9 @@ class GymnaxAdapter(AbstractEnv):
 
     def _action(self, action: Any) -> Array:
         space = self._action_space()
-        action = jnp.asarray(action)
         if _is_discrete(space):
-            if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
-                raise ValueError(
-                    f"`GymnaxAdapter({self.env.name}).step`: expected an integer "
-                    f"scalar action in [0, {space.n}), got dtype {action.dtype} and "
-                    f"shape {action.shape}. Use `CategoricalSampler(n_actions="
-                    f"{space.n})`."
-                )
-            return action.astype(space.dtype)
-        size = math.prod(space.shape)
-        if action.shape != (size,) or not jnp.issubdtype(action.dtype, jnp.floating):
-            raise ValueError(
-                f"`GymnaxAdapter({self.env.name}).step`: expected a float action of "
-                f"shape ({size},), got dtype {action.dtype} and shape "
-                f"{action.shape}. Build the policy with action_size={size}."
-            )
+            return check_choice(self, action, space.n).astype(space.dtype)
+        action = check_action(self, action, (math.prod(space.shape),))
         if self.rescale_actions:
             low = jnp.broadcast_to(jnp.asarray(space.low, jnp.float32), space.shape)
             high = jnp.broadcast_to(jnp.asarray(space.high, jnp.float32), space.shape)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._draw import Canvas
+from ._draw import Canvas, frames
 from ._env import AbstractEnv, check_action, check_positive
 from ._state import State, ongoing
 
@@ -49,7 +49,7 @@ class AbstractCenterTask(AbstractEnv):
     speed: float = eqx.field(static=True, default=0.2)
 
     def __check_init__(self):
-        check_positive(self, start_radius=self.start_radius, speed=self.speed)
+        check_positive(self, "start_radius", "speed")
 
 
 class MoveToCenter(AbstractCenterTask):
@@ -62,11 +62,9 @@ class MoveToCenter(AbstractCenterTask):
     - **Episode end**: never by itself; `make("move_to_center")` truncates at
       20 steps.
     - **Optimal return**: heading straight in at full speed,
-      `-sum_{t>=1} max(start_radius - t * speed, 0)`. With the defaults
-      (radius 1, speed 0.2) that is `-(0.8 + 0.6 + 0.4 + 0.2) = -2.0` for any
-      horizon of at least 5 steps. A random policy scores about `-20` over 20
-      steps, so the learning signal is strong: PPO with a 64x64 MLP (64 envs x
-      20 steps) scores about -2.3 after 50k steps.
+      `-sum_{t>=1} max(start_radius - t * speed, 0)`, `-2.0` with the defaults
+      (radius 1, speed 0.2) for any horizon of at least 5 steps. A random
+      policy scores about `-20` over 20 steps.
 
     Metrics: `distance`. Renders a top view.
 
@@ -95,11 +93,11 @@ class MoveToCenter(AbstractCenterTask):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
-        frames = []
-        for item in trajectory:
-            pos = np.asarray(item.pipeline_state if isinstance(item, State) else item)
+
+        def draw(pos: Any) -> np.ndarray:
             canvas = Canvas(height, width, extent=1.5 * self.start_radius)
             canvas.disk(np.zeros(2), 0.05 * self.start_radius, (160, 160, 160))
-            canvas.disk(pos, 0.08 * self.start_radius, (200, 40, 40))
-            frames.append(canvas.image)
-        return frames
+            canvas.disk(np.asarray(pos), 0.08 * self.start_radius, (200, 40, 40))
+            return canvas.image
+
+        return frames(trajectory, draw)

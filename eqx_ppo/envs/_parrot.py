@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action
+from ._env import AbstractEnv, check_action, check_int, check_positive
 from ._state import State, ongoing
 
 
@@ -13,17 +13,13 @@ class Parrot(AbstractEnv):
     """Echo the observation: the simplest feed-forward probe.
 
     Each step shows a fresh random vector and rewards the action for matching
-    the vector shown *before* it, i.e. the observation the action was chosen
-    from, so the memoryless policy `action = obs` is optimal.
+    the vector it was chosen from, so `action = obs` is optimal.
 
-    - **Observation**: `tanh` of a standard normal vector,
-      `Float[Array, "obs_size"]`, fresh every step.
+    - **Observation**: `tanh` of a standard normal vector of `obs_size`.
     - **Action**: `Float[Array, "obs_size"]`.
-    - **Reward**: `exp(-|action - obs|^2 / (2 reward_falloff^2))` with `obs`
-      the observation the action answered; in `(0, 1]`.
+    - **Reward**: `exp(-|action - obs|^2 / (2 reward_falloff^2))`, in `(0, 1]`.
     - **Episode end**: never by itself; `make("parrot")` truncates at 10 steps.
-    - **Optimal return**: `1` per step (`action = obs`), `10` with
-      `make("parrot")`.
+    - **Optimal return**: `1` per step.
 
     **Arguments:**
 
@@ -35,11 +31,8 @@ class Parrot(AbstractEnv):
     reward_falloff: float = eqx.field(static=True, default=0.5)
 
     def __check_init__(self):
-        if self.obs_size < 1 or self.reward_falloff <= 0:
-            raise ValueError(
-                f"`Parrot(obs_size={self.obs_size}, reward_falloff="
-                f"{self.reward_falloff})`: need obs_size >= 1 and reward_falloff > 0."
-            )
+        check_int(self, "obs_size", 1, "the length of the observation")
+        check_positive(self, "reward_falloff")
 
     def _state(self, key: PRNGKeyArray, reward: Float[Array, ""]) -> State:
         obs_key, next_key = jax.random.split(key)

@@ -11,9 +11,9 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._typecheck import Number, checked
-from ._draw import Canvas
+from ._draw import Canvas, frames
 from ._env import AbstractEnv, check_action, check_positive
-from ._state import State
+from ._state import State, ongoing
 
 
 def _angle_normalize(theta: Float[Array, ""]) -> Float[Array, ""]:
@@ -40,16 +40,11 @@ class Pendulum(AbstractEnv):
       `make("pendulum_no_velocity")` truncate at 200 steps (gym's limit).
     - **Start**: `theta ~ U(-pi, pi)`, `theta_dot ~ U(-1, 1)`.
     - **Optimal return**: at most 0, reached only from an upright start at
-      rest. From random starts the best known policies average about -140 per
-      200-step episode; the energy-pumping controller with a linear balancer
-      in the tests averages about -145; zero torque scores about -1200.
-    - **Without velocity** (a memory task): a single observation does not tell
-      which way the pendulum swings, so a feed-forward policy cannot pump
-      energy reliably; a recurrent policy can recover `theta_dot` from two
-      consecutive angles. In our runs (128 envs x 32 steps, learning rate
-      1e-3, gamma 0.95, lambda 0.9, rewards scaled by 0.1) an LSTM-64 policy
-      reached about -180 within 1M steps while a 64x64 MLP stayed near -1100;
-      with velocities the MLP reached about -180 too.
+      rest; the best known policies average about -140 per 200-step episode
+      from random starts, zero torque about -1200.
+    - **Without velocity** (a memory task): a recurrent policy can recover
+      `theta_dot` from two consecutive angles; a feed-forward one cannot pump
+      energy reliably.
 
     **Arguments:**
 
@@ -67,14 +62,7 @@ class Pendulum(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_positive(
-            self,
-            max_torque=self.max_torque,
-            max_speed=self.max_speed,
-            mass=self.mass,
-            length=self.length,
-            step_dt=self.step_dt,
-        )
+        check_positive(self, "max_torque", "max_speed", "mass", "length", "step_dt")
         if not (self.gravity >= 0 and math.isfinite(self.gravity)):
             raise ValueError(
                 f"`Pendulum(gravity={self.gravity!r})`: must be finite and >= 0."
@@ -86,12 +74,8 @@ class Pendulum(AbstractEnv):
         parts = [jnp.cos(theta), jnp.sin(theta)]
         if not self.hide_velocity:
             parts.append(theta_dot)
-        return State(
-            pipeline_state={"theta": theta, "theta_dot": theta_dot},
-            obs=jnp.stack(parts),
-            reward=reward,
-            done=jnp.zeros((), jnp.float32),
-        )
+        physics = {"theta": theta, "theta_dot": theta_dot}
+        return ongoing(physics, jnp.stack(parts), reward)
 
     def reset(self, key: PRNGKeyArray) -> State:
         high = jnp.array([jnp.pi, 1.0], jnp.float32)
@@ -126,13 +110,13 @@ class Pendulum(AbstractEnv):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
-        frames = []
-        for item in trajectory:
-            physics = item.pipeline_state if isinstance(item, State) else item
+
+        def draw(physics: Any) -> np.ndarray:
             theta = float(physics["theta"])
             tip = self.length * np.array([np.sin(theta), np.cos(theta)])
             canvas = Canvas(height, width, extent=1.3 * self.length)
             canvas.segment(np.zeros(2), tip, 0.12 * self.length, (200, 80, 40))
             canvas.disk(np.zeros(2), 0.06 * self.length, (40, 40, 40))
-            frames.append(canvas.image)
-        return frames
+            return canvas.image
+
+        return frames(trajectory, draw)

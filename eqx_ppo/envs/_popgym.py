@@ -12,27 +12,15 @@ their definitions. Divergences from POPGym:
    returns lie in `[-1, 1]` and the optimum is always `1`.
 """
 
-import dataclasses
+import abc
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ._env import AbstractEnv
+from ._env import AbstractEnv, check_choice, check_int
 from ._state import State
-
-
-def _check_int(env: AbstractEnv, name: str, minimum: int, why: str) -> None:
-    """Raise unless `env`'s field `name` is an int >= `minimum`, quoting the call."""
-    value = getattr(env, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        fields = dataclasses.fields(env)
-        call = ", ".join(f"{f.name}={getattr(env, f.name)!r}" for f in fields)
-        raise ValueError(
-            f"`{type(env).__name__}({call})`: {name} must be an int >= {minimum} "
-            f"({why})."
-        )
 
 
 def _card(cards: Int[Array, " length"], t: Int[Array, ""], n: int) -> Array:
@@ -67,27 +55,14 @@ def _score(correct: Array, n_scored: int) -> Float[Array, ""]:
 
 
 class _AbstractChoiceEnv(AbstractEnv):
-    """What every task here shares: the action is one choice among `n_actions`,
-    so a policy outputs one logit per choice and `action_size` is `n_actions`;
-    every episode lasts `length` steps."""
+    """A task whose action is one of `n_actions` choices (one logit each) and
+    whose episodes last `length` steps."""
 
     length: eqx.AbstractVar[int]
 
     @property
     def action_size(self) -> int:
         return self.n_actions
-
-    def _check_action(self, action: object) -> Int[Array, ""]:
-        """`action` as an `int32` scalar, or a `ValueError` naming the env."""
-        name, n = type(self).__name__, self.n_actions
-        action = jnp.asarray(action)
-        if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
-            raise ValueError(
-                f"`{name}.step`: expected an integer scalar action in [0, {n}), got "
-                f"dtype {action.dtype} and shape {action.shape}. Build the policy "
-                f"with discrete=True and action_size={n} (the env's `n_actions`)."
-            )
-        return action.astype(jnp.int32)
 
     @property
     def max_len(self) -> int:
@@ -96,20 +71,30 @@ class _AbstractChoiceEnv(AbstractEnv):
 
 
 class _AbstractCardEnv(_AbstractChoiceEnv):
-    """What the two card tasks share: `length` cards drawn at reset, one shown
-    per step (`_cards_state`), a choice among `n_cards` as the action, and the
-    checks that there are at least two cards and two steps."""
+    """A card task: `length` cards drawn at reset, one shown per step, and a
+    choice among `n_cards` as the action."""
 
     n_cards: eqx.AbstractVar[int]
 
     def __check_init__(self):
-        _check_int(self, "n_cards", 2, "one card leaves nothing to recall")
-        _check_int(self, "length", 2, "with one step there is nothing to remember")
+        check_int(self, "n_cards", 2, "one card leaves nothing to recall")
+        check_int(self, "length", 2, "with one step there is nothing to remember")
 
     def reset(self, key: PRNGKeyArray) -> State:
         cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
         zero = jnp.zeros((), jnp.float32)
         return _cards_state(cards, jnp.zeros((), jnp.int32), self.n_cards, zero, zero)
+
+    @abc.abstractmethod
+    def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
+        """The reward for answering `action` at step `t`."""
+
+    def step(self, state: State, action: Array) -> State:
+        action = check_choice(self, action, self.n_actions)
+        cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
+        reward = self._reward(cards, t, action)
+        done = (t + 1 >= self.length).astype(jnp.float32)
+        return _cards_state(cards, t + 1, self.n_cards, reward, done)
 
     @property
     def observation_size(self) -> int:
@@ -123,26 +108,17 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
 class RepeatPrevious(_AbstractCardEnv):
     """Output the card shown `k` steps ago.
 
-    At reset `length` cards in `{0, ..., n_cards - 1}` are drawn independently
-    and uniformly; step `t` shows card `c_t`. From step `k` on the answer is
-    `c_{t - k}`, so a policy must keep the last `k` cards, in order, in its
-    recurrent state.
+    Step `t` shows card `c_t` (drawn uniformly at reset); from step `k` on the
+    answer is `c_{t - k}`, so a policy must keep the last `k` cards in order.
 
-    - **Observation**: `[one_hot(c_t), t / length]` (`Float[Array, "n_cards+1"]`;
-      the one-hot is all zeros on the terminal observation).
-    - **Action**: discrete, an `int32` scalar in `[0, n_cards)`: `n_actions =
-      action_size = n_cards` (build the policy with `discrete=True`).
-    - **Reward**: `0` on the first `k` steps (nothing to repeat yet); then
-      `+1 / (length - k)` if the action is `c_{t - k}`, else `-1 / (length - k)`.
+    - **Observation**: `[one_hot(c_t), t / length]`, all-zero one-hot on the
+      terminal observation.
+    - **Action**: an `int32` choice in `[0, n_cards)`.
+    - **Reward**: `0` on the first `k` steps, then `±1 / (length - k)`.
     - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`.
-    - **Best feed-forward return**: `(2 - n_cards) / n_cards` in expectation,
-      `-0.5` for 4 cards: `c_{t - k}` is independent of everything a memoryless
-      policy sees (the current card and the clock), so any such policy is right
-      with probability `1 / n_cards`. Acting at random scores the same.
-
-    `make("repeat_previous")` is `k=2`, `length=16` (14 scored steps);
-    `make("repeat_previous_hard")` is `k=8`, `length=64`; both with 4 cards.
+    - **Optimal return**: `1`; the best feed-forward return is
+      `(2 - n_cards) / n_cards` (`c_{t - k}` is independent of what a
+      memoryless policy sees), as is random play's.
 
     **Arguments:**
 
@@ -156,38 +132,29 @@ class RepeatPrevious(_AbstractCardEnv):
     length: int = eqx.field(static=True, default=16)
 
     def __check_init__(self):
-        _check_int(self, "k", 1, "k=0 needs no memory")
-        _check_int(self, "length", self.k + 1, "length > k, so some step is scored")
+        check_int(self, "k", 1, "k=0 needs no memory")
+        check_int(self, "length", self.k + 1, "length > k, so some step is scored")
 
-    def step(self, state: State, action: Array) -> State:
-        action = self._check_action(action)
-        cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
-        target = cards[jnp.maximum(t - self.k, 0)]
-        score = _score(action == target, self.length - self.k)
-        reward = jnp.where(t >= self.k, score, jnp.zeros_like(score))
-        done = (t + 1 >= self.length).astype(jnp.float32)
-        return _cards_state(cards, t + 1, self.n_cards, reward, done)
+    def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
+        score = _score(
+            action == cards[jnp.maximum(t - self.k, 0)], self.length - self.k
+        )
+        return jnp.where(t >= self.k, score, jnp.zeros_like(score))
 
 
 class RepeatFirst(_AbstractCardEnv):
     """Output the episode's first card on every step.
 
-    At reset `length` cards in `{0, ..., n_cards - 1}` are drawn independently
-    and uniformly; step `t` shows card `c_t`, and the answer is always `c_0`:
-    one card to hold while new ones keep arriving.
+    Step `t` shows card `c_t` (drawn uniformly at reset); the answer is always
+    `c_0`: one card to hold while new ones keep arriving.
 
-    - **Observation**: `[one_hot(c_t), t / length]` (`Float[Array, "n_cards+1"]`;
-      the one-hot is all zeros on the terminal observation).
-    - **Action**: discrete, an `int32` scalar in `[0, n_cards)`: `n_actions =
-      action_size = n_cards` (build the policy with `discrete=True`).
+    - **Observation**: `[one_hot(c_t), t / length]`, as in `RepeatPrevious`.
+    - **Action**: an `int32` choice in `[0, n_cards)`.
     - **Reward**: `+1 / length` if the action is `c_0`, else `-1 / length`.
     - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`.
-    - **Best feed-forward return**: `(1 + (length - 1) (2 - n_cards) / n_cards)
-      / length` in expectation: right on step 0, where `c_0` is shown, then
-      right with probability `1 / n_cards`, since `c_0` is independent of the
-      later cards. `-0.40625` for `make("repeat_first")` (4 cards, 16 steps),
-      `-0.845703125` for `make("repeat_first_hard")` (16 cards, 64 steps).
+    - **Optimal return**: `1`; the best feed-forward return is
+      `(1 + (length - 1) (2 - n_cards) / n_cards) / length` (right on step 0,
+      then by chance).
 
     **Arguments:**
 
@@ -198,41 +165,25 @@ class RepeatFirst(_AbstractCardEnv):
     n_cards: int = eqx.field(static=True, default=4)
     length: int = eqx.field(static=True, default=16)
 
-    def step(self, state: State, action: Array) -> State:
-        action = self._check_action(action)
-        cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
-        reward = _score(action == cards[0], self.length)
-        done = (t + 1 >= self.length).astype(jnp.float32)
-        return _cards_state(cards, t + 1, self.n_cards, reward, done)
+    def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
+        return _score(action == cards[0], self.length)
 
 
 class CountRecall(_AbstractChoiceEnv):
     """Say how many times the queried value has been dealt so far.
 
-    At reset `length` dealt values `d_t` and `length` query values `q_t` in
-    `{0, ..., n_values - 1}` are drawn independently and uniformly. Step `t`
-    shows `d_t` and `q_t`; the answer is the number of times `q_t` appears
-    among `d_0, ..., d_t` (this step's deal included), so a policy must keep a
-    running count of every value.
+    Step `t` shows a dealt value `d_t` and a query `q_t` (both drawn uniformly
+    at reset); the answer is how often `q_t` appears among `d_0, ..., d_t`, so
+    a policy must keep a running count of every value.
 
-    - **Observation**: `[one_hot(d_t), one_hot(q_t), t / length]`
-      (`Float[Array, "2*n_values+1"]`; the one-hots are all zeros on the
-      terminal observation).
-    - **Action**: discrete, the count, an `int32` scalar in `[0, length]`:
-      `n_actions = action_size = length + 1` (build the policy with
-      `discrete=True`).
+    - **Observation**: `[one_hot(d_t), one_hot(q_t), t / length]`, all-zero
+      one-hots on the terminal observation.
+    - **Action**: the count, an `int32` choice in `[0, length]`.
     - **Reward**: `+1 / length` for the right count, else `-1 / length`.
     - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`.
-    - **Best feed-forward return**: `(1 / length) sum_{t < length} (2 m_t - 1)`
-      in expectation, with `m_t` the largest probability of a
-      `Binomial(t, 1 / n_values)`. The count is `[d_t == q_t]` (seen) plus how
-      many of the `t` earlier deals equal `q_t`, which is `Binomial(t, 1 /
-      n_values)` whatever the observation; the best memoryless policy answers
-      `[d_t == q_t]` plus that binomial's mode (it needs the clock to know `t`;
-      without it, it scores less). `-0.2068` for `make("count_recall")` (4
-      values, 16 steps), `-0.4488` for `make("count_recall_hard")` (8 values,
-      64 steps). Acting at random scores `2 / (length + 1) - 1`.
+    - **Optimal return**: `1`; the best feed-forward return is
+      `(1 / length) sum_{t < length} (2 m_t - 1)`, `m_t` the largest
+      probability of a `Binomial(t, 1 / n_values)` (the earlier deals' count).
 
     **Arguments:**
 
@@ -244,8 +195,8 @@ class CountRecall(_AbstractChoiceEnv):
     length: int = eqx.field(static=True, default=16)
 
     def __check_init__(self):
-        _check_int(self, "n_values", 2, "with one value the count is t + 1")
-        _check_int(self, "length", 2, "with one step there is nothing to count")
+        check_int(self, "n_values", 2, "with one value the count is t + 1")
+        check_int(self, "length", 2, "with one step there is nothing to count")
 
     def _state(
         self,
@@ -265,12 +216,7 @@ class CountRecall(_AbstractChoiceEnv):
         )
         return State(
             # `counts[v]`: how many of `d_0, ..., d_t` equal `v`.
-            pipeline_state={
-                "dealt": dealt,
-                "queries": queries,
-                "counts": counts,
-                "t": t,
-            },
+            pipeline_state=dict(dealt=dealt, queries=queries, counts=counts, t=t),
             obs=obs,
             reward=reward,
             done=done,
@@ -286,7 +232,7 @@ class CountRecall(_AbstractChoiceEnv):
         return self._state(dealt, queries, counts, jnp.zeros((), jnp.int32), zero, zero)
 
     def step(self, state: State, action: Array) -> State:
-        action = self._check_action(action)
+        action = check_choice(self, action, self.n_actions)
         ps = state.pipeline_state
         dealt, queries, counts, t = ps["dealt"], ps["queries"], ps["counts"], ps["t"]
         reward = _score(action == counts[queries[t]], self.length)

@@ -7,30 +7,23 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action
+from ._env import AbstractEnv, check_action, check_int
 from ._state import State
 
 
 class Recall(AbstractEnv):
     """Remember a cue shown once and act on it for the rest of the episode.
 
-    At reset a cue `c` in `{-1, +1}` is drawn. Only the first observation shows
-    it; every later observation is identical whatever the cue, so a policy must
-    carry the cue in its recurrent state.
+    At reset a cue `c` in `{-1, +1}` is drawn; only the first observation
+    shows it, so a policy must carry it in its recurrent state.
 
-    - **Observation**: `[c if t == 0 else 0, t / length]` at step `t`
-      (`Float[Array, "2"]`); the second entry is a clock that lets a critic
-      predict the remaining return.
+    - **Observation**: `[c if t == 0 else 0, t / length]` at step `t`; the
+      clock lets a critic predict the remaining return.
     - **Action**: `Float[Array, "1"]`, clipped to `[-1, 1]`.
     - **Reward**: `action * c` every step.
-    - **Episode end**: termination after `length` steps (5 by default).
-    - **Optimal return**: `length` (act with the cue every step).
-    - **Best feed-forward return**: `1` in expectation: the first step sees the
-      cue and earns 1; later observations carry no information about `c`, so
-      any memoryless action earns 0 on average.
-
-    With `make("recall")` and PPO (64 envs x 20 steps, learning rate 3e-4), an
-    LSTM-32 policy scores about 4.9 after 25k steps; an MLP stays at 1.
+    - **Episode end**: termination after `length` steps.
+    - **Optimal return**: `length`; the best feed-forward return is `1` (the
+      first step's).
 
     **Arguments:**
 
@@ -42,11 +35,7 @@ class Recall(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        if self.length < 2:
-            raise ValueError(
-                f"`Recall(length={self.length})`: length must be >= 2 (with one "
-                "step there is nothing to remember)."
-            )
+        check_int(self, "length", 2, "with one step there is nothing to remember")
 
     @property
     def max_len(self) -> int:

@@ -95,14 +95,10 @@ def _playground(mp: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
 
 
 def pinned_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with what `make(name)` would choose from the machine made
-    explicit: a Playground env's backend `impl`, whose env states differ
-    between backends, so that a run saved on one machine (as `eqx-ppo`'s
-    `run.json` records it) rebuilds the same env on another.
-
-    MuJoCo Warp, Playground's default, is slow to start on CPU (minutes for
-    the first reset and step, against about one for MJX), so on CPU the
-    default is `impl="jax"`.
+    """`kwargs` with a Playground env's backend `impl` made explicit, so a run
+    saved on one machine (as `eqx-ppo`'s `run.json` records it) rebuilds the
+    same env on another: the env states differ between backends. On CPU the
+    default is `impl="jax"`, as MuJoCo Warp takes minutes to start there.
     """
     if not name.startswith("playground:") or "impl" in kwargs:
         return kwargs
@@ -140,10 +136,9 @@ def _popgym_arcade(
     limit = getattr(
         env, "max_steps_in_episode", getattr(env, "max_episode_length", None)
     )
-    adapter = GymnaxAdapter(
+    return GymnaxAdapter(
         env, params, flatten_obs=False, truncation_from_info=True, max_len=limit
-    )
-    return adapter, None
+    ), None
 
 
 class _Source(NamedTuple):
@@ -205,56 +200,33 @@ def make(
 ) -> Any:
     """A ready-to-train env by name.
 
-    Built-in names are listed by [`eqx_ppo.envs.registered_names`][]; `kwargs`
-    go to the env's constructor. Envs get an
-    [`eqx_ppo.envs.EpisodeWrapper`][] time limit: 10 steps for `parrot`, 20
-    for `move_to_center`, `dict_obs_act` and `two_arm`, 200 for the
-    pendulums, 500 for the cart-poles (which also end when the pole falls);
-    `counter`, `recall` and the POPGym-style `count_recall*`, `repeat_first*`
-    and `repeat_previous*` end by themselves.
-
-    Other simulators are imported only when asked for:
-
-    - `"brax:<name>"`: `brax.envs.get_environment(name, **kwargs)` (e.g.
-      `backend="spring"`), limited to 1000 steps. Brax envs already follow the
-      protocol; nothing is converted.
-    - `"playground:<name>"`: `mujoco_playground.registry.load(name,
-      config_overrides=kwargs)`, limited to the env config's `episode_length`.
-      On CPU, without an `impl=`, the JAX (MJX) backend is chosen, with a
-      warning: MuJoCo Warp, Playground's default, takes minutes to start
-      there.
-    - `"gymnax:<name>"`: `gymnax.make(name, **kwargs)` in a
-      [`eqx_ppo.envs.GymnaxAdapter`][]; gymnax envs keep their own time limit.
-      `env_params=` sets the env's parameters: a dict of fields to change
-      (e.g. `{"memory_length": 10}` for `MemoryChain-bsuite`) or a gymnax
-      params object; the other keyword arguments go to the constructor.
-    - `"popgym_arcade:<name>"`: `popgym_arcade.make(name, **kwargs)` (e.g.
-      `partial_obs=True`, `obs_size=256`) in a
-      [`eqx_ppo.envs.GymnaxAdapter`][] that keeps the `[H, W, 3]` image
-      observations (`float32`, values 0 to 255) and reads the time limit
-      from `info`; the envs keep their own time limit.
+    Built-in names are listed by [`eqx_ppo.envs.registered_names`][], with
+    their keyword arguments and default time limits in the API reference;
+    `kwargs` go to the env's constructor. Other simulators are imported only
+    when asked for, by a prefix (`"brax:<name>"`, `"playground:<name>"`,
+    `"gymnax:<name>"`, `"popgym_arcade:<name>"`; see the second table). On
+    CPU, without an `impl=`, a Playground env gets the JAX (MJX) backend,
+    with a warning. A gymnax env's `env_params=` is a dict of fields to
+    change (e.g. `{"memory_length": 10}`) or a gymnax params object.
 
     **Arguments:**
 
     - `name`: a built-in name or a `prefix:<name>`.
-    - `episode_length`: `"default"` for the limits above, an int to set the
-      limit (also on envs that end by themselves), or `None` for no wrapper.
+    - `episode_length`: `"default"` for the env's default limit (an
+      [`eqx_ppo.envs.EpisodeWrapper`][]), an int to set the limit (also on
+      envs that end by themselves), or `None` for no wrapper.
     - `kwargs`: passed to the env's constructor.
     """
     prefix, _, inner = name.partition(":")
-    if inner:
-        if prefix not in _SOURCES:
-            raise ValueError(
-                f"make({name!r}): unknown prefix {prefix!r}; use one of "
-                f"{', '.join(p + ':' for p in _SOURCES)} or a built-in name."
-            )
+    if inner and prefix in _SOURCES:
         env, default_length = _from_source(prefix, inner, kwargs)
-    elif name in _BUILTIN:
+    elif not inner and name in _BUILTIN:
         constructor, default_length = _BUILTIN[name]
         env = constructor(**kwargs)
     else:
+        unknown = f"prefix {prefix!r}" if inner else "env"
         raise ValueError(
-            f"make({name!r}): unknown env. Built-in envs: "
+            f"make({name!r}): unknown {unknown}. Built-in envs: "
             f"{', '.join(registered_names())}; or use a prefix: "
             f"{', '.join(p + ':<name>' for p in _SOURCES)}."
         )

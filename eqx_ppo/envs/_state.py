@@ -11,17 +11,17 @@ from jaxtyping import Array, Float, PyTree
 class State(eqx.Module):
     """One env's state, field-compatible with `brax.envs.State`.
 
-    Built-in envs return this; Brax and Playground envs return their own state
-    class with the same fields, and the library only reads `obs`, `reward`,
-    `done`, `info` and `metrics` and writes through `replace`.
+    Brax and Playground envs return their own state class with the same
+    fields; the library only reads `obs`, `reward`, `done`, `info` and
+    `metrics`, and writes through `replace`.
 
     **Fields:**
 
-    - `pipeline_state`: whatever the env needs to step (physics state, counters).
+    - `pipeline_state`: whatever the env needs to step.
     - `obs`: the observation pytree.
     - `reward`: a scalar, or a dict of scalars for multi-head rewards.
     - `done`: `1.0` when this step ended the episode (termination or truncation).
-    - `metrics`: per-step scalars the env reports, logged under `env/...`.
+    - `metrics`: per-step scalars, logged under `env/...`.
     - `info`: bookkeeping; `info["truncation"]` marks time-limit ends.
     """
 

@@ -16,18 +16,16 @@ class TwoArm(AbstractEnv):
     """Two arms, each pushed to the origin, each with its own reward key.
 
     A probe for multi-head values: the reward is a dict, so a network needs one
-    value head per key, and the two keys have different optimal returns, so a
-    swapped head shows.
+    value head per key, and the keys' optimal returns differ, so a swapped
+    head shows.
 
-    - **Observation**: `{"arm1": {"pos": (2,), "vel": (2,)}, "arm2": {...}}`,
-      each arm's position and last displacement.
-    - **Action**: `{"arm1": Float[Array, "2"], "arm2": Float[Array, "2"]}` in
-      `[-1, 1]`; each arm moves by `speed * action` (norm capped at 1).
+    - **Observation**: `{"arm1": {"pos": (2,), "vel": (2,)}, "arm2": {...}}`.
+    - **Action**: `{"arm1": Float[Array, "2"], "arm2": Float[Array, "2"]}`,
+      each arm pushed as in `MoveToCenter`.
     - **Reward**: `{"arm1": -|pos1|, "arm2": -|pos2|}` after the move.
     - **Episode end**: never by itself; `make("two_arm")` truncates at 20 steps.
-    - **Optimal return**: per arm `-sum_{t>=1} max(radius - t * speed, 0)`;
-      with the defaults (radii 1 and 0.5, speed 0.2) `{"arm1": -2.0,
-      "arm2": -0.4}` (`-(0.8 + 0.6 + 0.4 + 0.2)` and `-(0.3 + 0.1)`).
+    - **Optimal return**: per arm `-sum_{t>=1} max(radius - t * speed, 0)`,
+      `{"arm1": -2.0, "arm2": -0.4}` with the defaults.
 
     **Arguments:**
 
@@ -40,15 +38,7 @@ class TwoArm(AbstractEnv):
     speed: float = eqx.field(static=True, default=0.2)
 
     def __check_init__(self):
-        check_positive(
-            self,
-            arm1_radius=self.arm1_radius,
-            arm2_radius=self.arm2_radius,
-            speed=self.speed,
-        )
-
-    def _state(self, obs: dict, reward: dict[str, Float[Array, ""]]) -> State:
-        return ongoing(obs, obs, reward)
+        check_positive(self, "arm1_radius", "arm2_radius", "speed")
 
     def reset(self, key: PRNGKeyArray) -> State:
         keys = dict(zip(_ARMS, jax.random.split(key), strict=True))
@@ -60,7 +50,7 @@ class TwoArm(AbstractEnv):
             }
             for arm in _ARMS
         }
-        return self._state(obs, {arm: jnp.zeros((), jnp.float32) for arm in _ARMS})
+        return ongoing(obs, obs, {arm: jnp.zeros((), jnp.float32) for arm in _ARMS})
 
     def step(self, state: State, action: dict[str, Float[Array, "2"]]) -> State:
         action = check_action_tree(self, action, {arm: (2,) for arm in _ARMS})
@@ -69,7 +59,7 @@ class TwoArm(AbstractEnv):
             pos, vel = push(state.pipeline_state[arm]["pos"], action[arm], self.speed)
             obs[arm] = {"pos": pos, "vel": vel}
             reward[arm] = -distance(pos)
-        return self._state(obs, reward)
+        return ongoing(obs, obs, reward)
 
     @property
     def observation_size(self) -> dict[str, dict[str, int]]:

@@ -6,9 +6,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from beartype.door import is_bearable
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._typecheck import checked
+from .._typecheck import Scalar, checked
 from ._env import AbstractEnv, Size, check_env, reported_truncation
 
 
@@ -16,10 +17,9 @@ class AbstractWrapper(AbstractEnv):
     """Base class of wrappers: an env built around another env, `env`.
 
     `env` may be any env following the protocol (an `AbstractEnv`, a Brax or a
-    Playground env). Sizes, `n_actions`, `dt` and every attribute the wrapper
-    does not define itself (`render`, `sys`, ...) are read from `env`. States
-    are the wrapped env's own state class, so wrapper methods accept and return
-    any Brax-compatible state. Subclasses define `env`, `reset` and `step`.
+    Playground env). Every attribute the wrapper does not define itself
+    (`observation_size`, `render`, `sys`, ...) is read from `env`, and states
+    are `env`'s own. Subclasses define `env`, `reset` and `step`.
     """
 
     env: eqx.AbstractVar[Any]
@@ -60,22 +60,18 @@ class EpisodeWrapper(AbstractWrapper):
     """Ends every episode after `max_len` steps, marking it as a truncation.
 
     Counts steps in `info["steps"]` (`int32`). When the count reaches `max_len`
-    the step gets `done = 1`; `info["truncation"]` is `1` if the time limit
-    ended the episode and `0` if the env terminated by itself (also when both
-    happen on the same step, as in Brax: a real terminal state has no value to
-    bootstrap). A truncation the wrapped env reports in its own
-    `info["truncation"]` is kept. The flag has `done`'s dtype.
+    the step gets `done = 1`; `info["truncation"]` (of `done`'s dtype) is `1`
+    if the time limit ended the episode, or the wrapped env reports a
+    truncation, and `0` if the env terminated by itself (also on the limit's
+    step, as in Brax: a real terminal state has no value to bootstrap).
 
     **Arguments:**
 
     - `env`: the env to limit (built-in, Brax or Playground).
     - `max_len`: the episode length limit, in steps.
-    - `random_initial_steps`: opt-in. Start each episode's counter at a random
-      value in `[0, max_len // 2)`, so episodes last between
-      `max_len - max_len // 2 + 1` and `max_len` steps. It desynchronises the
-      envs' episode ends when all start together, as nnx-ppo's wrapper always
-      did; it applies to every reset, so it shortens every episode and biases
-      returns. Off by default.
+    - `random_initial_steps`: start each episode's counter at a random value
+      in `[0, max_len // 2)`, as nnx-ppo always did, to desynchronise envs
+      that start together; it shortens every episode and biases returns.
     """
 
     env: Any
@@ -139,9 +135,8 @@ class RewardScalingWrapper(AbstractWrapper):
 
     - `env`: the env whose rewards to scale.
     - `scale`: a float applied to every reward leaf, or a pytree with the
-      reward's structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`) giving one factor
-      per reward key. Factors are finite; a key's may be 0 (to ignore it), but
-      not every one.
+      reward's structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`). Factors are
+      finite; a key's may be 0, but not every one.
     """
 
     env: Any
@@ -152,7 +147,7 @@ class RewardScalingWrapper(AbstractWrapper):
 
     def __init__(self, env: Any, scale: PyTree[float]):
         leaves, treedef = jax.tree.flatten(scale)
-        if not leaves or not all(_is_real_scalar(s) for s in leaves):
+        if not leaves or not all(is_bearable(s, Scalar) for s in leaves):
             raise TypeError(
                 f"`RewardScalingWrapper(scale={scale!r})`: scale must be a float or "
                 "a dict of floats with the reward's keys."
@@ -193,12 +188,3 @@ class RewardScalingWrapper(AbstractWrapper):
 
     def step(self, state: Any, action: PyTree[Array]) -> Any:
         return self._scaled(self.env.step(state, action))
-
-
-def _is_real_scalar(x: Any) -> bool:
-    if isinstance(x, bool):
-        return False
-    a = np.asarray(x)
-    return a.ndim == 0 and (
-        np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)
-    )

@@ -25,10 +25,9 @@ class _PendingConnection:
 class PopulationGraphBuilder:
     """Describe a population graph step by step, then `finalize` it.
 
-    The builder is an ordinary mutable Python object; `finalize(key=...)`
-    validates the description and returns an immutable
-    [`eqx_ppo.graph.PopulationGraph`][] (an Equinox module like every other
-    layer). After `finalize` the builder refuses further changes.
+    `finalize(key=...)` validates the description and returns an immutable
+    [`eqx_ppo.graph.PopulationGraph`][]; after it the builder refuses
+    further changes.
 
     ```python
     builder = PopulationGraphBuilder()
@@ -139,15 +138,11 @@ class PopulationGraphBuilder:
             metrics; defaults to `"src->dst"`, with `"@k"` appended for a delay
             `k`. The reverse connection of a reciprocal pair gets its default.
         """
-        if reciprocal and transform is not None:
-            raise ValueError(
-                f"connect({src!r}, {dst!r}, reciprocal=True) needs transform=None: "
-                "a module maps one direction only. Call connect twice, once per "
-                "direction, to use custom transforms."
-            )
-        pending = [self._pending(src, dst, transform, delay, name, [])]
+        pending = [self._pending(src, dst, transform, delay, name, reciprocal, [])]
         if reciprocal:
-            pending.append(self._pending(dst, src, None, delay, None, pending))
+            pending.append(
+                self._pending(dst, src, None, delay, None, reciprocal, pending)
+            )
         # Checked in full before either is added: a failed call adds nothing.
         self._connections.extend(pending)
         return self
@@ -160,36 +155,38 @@ class PopulationGraphBuilder:
 
         - `key`: PRNG key for the default (learned linear) transforms.
 
-        Raises `ValueError` when there are no outputs, inputs mix
-        whole-observation and keyed reads, a delay-0 cycle exists (the
-        message names its populations in order), an output is not reached
-        from any input through connections of any delay, or a transform's
-        output shape does not match its destination's size.
+        Refuses graphs without outputs, with inputs that mix whole-observation
+        and keyed reads, with a delay-0 cycle, with an output no input reaches,
+        or with a transform whose output does not match its destination.
         """
         self._check_open()
         pops = self._populations
         names = [*pops, *(c.spec.name for c in self._connections)]
-        if ACTIVATION_KEY in names:
-            raise ValueError(
-                f"PopulationGraphBuilder.finalize(): the name {ACTIVATION_KEY!r} is "
-                "reserved for recorded activations; rename that population or "
-                "connection."
-            )
-        if not any(p.role == "output" for p in pops.values()):
-            raise ValueError(
-                "PopulationGraphBuilder.finalize(): the graph has no output "
-                "population, so its output would be empty; add one with add_output."
-            )
         inputs = [p for p in pops.values() if p.role == "input"]
         whole = [p.name for p in inputs if p.input_from is None]
         keyed = [p.name for p in inputs if p.input_from is not None]
-        if whole and keyed:
-            raise ValueError(
-                f"PopulationGraphBuilder.finalize(): inputs {whole} read the whole "
-                f"observation while {keyed} read dict keys; an observation cannot "
-                "be both. Give every input an input_from key (dict observations) "
-                "or none (array observations)."
-            )
+        # What is wrong with the description as a whole, and what to do.
+        problems = [
+            (
+                ACTIVATION_KEY in names,
+                f"the name {ACTIVATION_KEY!r} is reserved for recorded "
+                "activations; rename that population or connection.",
+            ),
+            (
+                all(p.role != "output" for p in pops.values()),
+                "the graph has no output population, so its output would be "
+                "empty; add one with add_output.",
+            ),
+            (
+                whole and keyed,
+                f"inputs {whole} read the whole observation while {keyed} read "
+                "dict keys; an observation cannot be both. Give every input an "
+                "input_from key (dict observations) or none (array observations).",
+            ),
+        ]
+        for found, problem in problems:
+            if found:
+                raise ValueError(f"PopulationGraphBuilder.finalize(): {problem}")
         specs = [c.spec for c in self._connections]
         order = _topological_order(pops, specs)
         unreached = _unreached_outputs(pops, specs)
@@ -206,11 +203,6 @@ class PopulationGraphBuilder:
                 f"never affects {it}; connect an input{first} to {it}, directly or "
                 "through other populations."
             )
-        buffer_length = {name: 0 for name in pops}
-        for conn in self._connections:
-            buffer_length[conn.spec.src] = max(
-                buffer_length[conn.spec.src], conn.spec.delay
-            )
         keys = jax.random.split(key, len(self._connections))
         transforms = {
             conn.spec.name: self._build_transform(conn, k)
@@ -219,9 +211,12 @@ class PopulationGraphBuilder:
         # Sorted by name, the order JAX flattens dicts in: the graph iterates
         # its transforms the same way before and after `jit` or `tree_map`.
         transforms = {name: transforms[name] for name in sorted(transforms)}
+        # A population's ring buffer holds as many steps as its longest delay.
         populations = tuple(
-            dataclasses.replace(p, buffer_length=buffer_length[p.name])
-            for p in pops.values()
+            dataclasses.replace(
+                p, buffer_length=max((s.delay for s in specs if s.src == n), default=0)
+            )
+            for n, p in pops.items()
         )
         self._finalized = True
         return PopulationGraph(
@@ -268,31 +263,46 @@ class PopulationGraphBuilder:
         transform: AbstractStatefulModule | None,
         delay: int,
         name: str | None,
+        reciprocal: bool,
         pending: list[_PendingConnection],
     ) -> _PendingConnection:
         """The connection `src -> dst`, checked against the builder's and the
         `pending` ones of the same call, not added."""
         self._check_open()
-        call = f"connect({src!r}, {dst!r})"
-        for role, endpoint in (("source", src), ("destination", dst)):
-            if endpoint not in self._populations:
-                raise ValueError(
-                    f"{call}: unknown {role} population {endpoint!r}; known "
-                    f"populations are {list(self._populations)}. Add it first."
-                )
-        if delay < 0:
-            raise ValueError(
-                f"{call}: delay must be >= 0 (0 = same step, k = k steps ago); "
-                f"got {delay}."
-            )
+        known = list(self._populations)
         if name is None:
-            name = _default_name(src, dst, delay)
-        if any(c.spec.name == name for c in [*self._connections, *pending]):
-            raise ValueError(
-                f"{call}: a connection named {name!r} already exists; pass "
-                "name=... to tell parallel connections apart, or connect each "
-                "direction with a call of its own."
-            )
+            name = f"{src}->{dst}" + (f"@{delay}" if delay else "")
+        problems = [
+            (
+                reciprocal and transform is not None,
+                "reciprocal=True needs transform=None: a module maps one "
+                "direction only. Call connect twice, once per direction, to use "
+                "custom transforms.",
+            ),
+            (
+                src not in known,
+                f"unknown source population {src!r}; known populations are "
+                f"{known}. Add it first.",
+            ),
+            (
+                dst not in known,
+                f"unknown destination population {dst!r}; known populations are "
+                f"{known}. Add it first.",
+            ),
+            (
+                delay < 0,
+                f"delay must be >= 0 (0 = same step, k = k steps ago); got {delay}.",
+            ),
+            (
+                any(c.spec.name == name for c in [*self._connections, *pending]),
+                f"a connection named {name!r} already exists; pass name=... to "
+                "tell parallel connections apart, or connect each direction with "
+                "a call of its own.",
+            ),
+        ]
+        for found, problem in problems:
+            if found:
+                raise ValueError(f"connect({src!r}, {dst!r}): {problem}")
         return _PendingConnection(ConnectionSpec(name, src, dst, delay), transform)
 
     def _build_transform(
@@ -302,17 +312,17 @@ class PopulationGraphBuilder:
         dst = self._populations[conn.spec.dst]
         if conn.transform is None:
             return Dense(src.size, dst.size, key=key)
-        where = (
-            f"PopulationGraphBuilder.finalize(): connection {conn.spec.name!r} "
-            f"({src.name!r}, size {src.size} -> {dst.name!r}, size {dst.size})"
-        )
-        out = eqx.filter_eval_shape(_probe, conn.transform, src.size)
+        out = eqx.filter_eval_shape(
+            lambda t: t(t.initial_state(), jnp.zeros(src.size), key=jax.random.key(0)),
+            conn.transform,
+        ).output
         if not isinstance(out, jax.ShapeDtypeStruct) or out.shape != (dst.size,):
             got = out.shape if isinstance(out, jax.ShapeDtypeStruct) else out
             raise ValueError(
-                f"{where}: its transform must output shape ({dst.size},) for one "
-                f"env, but outputs {got}. Use a transform sized {src.size} -> "
-                f"{dst.size}."
+                f"PopulationGraphBuilder.finalize(): connection {conn.spec.name!r} "
+                f"({src.name!r}, size {src.size} -> {dst.name!r}, size {dst.size}): "
+                f"its transform must output shape ({dst.size},) for one env, but "
+                f"outputs {got}. Use a transform sized {src.size} -> {dst.size}."
             )
         return conn.transform
 
@@ -324,26 +334,11 @@ class PopulationGraphBuilder:
             )
 
 
-def _probe(transform: AbstractStatefulModule, size: int) -> Any:
-    out = transform(
-        transform.initial_state(),
-        jnp.zeros((size,), jnp.float32),
-        key=jax.random.key(0),
-    )
-    return out.output
-
-
-def _default_name(src: str, dst: str, delay: int) -> str:
-    return f"{src}->{dst}" + (f"@{delay}" if delay else "")
-
-
 def _topological_order(
     populations: dict[str, Any], connections: list[ConnectionSpec]
 ) -> tuple[str, ...]:
-    """Kahn's algorithm over the delay-0 connections, ties broken by insertion order.
-
-    On a delay-0 cycle, raises a `ValueError` naming one cycle in order.
-    """
+    """Kahn's algorithm over the delay-0 connections, ties broken by insertion
+    order; a delay-0 cycle is refused, named in order."""
     successors: dict[str, list[str]] = {name: [] for name in populations}
     in_degree = {name: 0 for name in populations}
     for conn in connections:
@@ -391,11 +386,9 @@ def _unreached_outputs(
 
 
 def _find_cycle(stuck: list[str], connections: list[ConnectionSpec]) -> list[str]:
-    """One delay-0 cycle among the populations Kahn's algorithm could not order.
-
-    Each of them still has a delay-0 predecessor among them, so walking
-    predecessors from any one must revisit a population: that loop is a cycle.
-    """
+    """One delay-0 cycle among the populations Kahn's algorithm could not
+    order: each has a delay-0 predecessor among them, so walking predecessors
+    must revisit one."""
     stuck_set = set(stuck)
     predecessor = {}
     for conn in connections:

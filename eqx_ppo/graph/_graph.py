@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Float, Key
 
 from .._activation_key import ACTIVATION_KEY
 from ..nn._keys import child_key
@@ -19,30 +19,18 @@ from ..nn._module import (
 
 Role = Literal["input", "hidden", "output"]
 
-RingBuffer = tuple[Float[Array, "length size"], Int[Array, ""]]
-"""A population's last `length` activities and the slot the next one goes to."""
-
 GraphState = dict[str, dict[str, Any]]
-"""A graph's carry: `{"buffers": {population: ring buffer}, "transforms":
-{connection: carry}}`."""
+"""A graph's carry: `{"buffers": {population: (activities [length, size],
+write index)}, "transforms": {connection: carry}}`."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PopulationSpec:
     """One population's static description (built by `PopulationGraphBuilder`).
 
-    **Fields:**
-
-    - `name`: unique name; also its key in recorded activations.
-    - `size`: number of units.
-    - `activation`: applied once to the summed input.
-    - `role`: `"input"` (adds an observation), `"output"` (exposed in the
-        graph's output) or `"hidden"`.
-    - `input_from`: for inputs, the observation key read, or `None` for the
-        whole observation.
-    - `output_to`: for outputs, the key in the graph's output dict.
-    - `buffer_length`: the largest delay of its outgoing connections; the
-        length of its ring buffer (0: no buffer).
+    `role` is `"input"` (adds the observation, or `obs[input_from]`),
+    `"output"` (exposed under `output_to`) or `"hidden"`; `buffer_length` is
+    the largest delay of its outgoing connections (0: no ring buffer).
     """
 
     name: str
@@ -74,44 +62,24 @@ class PopulationGraph(AbstractStatefulModule):
     order of the delay-0 connections. A population sums its external input
     (input populations: the observation, or `obs[input_from]`) and the outputs
     of its incoming connection transforms, then applies its activation once.
-    A connection with delay 0 reads its source's activity of this step; one
-    with delay `k >= 1` reads the activity of exactly `k` steps ago from the
-    source's ring buffer (zeros until that many steps have run since the last
-    reset). The buffer lives in the carry, so `reset_state` empties it.
+    A connection with delay `k >= 1` reads the source's activity of exactly
+    `k` steps ago from its ring buffer (zeros until that many steps have run
+    since the last reset); the buffer lives in the carry, so `reset_state`
+    empties it.
 
-    **Output:** a dict `{output_to: activity}` over the output populations
-    (`output_to` defaults to the population's name), always a dict even with
-    one output, as in nnx-ppo.
-
-    **Carry:** `{"buffers": {population: (buffer [length, size], write index)},
-    "transforms": {connection: carry}}`; only populations read with a delay
-    have a buffer.
-
-    **Regularisation** is the sum of the connection transforms' losses for
-    this env (a scalar; the library averages over envs). **Metrics** are each
-    transform's metrics under its connection's name, plus, when `record` is
-    set, `{ACTIVATION_KEY: {population: activity}}` for every population.
-    **Extras** are `{connection: extras}`, or `None` when no transform has any.
-    **Keys**: the transform of connection `name` gets
-    `jax.random.fold_in(key, crc32(name))`, as a named container's child
-    does, so each gets the same noise eagerly, under `jit` and in the loss
-    replay, whatever the other connections are.
+    - **Output:** a dict `{output_to: activity}` over the output populations,
+      even with one output.
+    - **Carry:** `{"buffers": {population: (buffer [length, size], write
+      index)}, "transforms": {connection: carry}}`.
+    - **Regularisation:** the sum of the transforms' losses for this env.
+    - **Metrics:** each transform's under its connection's name, plus, when
+      `record` is set, `{ACTIVATION_KEY: {population: activity}}`.
+    - **Extras:** `{connection: extras}`, or `None` when no transform has any.
+    - **Keys:** connection `name`'s transform gets
+      `jax.random.fold_in(key, crc32(name))`, as a named container's child
+      does, whatever the other connections are.
 
     Do not construct it directly: call `PopulationGraphBuilder.finalize`.
-
-    Differences from nnx-ppo's `PopulationGraph`, on purpose:
-
-    1. Building and running are split: a mutable `PopulationGraphBuilder`
-       takes the `add_*`/`connect` calls, and `finalize(key=...)` returns this
-       immutable module.
-    2. The regularisation loss is per env; nnx-ppo sums it over the batch, so
-       its scale grew with the number of envs.
-    3. Connections have names, and their transforms' metrics are kept under
-       them (nnx-ppo drops them).
-    4. `add_input(input_from=None)` reads a whole array observation.
-    5. `finalize` rejects graphs without outputs, outputs that no input
-       reaches, and transforms whose output size does not match their
-       destination.
     """
 
     transforms: dict[str, AbstractStatefulModule]
@@ -120,33 +88,28 @@ class PopulationGraph(AbstractStatefulModule):
     order: tuple[str, ...] = eqx.field(static=True)
     record: bool = eqx.field(static=True, default=False)
 
-    def _empty_buffers(self) -> dict[str, RingBuffer]:
-        """An empty ring buffer for every population read with a delay."""
-        return {
-            pop.name: _empty_buffer(pop)
+    def _state(self, transforms: dict[str, State]) -> GraphState:
+        """Empty ring buffers for the populations read with a delay."""
+        buffers = {
+            pop.name: (
+                jnp.zeros((pop.buffer_length, pop.size), jnp.float32),
+                jnp.zeros((), jnp.int32),
+            )
             for pop in self.populations
             if pop.buffer_length > 0
         }
+        return {"buffers": buffers, "transforms": transforms}
 
     def initial_state(self) -> GraphState:
         """Empty ring buffers and each transform's initial carry."""
-        return {
-            "buffers": self._empty_buffers(),
-            "transforms": {
-                name: transform.initial_state()
-                for name, transform in self.transforms.items()
-            },
-        }
+        return self._state({n: t.initial_state() for n, t in self.transforms.items()})
 
     def reset_state(self, prev_state: GraphState) -> GraphState:
         """Empty ring buffers; each transform resets its own carry."""
-        return {
-            "buffers": self._empty_buffers(),
-            "transforms": {
-                name: transform.reset_state(prev_state["transforms"][name])
-                for name, transform in self.transforms.items()
-            },
-        }
+        prev = prev_state["transforms"]
+        return self._state(
+            {n: t.reset_state(prev[n]) for n, t in self.transforms.items()}
+        )
 
     def update_statistics(self, extras: Any) -> "PopulationGraph":
         """A new graph whose transforms folded in their share of `extras`."""
@@ -186,8 +149,9 @@ class PopulationGraph(AbstractStatefulModule):
                     continue
                 if conn.delay == 0:
                     source = activity[conn.src]
-                else:
-                    source = _read_buffer(buffers[conn.src], conn.delay)
+                else:  # The slot `delay` before the write index: `delay` steps ago.
+                    values, index = buffers[conn.src]
+                    source = values[(index - conn.delay) % values.shape[0]]
                 out = self.transforms[conn.name](
                     state["transforms"][conn.name],
                     source,
@@ -202,13 +166,11 @@ class PopulationGraph(AbstractStatefulModule):
                 total = total + out.output
             activity[pop_name] = pop.activation(total)
 
-        next_state = {
-            "buffers": {
-                name: _write_buffer(buffer, activity[name])
-                for name, buffer in buffers.items()
-            },
-            "transforms": next_transform_state,
+        next_buffers = {
+            name: (values.at[index].set(activity[name]), (index + 1) % len(values))
+            for name, (values, index) in buffers.items()
         }
+        next_state = {"buffers": next_buffers, "transforms": next_transform_state}
         output = {
             pop.output_to: activity[pop.name]
             for pop in self.populations
@@ -223,25 +185,6 @@ class PopulationGraph(AbstractStatefulModule):
         return StatefulModuleOutput(
             next_state, output, regularization, metrics, transform_extras
         )
-
-
-def _empty_buffer(pop: PopulationSpec) -> RingBuffer:
-    return (
-        jnp.zeros((pop.buffer_length, pop.size), jnp.float32),
-        jnp.zeros((), jnp.int32),
-    )
-
-
-def _read_buffer(buffer: RingBuffer, delay: int) -> Float[Array, " size"]:
-    # The slot before the write index holds last step's activity, so the one
-    # `delay` slots back holds the activity of `delay` steps ago.
-    values, index = buffer
-    return values[(index - delay) % values.shape[0]]
-
-
-def _write_buffer(buffer: RingBuffer, activity: Float[Array, " size"]) -> RingBuffer:
-    values, index = buffer
-    return values.at[index].set(activity), (index + 1) % values.shape[0]
 
 
 def _external_input(pop: PopulationSpec, x: Any) -> Float[Array, " size"]:
