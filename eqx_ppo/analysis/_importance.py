@@ -17,12 +17,13 @@ _PROBE = "__unit_count_probe__"
 
 
 class _OutputProbe(AbstractLayerWrapper):
-    """Puts its layer's output in the metrics, for counting the layer's units."""
+    """Puts its layer's output in the metrics, for counting the layer's units;
+    the layer's own metrics are dropped (a container's have integer keys)."""
 
     layer: AbstractStatefulModule
 
     def wrap_output(self, out):
-        return out._replace(metrics={**out.metrics, _PROBE: out.output})
+        return out._replace(metrics={_PROBE: out.output})
 
 
 def _find(metrics: Any) -> Any:
