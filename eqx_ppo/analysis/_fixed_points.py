@@ -62,7 +62,7 @@ def fixed_points(
     eigenvalues of the Jacobian of `F` at each point, computed on the host,
     tell whether it is stable. Needs `pip install "eqx_ppo[analysis]"`.
     """
-    optional("optimistix", "fixed_points")
+    import_optional("optimistix", "fixed_points")
     state0 = cell.initial_state()
     if not all(
         jnp.issubdtype(jnp.result_type(s), jnp.floating)
@@ -97,7 +97,7 @@ def fixed_points(
     )
 
 
-def optional(module: str, needed_by: str) -> Any:
+def import_optional(module: str, needed_by: str) -> Any:
     """`module`, an optional dependency, imported when `needed_by` runs."""
     try:
         return importlib.import_module(module)
@@ -128,7 +128,7 @@ def _solve(
 ) -> tuple[Float[Array, "starts dim"], Float[Array, " starts"]]:
     """Every start's solution of `min |F(h) - h|^2` and its largest residual,
     relative to `1 + |h|`."""
-    optx = optional("optimistix", "fixed_points")
+    optx = import_optional("optimistix", "fixed_points")
     step = _flat_step(cell, x)
     solver = optx.LevenbergMarquardt(rtol=1e-2 * tol, atol=1e-2 * tol)
 

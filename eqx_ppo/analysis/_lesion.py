@@ -39,14 +39,16 @@ class Intervention(AbstractLayerWrapper):
     by them (`mode="add"`); the other units pass through bit for bit.
 
     The units are those of the layer's output (`site="output"`; its entry
-    `entry` for a dict), of every array of the carry it starts each step from
-    (`site="carry"`), or of its input (`site="input"`: a graph's population,
-    in every connection reading it). Everything else is the layer's (carry,
-    resets, statistics, key, and its replay, whose outputs get the same
-    intervention), so a lesioned network also trains as one. A `Recorder`
-    inside the wrapper records the layer's own output, before the
-    intervention. Build it with [`eqx_ppo.analysis.ablate`][],
-    [`eqx_ppo.analysis.clamp`][] or [`eqx_ppo.analysis.perturb`][].
+    `entry` for a dict), which the rest of the network reads but the layer's
+    own recurrence does not; of every array of the carry it starts each step
+    from (`site="carry"`; its replay then scans the steps); or of its input
+    (`site="input"`: a graph's population, in every connection reading it).
+    Everything else is the layer's (carry, resets, statistics, key, and its
+    replay, whose outputs get the same intervention), so a lesioned network
+    also trains as one. A `Recorder` inside the wrapper records the layer's
+    own output, before the intervention. Build it with
+    [`eqx_ppo.analysis.ablate`][], [`eqx_ppo.analysis.clamp`][] or
+    [`eqx_ppo.analysis.perturb`][].
 
     **Fields:**
 

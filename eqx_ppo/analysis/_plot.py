@@ -8,14 +8,14 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
-from ._fixed_points import FixedPoints, optional
+from ._fixed_points import FixedPoints, import_optional
 from ._pca import PCA
 
 
 def _axes(ax: Any) -> Any:
     if ax is not None:
         return ax
-    optional("matplotlib", "plot_*")
+    import_optional("matplotlib", "plot_*")
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=(6, 4))[1]
