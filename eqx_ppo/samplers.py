@@ -1,21 +1,11 @@
 """Action samplers: distribution parameters in, an action and its log-likelihood out.
 
-A sampler is the last layer of a [`eqx_ppo.nn.PPOAdapter`][]'s action port. Its
-output is a *sampler dict* `{"action": ..., "log_likelihood": ...}`, which the
-adapter lifts into [`eqx_ppo.nn.PPONetworkOutput`][]. Each sampler follows the
-replay contract:
-
-- `extras=None` (rollout, evaluation): sample afresh and emit what was
-  sampled as `extras` (for the Gaussian samplers the *pre-squashing* action).
-- `extras` given (loss replay, distillation): score the stored action under
-  the current parameters. The stored action is treated as data: no gradient
-  flows into it.
-
-The regularisation loss is `-entropy_weight * entropy`, an entropy bonus.
-
-In inference mode (`eqx.nn.inference_mode(net)`) the samplers act
-deterministically: the mean (squashed for `NormalTanhSampler`) or the most
-likely category. Inference mode needs no `key`.
+The last layer of a [`eqx_ppo.nn.PPOAdapter`][]'s action port. With
+`extras=None` a sampler samples and emits what it sampled as `extras`; given
+`extras` (the loss replay) it scores that stored action, as data. Its
+regularisation loss is `-entropy_weight * entropy`, and in inference mode it
+acts deterministically, without a key. The contract is the guide's "Writing a
+sampler" (docs/guides/custom-layer.md).
 """
 
 import abc
@@ -25,9 +15,9 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Float, Integer, Key
 
-from ._typecheck import checked
+from ._typecheck import Int, check_range, checked
 from .nn._filters import coefficient
 from .nn._keys import check_draws
 from .nn._module import AbstractStatefulModule, StatefulModuleOutput
@@ -77,21 +67,15 @@ class _SamplerStep(NamedTuple):
 
 
 class _AbstractSampler(AbstractStatefulModule):
-    """The call every sampler shares; `_sample` draws or scores the action.
-
-    It checks the key (none is needed in inference mode) and packages the
-    step as a sampler dict, with the entropy bonus as regularisation loss.
-    """
+    """The call every sampler shares: it checks the key, lets `_sample` draw or
+    score the action, and packages a sampler dict with the entropy bonus."""
 
     entropy_weight: eqx.AbstractVar[Float[Array, ""]]
     inference: eqx.AbstractVar[bool]
 
     @abc.abstractmethod
     def _sample(
-        self,
-        x: Float[Array, " params"],
-        extras: Array | None,
-        key: Key[Array, ""] | None,
+        self, x: Array, extras: Array | None, key: Key[Array, ""] | None
     ) -> _SamplerStep:
         """A fresh action if `extras` is `None`, else the stored one, scored."""
 
@@ -126,15 +110,9 @@ class _AbstractGaussianSampler(_AbstractSampler):
     inference: bool = False
 
     def __check_init__(self):
-        for name, value, bound, ok in (
-            ("min_std", self.min_std, ">= 0", 0 <= self.min_std < math.inf),
-            ("std_scale", self.std_scale, "> 0", 0 < self.std_scale < math.inf),
-        ):
-            if not ok:
-                raise ValueError(
-                    f"`{type(self).__name__}({name}={value})`: {name} must be "
-                    f"finite and {bound}."
-                )
+        name = type(self).__name__
+        check_range(f"{name}(min_std=", self.min_std, 0)
+        check_range(f"{name}(std_scale=", self.std_scale, 0, open_low=True)
 
     @abc.abstractmethod
     def _draw(
@@ -184,9 +162,8 @@ class NormalTanhSampler(_AbstractGaussianSampler):
 
     - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
       leaf, so a sweep over it neither recompiles nor trains it.
-    - `min_std`: floor added to the softplus std, finite and `>= 0`. The
-      default 1e-3 is nnx-ppo's; the factories (`make_mlp_actor_critic`, ...)
-      pass 0.1.
+    - `min_std`: floor added to the softplus std, finite and `>= 0` (the
+      factories pass 0.1).
     - `std_scale`: multiplier applied after the floor, finite and `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
@@ -253,14 +230,11 @@ class CategoricalSampler(_AbstractSampler):
     """
 
     entropy_weight: Float[Array, ""] = coefficient(nonnegative=True)
-    n_actions: int | tuple[int, ...] = eqx.field(static=True)
+    n_actions: Int | tuple[Int, ...] = eqx.field(static=True)
     inference: bool = False
 
     def __check_init__(self):
-        sizes = self._group_sizes()
-        if not sizes or any(
-            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes
-        ):
+        if min(self._group_sizes(), default=0) < 1:
             raise ValueError(
                 f"`CategoricalSampler(n_actions={self.n_actions!r})`: n_actions must "
                 "be a positive int or a non-empty tuple of positive ints."
@@ -274,7 +248,7 @@ class CategoricalSampler(_AbstractSampler):
     def _sample(
         self,
         x: Float[Array, " logits"],
-        extras: Int[Array, "*subactions"] | None,
+        extras: Integer[Array, "*subactions"] | None,
         key: Key[Array, ""] | None,
     ) -> _SamplerStep:
         sizes = self._group_sizes()

@@ -189,3 +189,12 @@ def test_a_carry_that_is_not_all_floats_is_refused(getkey):
     delay = nn.Delay(jnp.zeros(2), 2, 0.0)
     with pytest.raises(ValueError, match="not all float arrays"):
         analysis.fixed_points(delay, jnp.zeros(2), n_starts=2, key=getkey())
+
+
+def test_a_map_without_fixed_points_gives_none(getkey):
+    shift = Linear(jnp.eye(2), jnp.eye(2))  # h' = h + x: never at rest for x != 0
+    points = analysis.fixed_points(shift, jnp.ones(2), n_starts=4, key=getkey())
+    assert points.counts.shape == points.residuals.shape == (0,)
+    assert points.states.shape == (0, 2)
+    assert points.eigenvalues.shape == (0, 2)
+    assert points.eigenvalues.dtype == jnp.complex64

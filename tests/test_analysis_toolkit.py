@@ -357,6 +357,30 @@ def test_unit_importance_traces_the_evaluation_once_whatever_the_unit_count(getk
         assert len(TRACES) == one_evaluation
 
 
+def test_unit_importance_needs_one_number_of_units(getkey):
+    env = Recall()
+    two_sizes = nn.Sequential(
+        [nn.LSTM(2, 4, key=getkey()), nn.LSTM(4, 3, key=getkey())]
+    )
+    net = eqx_ppo.make_lstm_actor_critic(2, 1, 4, key=getkey())
+    kwargs = dict(n_envs=2, max_episode_length=5, key=getkey())
+    with pytest.raises(TypeError, match=r"carry is .* not arrays of one number"):
+        analysis.unit_importance(env, two_sizes, lambda n: n, site="carry", **kwargs)
+    with pytest.raises(TypeError, match=r"output is .* not arrays of one number"):
+        # The actor ends in a sampler, whose output is a dict.
+        analysis.unit_importance(env, net, lambda n: n.layers[1].action, **kwargs)
+
+
+def test_unit_importance_counts_the_units_of_a_containers_output(getkey):
+    net = eqx_ppo.make_lstm_actor_critic(2, 1, 4, key=getkey())
+    critic = lambda n: n.layers[1].value  # noqa: E731  (a Sequential, output [1])
+    importance = analysis.unit_importance(
+        Recall(), net, critic, n_envs=2, max_episode_length=5, key=getkey()
+    )
+    # Deterministic evaluation never reads the critic.
+    np.testing.assert_array_equal(importance, np.zeros(1))
+
+
 def _masked_reference(acts, dones, k):
     rows = np.asarray(acts, np.float64)[~np.asarray(dones)]
     mean = rows.mean(axis=0)

@@ -253,7 +253,7 @@ def test_filter_grad_through_a_factory_network(getkey):
             for v in (0.0, -1.0, float("nan"))
         ),
         *(
-            ({name: v}, ValueError, rf"NormalTanhSampler\({name}={v}\)`: {name} must")
+            ({name: v}, ValueError, rf"NormalTanhSampler\({name}={v}\): must be finite")
             for name in ("min_std", "std_scale")
             for v in (float("nan"), float("inf"))
         ),

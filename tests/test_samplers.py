@@ -199,7 +199,7 @@ BAD_STD_SETTINGS = [("min_std", v, ">= 0") for v in (-1.0, math.nan, math.inf)] 
 @pytest.mark.parametrize("cls", [NormalTanhSampler, NormalSampler])
 @pytest.mark.parametrize("field, value, bound", BAD_STD_SETTINGS)
 def test_gaussian_samplers_refuse_bad_std_settings(cls, field, value, bound):
-    message = rf"{cls.__name__}\({field}={value}\)`: {field} must be finite and {bound}"
+    message = rf"{cls.__name__}\({field}={value}\): must be finite and {bound}"
     with pytest.raises(ValueError, match=message):
         cls(entropy_weight=0.0, **{field: value})
 
@@ -357,6 +357,8 @@ def test_categorical_validates():
         CategoricalSampler(entropy_weight=0.0, n_actions=0)
     with pytest.raises(ValueError, match="positive int"):
         CategoricalSampler(entropy_weight=0.0, n_actions=())
+    with pytest.raises(TypeError, match="n_actions"):
+        CategoricalSampler(entropy_weight=0.0, n_actions=(2, True))
     sampler = CategoricalSampler(entropy_weight=0.0, n_actions=(2, 3))
     with pytest.raises(ValueError, match=r"expects 5 logits, got shape \(4,\)"):
         sampler((), jnp.zeros(4), key=jax.random.key(0))

@@ -1,5 +1,6 @@
 """Fixed points of a recurrent layer under a constant input, and their stability."""
 
+import importlib
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -9,7 +10,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Complex, Float, Int, PRNGKeyArray, PyTree
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 from ..nn._module import AbstractStatefulModule
 
 
@@ -19,17 +20,13 @@ class FixedPoints(NamedTuple):
 
     **Fields:**
 
-    - `states`: the carries `h` with `step(h, x) = h`, stacked: the layer's
-        carry structure with a leading `[k]` axis (an LSTM's `(h, c)` as two
-        `[k, hidden]` arrays).
-    - `residuals`: `[k]`, the largest `|step(h, x) - h|` over the carry,
-        divided by `1 + |h|` (the largest magnitude in the carry).
-    - `eigenvalues`: `[k, dim]` complex, of the Jacobian of `h -> step(h, x)`
-        at each point (the carry flattened, `dim` numbers), by decreasing
-        modulus.
-    - `stable`: `[k]`, whether every eigenvalue lies inside the unit circle,
-        so that nearby states return to the point (a discrete-time map).
-    - `counts`: `[k]`, how many starts converged to each point.
+    - `states`: the carries `h` with `step(h, x) = h`, in the layer's carry
+        structure with a leading `[k]` axis (an LSTM's `(h, c)`).
+    - `residuals`: the largest `|step(h, x) - h|`, divided by `1 + |h|`.
+    - `eigenvalues`: of the Jacobian of `h -> step(h, x)` at each point (the
+        carry flattened, `dim` numbers), by decreasing modulus.
+    - `stable`: whether every eigenvalue lies inside the unit circle.
+    - `counts`: how many starts converged to each point.
     """
 
     states: PyTree[Float[Array, "points ..."]]
@@ -53,30 +50,19 @@ def fixed_points(
 ) -> FixedPoints:
     """The fixed points of a recurrent layer held at the input `x`, with stability.
 
-    `cell` is any layer with a carry: `LSTM`, `GRU`, `LRU`, `MinGRU`, or
-    your own, run for one env as `cell(h, x).next_state`, so a stochastic
-    layer must be in inference mode. Its carry, flattened (an LSTM's `(h, c)`,
-    an LRU's real and imaginary parts), is the state `h` of the map
-    `F(h) = step(h, x)`.
-
-    From `n_starts` starts, the carry at an episode start plus Gaussian noise
-    of standard deviation `spread` on every number, Optimistix's
-    Levenberg-Marquardt solver minimises `|F(h) - h|^2` (all starts in one
-    `vmap`). A start counts as converged when its largest residual
-    `|F(h) - h|` is at most `tol * (1 + |h|)`, with `|h|` the largest
-    magnitude in the carry (float32 reaches about 1e-7 at carries of order
-    1); starts stuck at a slow point are dropped. Converged points whose
-    largest coordinate difference is at most `min_distance * (1 + |h|)` are
-    one point: float32 places a point of a nearly marginal direction (an
-    LSTM cell state whose forget gate is close to 1) only to a fraction of
-    its size. At each point the Jacobian of `F` (`jax.jacfwd`) gives the
-    eigenvalues of the linearised dynamics, computed with NumPy on the host
-    (so on any backend); the point is stable when they all have modulus
-    below 1.
-
-    Needs the `analysis` extra: `pip install "eqx_ppo[analysis]"`.
+    `cell` is any layer whose carry is float arrays (a stochastic one in
+    inference mode); its carry, flattened, is the state `h` of the map
+    `F(h) = cell(h, x).next_state`. From `n_starts` starts, the initial carry
+    plus Gaussian noise of standard deviation `spread`, Optimistix's
+    Levenberg-Marquardt solver minimises `|F(h) - h|^2`. A start has
+    converged when its largest residual is at most `tol * (1 + |h|)`, `|h|`
+    the largest magnitude in the carry; converged points closer than
+    `min_distance * (1 + |h|)` in every coordinate are one point (float32
+    places a nearly marginal point only to a fraction of its size). The
+    eigenvalues of the Jacobian of `F` at each point, computed on the host,
+    tell whether it is stable. Needs `pip install "eqx_ppo[analysis]"`.
     """
-    _optimistix()
+    import_optional("optimistix", "fixed_points")
     state0 = cell.initial_state()
     if not all(
         jnp.issubdtype(jnp.result_type(s), jnp.floating)
@@ -87,8 +73,7 @@ def fixed_points(
             f"{jax.tree.map(jnp.result_type, state0)} is not all float arrays; "
             "a fixed point is a point of a continuous state."
         )
-    if n_starts < 1:
-        raise ValueError(f"fixed_points(n_starts={n_starts}): give at least 1 start.")
+    check_range("fixed_points(n_starts=", n_starts, 1)
     flat0, unravel = ravel_pytree(state0)
     starts = flat0 + spread * jax.random.normal(
         key, (n_starts, flat0.size), flat0.dtype
@@ -97,11 +82,8 @@ def fixed_points(
     points, point_residuals, counts = _distinct(
         np.asarray(solutions), np.asarray(residuals), tol, min_distance
     )
-    if len(points):
-        jacobians = np.asarray(_jacobians(cell, x, jnp.asarray(points)), np.float64)
-        eigenvalues = np.linalg.eigvals(jacobians)
-    else:
-        eigenvalues = np.zeros((0, flat0.size), np.complex128)
+    jacobians = np.asarray(_jacobians(cell, x, jnp.asarray(points)), np.float64)
+    eigenvalues = np.linalg.eigvals(jacobians)  # [0, dim] when there are no points
     order = np.argsort(-np.abs(eigenvalues), axis=1, kind="stable")
     eigenvalues = np.take_along_axis(eigenvalues, order, axis=1)
     return FixedPoints(
@@ -115,15 +97,15 @@ def fixed_points(
     )
 
 
-def _optimistix() -> Any:
+def import_optional(module: str, needed_by: str) -> Any:
+    """`module`, an optional dependency, imported when `needed_by` runs."""
     try:
-        import optimistix
+        return importlib.import_module(module)
     except ImportError as error:
         raise ImportError(
-            "eqx_ppo.analysis.fixed_points needs Optimistix. Fix: "
-            'pip install "eqx_ppo[analysis]" (or pip install optimistix).'
+            f"eqx_ppo.analysis.{needed_by} needs {module}. Fix: "
+            f'pip install "eqx_ppo[analysis]" (or pip install {module}).'
         ) from error
-    return optimistix
 
 
 def _flat_step(cell: AbstractStatefulModule, x: Any) -> Any:
@@ -146,7 +128,7 @@ def _solve(
 ) -> tuple[Float[Array, "starts dim"], Float[Array, " starts"]]:
     """Every start's solution of `min |F(h) - h|^2` and its largest residual,
     relative to `1 + |h|`."""
-    optx = _optimistix()
+    optx = import_optional("optimistix", "fixed_points")
     step = _flat_step(cell, x)
     solver = optx.LevenbergMarquardt(rtol=1e-2 * tol, atol=1e-2 * tol)
 

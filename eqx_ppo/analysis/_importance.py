@@ -17,37 +17,23 @@ _PROBE = "__unit_count_probe__"
 
 
 class _OutputProbe(AbstractLayerWrapper):
-    """Puts its layer's output in the metrics, for counting the layer's units."""
+    """Puts its layer's output in the metrics, for counting the layer's units;
+    the layer's own metrics are dropped (a container's have integer keys)."""
 
     layer: AbstractStatefulModule
 
     def wrap_output(self, out):
-        return out._replace(metrics={**out.metrics, _PROBE: out.output})
+        return out._replace(metrics={_PROBE: out.output})
 
 
 def _find(metrics: Any) -> Any:
+    """The probed output in the nested `metrics`, or `None`."""
     if not isinstance(metrics, Mapping):
         return None
     if _PROBE in metrics:
         return metrics[_PROBE]
-    for sub in metrics.values():
-        found = _find(sub)
-        if found is not None:
-            return found
-    return None
-
-
-def _carry_units(layer: AbstractStatefulModule) -> int:
-    """The number of units of `layer`'s carry, the same in every array of it."""
-    carry = jax.eval_shape(layer.initial_state)
-    sizes = {n_units_of(layer, "carry", leaf) for leaf in jax.tree.leaves(carry)}
-    if len(sizes) != 1:
-        raise ValueError(
-            f'site="carry": the carry {carry} of the selected layer has arrays '
-            "of different numbers of units. Fix: select a layer whose carry "
-            'arrays all have as many units, or use site="output".'
-        )
-    return sizes.pop()
+    found = (_find(sub) for sub in metrics.values())
+    return next((f for f in found if f is not None), None)
 
 
 def _output_units(
@@ -63,6 +49,7 @@ def _output_units(
     return n_units_of(where(network), "output", _find(out.metrics))
 
 
+@eqx.filter_jit
 @checked
 def unit_importance(
     env: Any,
@@ -80,36 +67,16 @@ def unit_importance(
     For each unit `i` of the layer `where` selects (as in
     [`eqx_ppo.analysis.ablate`][], `site=` and `population=` included), the
     return of `network` minus that of `ablate(network, where, [i])`, both
-    evaluated
-    with [`eqx_ppo.eval_rollout`][] in inference mode on the same `n_envs`
-    episodes (the same `key`, so the same starts: the differences are
-    paired). Positive means the unit helps.
+    evaluated with [`eqx_ppo.eval_rollout`][] in inference mode on the same
+    `n_envs` episodes (the same `key`: the differences are paired). Positive
+    means the unit helps.
 
-    All lesions run as **one compiled program**: the unlesioned network and
-    the `units` single-unit lesions are one `jax.vmap` over a stack of
-    boolean masks, which are traced data, so the program is traced once
-    whatever the number of units. Its memory is that of `units + 1`
-    evaluations side by side.
-
-    Multi-seed networks: `jax.vmap` it over the seeds,
-    `eqx.filter_vmap(lambda net: unit_importance(env, net, where, ...))(nets)`.
+    The intact network and every single-unit lesion are **one compiled
+    program**, a `jax.vmap` over a stack of boolean masks, holding `units + 1`
+    evaluations in memory. For multi-seed networks, `eqx.filter_vmap` it over
+    the seeds.
     """
-    return _importance(
-        env, network, where, site, population, key, n_envs, max_episode_length
-    )
 
-
-@eqx.filter_jit
-def _importance(
-    env: Any,
-    network: AbstractStatefulModule,
-    where: Callable[[PyTree], Any],
-    site: Literal["output", "carry"],
-    population: str | None,
-    key: PRNGKeyArray,
-    n_envs: int,
-    max_episode_length: int,
-) -> Float[Array, " units"]:
     def mean_return(mask: Bool[Array, " units"]) -> Float[Array, ""]:
         lesioned = ablate(network, where, mask, site=site, population=population)
         metrics = eval_rollout(
@@ -125,7 +92,7 @@ def _importance(
     if population is not None:
         n_units = population_spec(layer, population).size
     elif site == "carry":
-        n_units = _carry_units(layer)
+        n_units = n_units_of(layer, site, jax.eval_shape(layer.initial_state))
     else:
         n_units = _output_units(env, network, where)
     # The intact network first, then one unit lesioned per row.

@@ -1,13 +1,8 @@
 """Lesions: hold some units of one layer at fixed values, or shift them.
 
-An intervention is a pure tree transform, like `eqx.nn.inference_mode` and
-[`eqx_ppo.with_recording`][]: [`eqx_ppo.analysis.ablate`][],
-[`eqx_ppo.analysis.clamp`][] and [`eqx_ppo.analysis.perturb`][] return a new
-network in which the layer that `where` selects is wrapped in an
-[`eqx_ppo.analysis.Intervention`][]. The arrays are shared with the original,
-which is left untouched. The units are data (an array leaf), not a static
-field, so one compiled program serves every choice of units: that is what
-lets [`eqx_ppo.analysis.unit_importance`][] lesion every unit in one `vmap`.
+The units are data (an array leaf), not a static field, so one compiled program
+serves every choice of units: that is what lets `unit_importance` lesion every
+unit in one `vmap`.
 """
 
 import dataclasses
@@ -40,32 +35,20 @@ Values = Float[ArrayLike, "..."] | Sequence[float]
 
 
 class Intervention(AbstractLayerWrapper):
-    """Runs `layer` with some units held at given values, or shifted by them.
+    """Runs `layer` with some units held at `values` (`mode="clamp"`) or shifted
+    by them (`mode="add"`); the other units pass through bit for bit.
 
-    With `mode="clamp"` the selected units are replaced by `values`; with
-    `mode="add"` `values` is added to them. The other units pass through
-    bit for bit. The units are those of
-
-    - `site="output"`: the layer's forward output (its entry `entry` when the
-      output is a dict). The layer's own carry is untouched: lesioning a
-      recurrent layer's output silences what the rest of the network reads
-      from those units, while its recurrence still sees them.
-    - `site="carry"`: the carry the layer starts each step from, the same
-      units of every carry array (an LSTM's `h` and `c`, an LRU's real and
-      imaginary parts). Held at zero, those units forget at every step but
-      still respond to the input: the layer's memory in them is removed.
-    - `site="input"`: the layer's input; a population of a graph is
-      lesioned this way, in every connection that reads it.
-
-    Everything else is the layer's: carry, resets, statistics, key, and
-    its own (possibly parallel) replay, whose outputs get the same
-    intervention, so a lesioned network also trains as one (with
-    `site="carry"` the replay scans the steps instead). A `Recorder` inside
-    the wrapper (from [`eqx_ppo.with_recording`][], applied before or after)
-    records the layer's own output, before an output intervention.
-
-    Build it with [`eqx_ppo.analysis.ablate`][], [`eqx_ppo.analysis.clamp`][]
-    or [`eqx_ppo.analysis.perturb`][].
+    The units are those of the layer's output (`site="output"`; its entry
+    `entry` for a dict), which the rest of the network reads but the layer's
+    own recurrence does not; of every array of the carry it starts each step
+    from (`site="carry"`; its replay then scans the steps); or of its input
+    (`site="input"`: a graph's population, in every connection reading it).
+    Everything else is the layer's (carry, resets, statistics, key, and its
+    replay, whose outputs get the same intervention), so a lesioned network
+    also trains as one. A `Recorder` inside the wrapper records the layer's
+    own output, before the intervention. Build it with
+    [`eqx_ppo.analysis.ablate`][], [`eqx_ppo.analysis.clamp`][] or
+    [`eqx_ppo.analysis.perturb`][].
 
     **Fields:**
 
@@ -160,25 +143,20 @@ def ablate(
 
     **Arguments:**
 
-    - `network`: any network (or a tree holding one).
+    - `network`: any network (or a tree holding one); it is left untouched.
     - `where`: a function from `network` to the layer, as for `eqx.tree_at`,
         e.g. `lambda net: net.layers[1].action.layers[0]` for the actor LSTM
         of [`eqx_ppo.nn.make_lstm_actor_critic`][].
-    - `units`: the units to hold: unit indices, or a boolean mask over all
-        the units.
+    - `units`: unit indices, or a boolean mask over all the units; an empty
+        selection gives outputs bit-identical to `network`'s.
     - `site`: `"output"` holds units of the layer's output, as the rest of
         the network reads it; `"carry"` holds the same units of every array
         of the carry the layer starts each step from, which removes their
-        memory (see [`eqx_ppo.analysis.Intervention`][]).
+        memory but not their response to the input.
     - `population`: when `where` selects a
-        [`eqx_ppo.graph.PopulationGraph`][], the name of the population whose
-        units to hold: every connection reading it (delayed ones included)
-        reads the held activity, and so does the graph's output if it is an
-        output population (only with `site="output"`).
-
-    Returns a new network; `network` is untouched. An empty selection gives
-    outputs bit-identical to `network`'s. See
-    [`eqx_ppo.analysis.Intervention`][] for what is and is not held.
+        [`eqx_ppo.graph.PopulationGraph`][], the population whose units to
+        hold, in every connection reading it and in the graph's output
+        (only with `site="output"`).
 
     ```python
     actor_lstm = lambda net: net.layers[1].action.layers[0]
@@ -260,8 +238,8 @@ def selected(
     site: Literal["output", "carry"],
     population: str | None,
 ) -> Any:
-    """The layer `where` selects in `network` (the `PopulationGraph`, with a
-    `population`), checked to have what `site` acts on."""
+    """The layer (with `population`, the graph) `where` selects, checked to
+    have what `site` acts on."""
     target = where(network)
     kind = AbstractStatefulModule if population is None else PopulationGraph
     if not isinstance(target, kind):
@@ -283,15 +261,24 @@ def selected(
 
 
 def n_units_of(layer: AbstractStatefulModule, site: Site, y: Any) -> int:
-    """The number of units in `y`, what `layer` has at `site` (its last axis)."""
-    if not (eqx.is_array(y) or isinstance(y, jax.ShapeDtypeStruct)) or not y.shape:
+    """The number of units of `y`, what `layer` has at `site`: the last axis of
+    an array, or of every array of a carry."""
+    leaves = jax.tree.leaves(y) if site == "carry" else [y]
+    arrays = all(eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct) for a in leaves)
+    sizes = {a.shape[-1:] for a in leaves} if arrays else set()
+    if len(sizes) != 1 or () in sizes:
+        fix = (
+            'use site="output"'
+            if site == "carry"
+            else "a population with `population=`"
+        )
         raise TypeError(
             f"where=...: the selected {type(layer).__name__}'s {site} is "
-            f"{jax.tree.map(jnp.shape, y)}, not an array of units. Fix: select a "
-            f"layer whose {site} is made of arrays, or a graph's population with "
-            "`population=`."
+            f"{jax.tree.map(jnp.shape, y)}, not arrays of one number of units. "
+            f"Fix: select a layer whose {site} is arrays with as many units (the "
+            f"last axis), or {fix}."
         )
-    return y.shape[-1]
+    return sizes.pop()[0]
 
 
 def population_spec(graph: PopulationGraph, population: str) -> Any:
@@ -312,8 +299,8 @@ def _intervene_population(
     values: Array,
     mode: Literal["clamp", "add"],
 ) -> AbstractStatefulModule:
-    """`graph` whose connections from `population` read its held activity, and
-    whose output of it, if any, is held too."""
+    """`graph` whose connections from `population`, and output of it, if any,
+    read its held activity."""
     spec = population_spec(graph, population)
     transforms = dict(graph.transforms)
     for connection in graph.connections:

@@ -13,15 +13,13 @@ class PCA(NamedTuple):
 
     **Fields:**
 
-    - `components`: `[n_components, units]`, orthonormal rows, by decreasing
-        variance; each signed so that its largest-magnitude entry is positive.
-    - `explained_variance_ratio`: `[n_components]`, each component's share of
-        the live steps' total variance.
-    - `projections`: `[*batch, n_components]`, every step's activity minus
-        `mean`, on the components; the masked steps are projected too (they
-        took no part in the fit): mask them with `dones` as the activity.
-    - `mean`: `[units]`, the mean activity over the live steps; project other
-        states `h` with `(h - mean) @ components.T`.
+    - `components`: orthonormal rows, by decreasing variance, each signed so
+        that its largest-magnitude entry is positive.
+    - `explained_variance_ratio`: each component's share of the live steps'
+        total variance.
+    - `projections`: every step's `(activity - mean) @ components.T`, the
+        masked steps' too (they took no part in the fit).
+    - `mean`: the mean activity over the live steps.
     """
 
     components: Float[Array, "n_components units"]
@@ -39,12 +37,10 @@ def pca(
     """Principal component analysis of one layer's activity over the live steps.
 
     `activations` is one recorded layer, e.g. `[T, N, units]` from
-    [`eqx_ppo.record_activations_rollout`][], and `dones` its pre-step flags
-    `[T, N]`: steps with `dones` set (after the episode ended) are left out
-    of the mean and of the covariance, whatever they hold (NaN included).
-    The components are the right singular vectors of the centred live steps,
-    so they match an SVD of those rows alone. Jittable with `n_components`
-    static.
+    [`eqx_ppo.record_activations_rollout`][], and `dones` its pre-step flags:
+    steps after the episode ended are left out of the fit, whatever they hold
+    (NaN included), so the components match an SVD of the centred live steps
+    alone. Jittable with `n_components` static.
     """
     activations = jnp.asarray(activations, jnp.float32)
     n_units = activations.shape[-1]

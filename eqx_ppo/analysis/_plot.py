@@ -8,20 +8,16 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
-from ._fixed_points import FixedPoints
+from ._fixed_points import FixedPoints, import_optional
 from ._pca import PCA
 
 
 def _axes(ax: Any) -> Any:
     if ax is not None:
         return ax
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise ImportError(
-            "eqx_ppo.analysis plots need matplotlib. Fix: "
-            'pip install "eqx_ppo[analysis]" (or pip install matplotlib).'
-        ) from error
+    import_optional("matplotlib", "plot_*")
+    import matplotlib.pyplot as plt
+
     return plt.subplots(figsize=(6, 4))[1]
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 
 
 @checked
@@ -22,24 +22,20 @@ def linear_probe(
 ) -> Float[Array, ""]:
     """The held-out score of a ridge-regression read-out of `labels` from `features`.
 
-    The samples are shuffled with `key` and split: a `test_fraction` share is
-    held out, the probe is fitted on the rest and scored on the held-out
-    samples only.
+    The samples are shuffled with `key`; a `test_fraction` share is held out
+    for scoring and the probe is fitted on the rest.
 
     - **Integer or boolean labels** (classes): one-vs-rest least squares on
-      one-hot targets (as scikit-learn's `RidgeClassifier`), predicting the
-      class of the largest read-out; the score is the held-out accuracy.
-      Chance is the share of the most frequent class.
-    - **Float labels** `[samples]` or `[samples, targets]`: ridge regression;
-      the score is the held-out coefficient of determination R^2 (averaged
-      over targets), 1 for a perfect read-out, 0 for predicting the held-out
-      mean, negative for worse.
+      one-hot targets (as scikit-learn's `RidgeClassifier`); the score is the
+      held-out accuracy (chance: the share of the most frequent class).
+    - **Float labels** `[samples]` or `[samples, targets]`: the score is the
+      held-out R^2, averaged over targets (0 for predicting the mean).
 
-    The features are standardised with the training samples' mean and
-    standard deviation (constant features become zeros), and the probe
-    minimises the mean squared error plus `ridge` times the squared norm of
-    its weights (the intercept is not penalised). Pure JAX and NumPy: the
-    class labels are read on the host, so call it outside `jit`.
+    The features are standardised with the training samples' statistics, and
+    the probe minimises the mean squared error plus `ridge` (> 0, as constant
+    features make the unpenalised problem singular) times the squared norm of
+    its weights, the intercept's excepted. The class labels are read on the
+    host, so call it outside `jit`.
     """
     features = jnp.asarray(features, jnp.float32)
     labels = jnp.asarray(labels)
@@ -51,11 +47,7 @@ def linear_probe(
             f"{n_test}. Fix: a fraction in (0, 1) that leaves at least one test "
             "and two training samples."
         )
-    if not ridge > 0:
-        raise ValueError(
-            f"linear_probe(ridge={ridge}): the penalty must be > 0 (constant "
-            "features make the unpenalised problem singular)."
-        )
+    check_range("linear_probe(ridge=", ridge, 0, open_low=True)
     if labels.shape[0] != n:
         raise ValueError(
             f"linear_probe: {n} feature rows but {labels.shape[0]} labels. Fix: "
@@ -88,7 +80,11 @@ def _score(
     std = jnp.std(features[train], axis=0)
     scaled = (features - mean) / jnp.where(std > 1e-6 * (1 + jnp.abs(mean)), std, 1.0)
     inputs = jnp.concatenate([scaled, jnp.ones((n, 1), jnp.float32)], axis=1)
-    weights = _ridge(inputs[train], targets[train], ridge)
+    # Mean squared error + `ridge` |w|^2, the intercept's (last) column unpenalised.
+    fit, fit_targets = inputs[train], targets[train]
+    penalty = ridge * jnp.eye(fit.shape[1], dtype=jnp.float32).at[-1, -1].set(0.0)
+    gram = fit.T @ fit / len(fit) + penalty
+    weights = jnp.linalg.solve(gram, fit.T @ fit_targets / len(fit))
     predicted = inputs[test] @ weights
     if classify:
         hits = jnp.argmax(predicted, axis=1) == jnp.argmax(targets[test], axis=1)
@@ -96,16 +92,3 @@ def _score(
     residual = jnp.sum((targets[test] - predicted) ** 2, axis=0)
     spread = jnp.sum((targets[test] - jnp.mean(targets[test], axis=0)) ** 2, axis=0)
     return jnp.mean(1.0 - residual / spread)
-
-
-def _ridge(
-    inputs: Float[Array, "samples inputs"],
-    targets: Float[Array, "samples targets"],
-    ridge: float,
-) -> Float[Array, "inputs targets"]:
-    """The weights minimising mean squared error + `ridge` |w|^2; the last
-    input (the intercept's column of ones) is not penalised."""
-    n, d = inputs.shape
-    penalty = ridge * jnp.eye(d, dtype=jnp.float32).at[-1, -1].set(0.0)
-    gram = inputs.T @ inputs / n + penalty
-    return jnp.linalg.solve(gram, inputs.T @ targets / n)
