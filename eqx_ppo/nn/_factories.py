@@ -92,10 +92,6 @@ def make_mlp(
     )
 
 
-def _leaf_size(shape: int | tuple[int, ...]) -> int:
-    return shape if isinstance(shape, int) else math.prod(shape)
-
-
 def _preprocessing(
     obs_size: ObsSize,
     normalize_obs: bool,
@@ -125,7 +121,7 @@ def _preprocessing(
             "an int."
         )
     if isinstance(obs_size, Mapping):
-        size = sum(_leaf_size(v) for v in obs_size.values())
+        size = sum(v if isinstance(v, int) else math.prod(v) for v in obs_size.values())
         flatten: list[AbstractStatefulModule] = [Flattener()]
         return ([Normalizer(dict(obs_size))] if normalize_obs else []) + flatten, size
     return ([Normalizer(obs_size)] if normalize_obs else []), obs_size
