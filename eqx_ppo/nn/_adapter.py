@@ -67,21 +67,15 @@ class PPOAdapter(_AbstractContainer):
     """Two ports on the same input, packaged as a [`eqx_ppo.nn.PPONetworkOutput`][].
 
     The `action` port outputs a *sampler dict* `{"action", "log_likelihood"}`
-    (what every sampler returns) or a pytree of them (a `Map` of samplers for
-    dict actions), lifted into `actions` and `loglikelihoods`. The `value`
-    port outputs an array of shape `(1,)`, squeezed to a scalar, or a dict of
-    them (one per reward key). State, extras and metrics are dicts
-    `{"action": ..., "value": ...}`, as in a named container.
+    (what every sampler returns) or a pytree of them, lifted into `actions`
+    and `loglikelihoods`; the `value` port an array of shape `(1,)`, squeezed
+    to a scalar, or a dict of them (one per reward key). State, extras and
+    metrics are dicts `{"action": ..., "value": ...}`.
 
     **Arguments:**
 
     - `action`: the actor, ending in a sampler (or a `Map` of samplers).
     - `value`: the critic, ending in a layer of output size 1 (or a dict of them).
-
-    ```python
-    actor = Sequential([Dense(4, 6, key=k1), NormalTanhSampler(entropy_weight=0.01)])
-    net = PPOAdapter(action=actor, value=Dense(4, 1, key=k2))
-    ```
     """
 
     action: AbstractStatefulModule

@@ -1,14 +1,9 @@
 """Containers: compose stateful modules into one.
 
-`state`, `extras` and `metrics` are dicts keyed like the children (positions
-for `Sequential`, names otherwise; `extras=None` hands `None` to every
-child), and the children's regularisation losses are summed. `replay` routes
-a `[T, M]` batch with the same code as a call routes one step, so only
-recurrent children are scanned over time. Keys: see `_keys.py`.
-
-Named containers store their children sorted by name, the order in which JAX
-flattens a dict, so that (e.g.) `Concat`'s output layout survives `jit`,
-`vmap` and `tree_map` unchanged.
+`state`, `extras` and `metrics` are dicts keyed like the children; `replay`
+routes a `[T, M]` batch with the code a call routes one step with, so only
+recurrent children are scanned. Named children are stored sorted by name, as
+JAX flattens a dict, so that output layouts survive `jit` and `tree_map`.
 """
 
 import abc
@@ -235,11 +230,6 @@ class Sequential(_AbstractContainer):
     **Arguments:**
 
     - `layers`: a non-empty sequence of stateful modules.
-
-    ```python
-    net = Sequential([Dense(4, 8, key=k1, activation="relu"), Dense(8, 2, key=k2)])
-    out = net(net.initial_state(), x, key=key)
-    ```
     """
 
     layers: tuple[AbstractStatefulModule, ...]
@@ -273,13 +263,8 @@ class Parallel(_AbstractNamedContainer):
 
     **Arguments:**
 
-    - `modules` (positional-only) or `**kwargs`: the named children. Use the
-      dict form when a name is not a Python identifier.
-
-    ```python
-    heads = Parallel(policy=Dense(8, 4, key=k1), value=Dense(8, 1, key=k2))
-    out = heads(heads.initial_state(), features)  # out.output["policy"], ["value"]
-    ```
+    - `modules` (positional-only) or `**kwargs`: the named children (the dict
+      form for names that are not Python identifiers).
     """
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> dict[str, Any]:
@@ -290,9 +275,8 @@ class Parallel(_AbstractNamedContainer):
 class Map(_AbstractNamedContainer):
     """Per-key dispatch: child `k` maps `x[k]` to `output[k]`.
 
-    The input must be a dict holding every child's name; other entries are
-    dropped. E.g. one sampler per action key,
-    `Map(arm=NormalTanhSampler(...), gripper=CategoricalSampler(...))`.
+    Other entries of the dict input are dropped. E.g. one sampler per action
+    key: `Map(arm=NormalTanhSampler(...), gripper=CategoricalSampler(...))`.
 
     **Arguments:**
 
@@ -318,8 +302,7 @@ class Concat(_AbstractNamedContainer):
 
     **Arguments:**
 
-    - `modules` (positional-only) or `**kwargs`: the named children; each must
-      output an array with at least one axis.
+    - `modules` (positional-only) or `**kwargs`: the named children.
     """
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Array:

@@ -50,21 +50,12 @@ def _output_size(size: int, kernel: int, stride: int, padding: str | int) -> int
 class Conv2d(AbstractStatelessLayer):
     """A 2-D convolution `activation(conv(x) + bias)` on one env's `[H, W, C]` image.
 
-    Wraps `equinox.nn.Conv2d` (weight `[out, in, kh, kw]`, on `[C, H, W]`)
-    and moves the channel axis, so input and output are channels-last like
-    the observations. Integer inputs (e.g. `uint8` pixels) are cast to float.
-    As in [`eqx_ppo.nn.Dense`][] and flax, the kernel is LeCun normal and the
-    bias zero; the initialiser gets flax's `[kh, kw, in, out]` shape, so its
-    fan-in is `kh * kw * in`.
-
-    **Shapes:** `[H, W, in_channels]` to `[H', W', out_channels]`, with
-    `H' = (H + 2p - kh) // stride + 1` for padding `p` (`"VALID"`: 0), or
-    `ceil(H / stride)` for `"SAME"`.
-
-    ```python
-    conv = Conv2d(3, 16, 8, stride=4, activation="relu", key=jax.random.key(0))
-    out = conv((), jnp.zeros((84, 84, 3)))  # out.output has shape (20, 20, 16)
-    ```
+    Wraps `equinox.nn.Conv2d` (on `[C, H, W]`), moving the channel axis so
+    that input and output are channels-last like the observations; integer
+    inputs (e.g. `uint8` pixels) are cast to float. As in flax, the kernel
+    is LeCun normal, its initialiser given the shape `[kh, kw, in, out]`,
+    and the bias zero. The output is `[H', W', out_channels]`, with
+    `H' = (H + 2p - kh) // stride + 1` (`"SAME"`: `ceil(H / stride)`).
     """
 
     conv: eqx.nn.Conv2d
@@ -91,8 +82,8 @@ class Conv2d(AbstractStatelessLayer):
         - `key`: PRNG key for the initialisers.
         - `stride`: `s` or `(sh, sw)`.
         - `padding`: `"VALID"` (none), `"SAME"`, or zeros added on every side.
-        - `activation`, `use_bias`, `kernel_init` (of the `[kh, kw, in, out]`
-            kernel), `bias_init`: as in [`eqx_ppo.nn.Dense`][].
+        - `activation`, `use_bias`, `kernel_init`, `bias_init`: as in
+            [`eqx_ppo.nn.Dense`][].
         """
         kernel_size, stride = _pair(kernel_size), _pair(stride)
         kernel, bias = kernel_and_bias(
@@ -168,12 +159,8 @@ class Conv2d(AbstractStatelessLayer):
 
 
 class PixelScale(AbstractStatelessLayer):
-    """Casts an image to float32 and multiplies it by `factor`.
-
-    `PixelScale(1 / 255)` maps `uint8` pixels to `[0, 1]`. Unlike
-    [`eqx_ppo.nn.Scale`][] it takes integer inputs (strict promotion would
-    refuse a float times a `uint8`). `factor`: finite and `> 0`, static.
-    """
+    """Casts an image to float32 and multiplies it by `factor`, e.g. `1 / 255`
+    for `uint8` pixels. Unlike `Scale` it takes integer inputs."""
 
     factor: float = eqx.field(static=True, converter=float)
 
@@ -233,26 +220,16 @@ def make_cnn_encoder(
 
     - `obs_shape`: one env's observation shape `(H, W, C)`, channels last.
     - `key`: PRNG key for the initialisers.
-    - `kind`: `"nature"` (Nature DQN: 32 8x8 stride 4, 64 4x4 stride 2,
-      64 3x3 stride 1, Dense 512; images of at least 36x36),
-      `"impala_small"` (IMPALA's shallow network: 16 8x8 stride 4, 32 4x4
-      stride 2, Dense 256; at least 20x20), or a custom tuple of
-      `(out_channels, kernel_size, stride)`, e.g. `((16, 3, 1), (32, 3, 2))`.
+    - `kind`: `"nature"` (Nature DQN, images of at least 36x36),
+      `"impala_small"` (IMPALA's shallow network, at least 20x20), or a tuple
+      of `(out_channels, kernel_size, stride)`, e.g. `((16, 3, 1), (32, 3, 2))`.
     - `out_size`: features out; default 512 for `"nature"`, 256 otherwise.
     - `activation`: a name, as in [`eqx_ppo.nn.Dense`][], or a callable.
-    - `scale`: if given, a first layer casts the image to float32 and
-      multiplies it by `scale` (`1 / 255` for `uint8`); finite and `> 0`.
+    - `scale`: if given, a first layer casts to float32 and multiplies by it.
     - `kernel_init`: every layer's kernel initialiser; default LeCun normal.
 
     **Returns:** `(encoder, out_size)`: a stateless
-    [`eqx_ppo.nn.Sequential`][] of `[PixelScale] + Conv2d... + [Flattener,
-    Dense]`, and its `out_size`.
-
-    ```python
-    encoder, size = make_cnn_encoder((84, 84, 4), key=jax.random.key(0))
-    out = encoder(encoder.initial_state(), jnp.zeros((84, 84, 4)))
-    out.output.shape  # (512,)
-    ```
+    [`eqx_ppo.nn.Sequential`][] and its `out_size`.
     """
     height, width, channels = obs_shape
     stack, default_out = _stack(kind)

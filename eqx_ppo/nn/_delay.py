@@ -23,16 +23,8 @@ class Delay(AbstractStatefulModule):
     """A `k_steps` delay line: the output at step `t` is the input at `t - k_steps`.
 
     For the first `k_steps` steps of an episode the output is `initial_value`.
-    The carry is a ring buffer of the last `k_steps` inputs and a write
-    index (one read and one write a step). Inputs may be any pytree of
-    arrays (a `Mapping` is treated as a `dict`), cast to `sample_input`'s
-    dtypes.
-
-    ```python
-    delay = Delay(jnp.zeros(3), k_steps=2)
-    state = delay.initial_state()
-    out = delay(state, obs)  # out.output is the obs of two calls ago
-    ```
+    The carry is a ring buffer of the last `k_steps` inputs and the index of
+    the slot to read and overwrite. Inputs are cast to `sample_input`'s dtypes.
     """
 
     k_steps: int = eqx.field(static=True)
@@ -49,12 +41,9 @@ class Delay(AbstractStatefulModule):
     ):
         """**Arguments:**
 
-        - `sample_input`: one env's input, a pytree of arrays or
-            `jax.ShapeDtypeStruct`s; only its structure, shapes and dtypes
-            are kept.
+        - `sample_input`: one env's input (arrays or `jax.ShapeDtypeStruct`s).
         - `k_steps`: the delay in steps, `>= 1`.
-        - `initial_value`: what the buffer holds before it has been written
-            `k_steps` times, and after each reset.
+        - `initial_value`: what the buffer holds at first and after each reset.
         """
         check_range("Delay(k_steps=", k_steps, 1)
         leaves, treedef = jax.tree.flatten(canonicalize(sample_input))

@@ -43,8 +43,7 @@ Activation = ActivationName | Callable[[Array], Array]
 
 
 def get_activation(activation: Activation | None) -> Callable[[Array], Array]:
-    """The callable of an activation given by name, as a callable, or `None`
-    (identity)."""
+    """The callable of an activation; `None` is the identity."""
     if activation is None:
         return identity
     if isinstance(activation, str):
@@ -94,16 +93,10 @@ def kernel_and_bias(
 
 @checked
 class Dense(AbstractStatelessLayer):
-    """A linear layer `activation(x @ kernel + bias)` for one env.
+    """A linear layer `activation(x @ kernel + bias)` for one env; no carry.
 
     As in flax: a LeCun-normal kernel stored `[in, out]` (so any
     `jax.nn.initializers` initialiser sees the usual fan-in) and a zero bias.
-    Stateless: the carry is `()`.
-
-    ```python
-    layer = Dense(4, 8, activation="tanh", key=jax.random.key(0))
-    out = layer((), jnp.ones(4))  # out.output has shape (8,)
-    ```
     """
 
     kernel: Float[Array, "in_size out_size"]
@@ -128,13 +121,11 @@ class Dense(AbstractStatelessLayer):
         - `in_size`: input features.
         - `out_size`: output features.
         - `key`: PRNG key for the initialisers.
-        - `activation`: `None` (linear), a callable, or a name: `"relu"`,
-            `"tanh"`, `"swish"` (= `"silu"`), `"gelu"`, `"sigmoid"`, `"elu"`,
-            `"identity"`.
+        - `activation`: `None` (linear), a callable, or a name: `"relu"`, `"tanh"`,
+            `"swish"` (= `"silu"`), `"gelu"`, `"sigmoid"`, `"elu"`, `"identity"`.
         - `use_bias`: whether to add a bias.
-        - `kernel_init`: initialiser for the `[in_size, out_size]` kernel;
-            default `jax.nn.initializers.lecun_normal()`.
-        - `bias_init`: initialiser for the bias; default zeros.
+        - `kernel_init`: initialiser of the `[in_size, out_size]` kernel.
+        - `bias_init`: initialiser of the bias.
         """
         self.kernel, self.bias = kernel_and_bias(
             key, (in_size, out_size), use_bias, kernel_init, bias_init

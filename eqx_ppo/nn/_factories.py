@@ -1,13 +1,7 @@
-"""Factories for the standard networks: MLPs and MLP / recurrent actor-critics.
+"""Factories for the standard networks: MLPs and the actor-critics.
 
-An actor-critic is a `Sequential` of the observation preprocessing (a
-`Normalizer` unless `normalize_obs=False`, leaf by leaf, then for dict
-observations a `Flattener`; or a CNN encoder for images) and a `PPOAdapter`
-(`net[-1]`) whose ports are flat `Sequential`s: an optional memory, the
-hidden layers, the output layer, then (actor) the action head: a sampler, or
-`Splitter` then `Map` of samplers for dict actions. Kernels are
-variance-scaled (fan-in, uniform; LeCun-uniform at scale 1), as in nnx-ppo;
-biases are zero.
+Kernels are variance-scaled (fan-in, uniform; LeCun-uniform at scale 1), as
+in nnx-ppo; biases are zero.
 """
 
 import math
@@ -98,10 +92,6 @@ def make_mlp(
     )
 
 
-def _leaf_size(shape: int | tuple[int, ...]) -> int:
-    return shape if isinstance(shape, int) else math.prod(shape)
-
-
 def _preprocessing(
     obs_size: ObsSize,
     normalize_obs: bool,
@@ -131,7 +121,7 @@ def _preprocessing(
             "an int."
         )
     if isinstance(obs_size, Mapping):
-        size = sum(_leaf_size(v) for v in obs_size.values())
+        size = sum(v if isinstance(v, int) else math.prod(v) for v in obs_size.values())
         flatten: list[AbstractStatefulModule] = [Flattener()]
         return ([Normalizer(dict(obs_size))] if normalize_obs else []) + flatten, size
     return ([Normalizer(obs_size)] if normalize_obs else []), obs_size
@@ -173,11 +163,11 @@ def _action_head(
 
 
 def actor_critic(
-    obs_size: ObsSize,
-    action_size: ActionSize,
     make_trunk: Callable[
         [str, int, Key[Array, ""]], tuple[list[AbstractStatefulModule], int]
     ],
+    obs_size: ObsSize,
+    action_size: ActionSize,
     actor_hidden_sizes: Sequence[int],
     critic_hidden_sizes: Sequence[int],
     *,
@@ -189,8 +179,10 @@ def actor_critic(
     pixel_scale: float | None,
     **sampler_kwargs: Any,
 ) -> Sequential:
-    """The actor-critic both factories build; `make_trunk(port, features,
-    key)` gives a port's memory layers and their output size."""
+    """The actor-critic of both factories, from `make_mlp_actor_critic`'s
+    arguments: the preprocessing, then a `PPOAdapter` whose ports are flat
+    `Sequential`s of `make_trunk(port, features, key)` (a memory and its
+    output size), the MLP and, for the actor, the action head."""
     kernel_init = scaled_kernel_init(initializer_scale)
     key, encoder_key = (key, key) if encoder is None else jax.random.split(key)
     preprocessing, features = _preprocessing(
@@ -216,6 +208,13 @@ def actor_critic(
     return Sequential([*preprocessing, adapter])
 
 
+def _no_trunk(
+    port: str, features: int, key: Key[Array, ""]
+) -> tuple[list[AbstractStatefulModule], int]:
+    del port, key
+    return [], features
+
+
 @checked
 def make_mlp_actor_critic(
     obs_size: ObsSize,
@@ -236,14 +235,13 @@ def make_mlp_actor_critic(
 ) -> Sequential:
     """A feed-forward actor and critic, each its own MLP on the same observation.
 
-    For an int `obs_size`, two hidden layers and `normalize_obs=True`:
+    For an int `obs_size` and two hidden layers:
 
     ```python
     Sequential([
         Normalizer(obs_size),
         PPOAdapter(
-            action=Sequential([Dense, Dense, Dense(-> 2 * action_size),
-                               NormalTanhSampler(entropy_weight, min_std, std_scale)]),
+            action=Sequential([Dense, Dense, Dense(-> 2 * action_size), Sampler]),
             value=Sequential([Dense, Dense, Dense(-> 1)]),
         ),
     ])
@@ -251,46 +249,19 @@ def make_mlp_actor_critic(
 
     **Arguments:**
 
-    - `obs_size`: features of one observation, or a dict from observation key
-      to its size (int) or shape (tuple), flattened in sorted key order.
-    - `action_size`: action dimension; a dict of them for dict actions. With
-      `discrete=True`: the number of categories, a tuple of them
-      (multi-discrete), or a dict of either.
+    - `obs_size`: one observation's features; a dict of sizes or shapes if a dict.
+    - `action_size`: the action's size (`discrete`: categories); a dict if a dict.
     - `actor_hidden_sizes`, `critic_hidden_sizes`: hidden widths, e.g. `[64, 64]`.
     - `key`: PRNG key for the initialisers.
     - `activation`: hidden-layer activation, a name or a callable.
     - `normalize_obs`: put a running [`eqx_ppo.nn.Normalizer`][] first.
     - `initializer_scale`: variance scale of the kernel initialiser.
     - `entropy_weight`: weight of every sampler's entropy bonus.
-    - `min_std`, `std_scale`: the Gaussian samplers' std floor and scale; the
-      floor 0.1 (the sampler's own default is 1e-3) keeps exploration alive
-      on small tasks.
-    - `discrete`: use [`eqx_ppo.nn.CategoricalSampler`][]s (integer actions).
-    - `encoder`: for images, `obs_size` is one env's `(height, width,
-      channels)` and a CNN from [`eqx_ppo.nn.make_cnn_encoder`][] comes first,
-      shared by both ports, in place of the normaliser.
-    - `pixel_scale`: with `encoder` only, multiply the pixels by this first,
-      e.g. `1 / 255` for `uint8` images; finite and `> 0`.
+    - `min_std`, `std_scale`: the Gaussian samplers' std floor and scale.
+    - `discrete`: use [`eqx_ppo.nn.CategoricalSampler`][]s; a tuple `action_size`
+      is multi-discrete.
+    - `encoder`: for `(height, width, channels)` images, a CNN
+      ([`eqx_ppo.nn.make_cnn_encoder`][]) in place of the normaliser.
+    - `pixel_scale`: with `encoder`, multiply the pixels by this, e.g. `1 / 255`.
     """
-
-    def no_trunk(port, features, key):
-        del port, key
-        return [], features
-
-    return actor_critic(
-        obs_size,
-        action_size,
-        no_trunk,
-        actor_hidden_sizes,
-        critic_hidden_sizes,
-        key=key,
-        activation=activation,
-        normalize_obs=normalize_obs,
-        initializer_scale=initializer_scale,
-        discrete=discrete,
-        entropy_weight=entropy_weight,
-        min_std=min_std,
-        std_scale=std_scale,
-        encoder=encoder,
-        pixel_scale=pixel_scale,
-    )
+    return actor_critic(_no_trunk, **locals())

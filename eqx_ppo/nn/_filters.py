@@ -41,34 +41,20 @@ def _concrete_float32(x: Any) -> Array:
         return jnp.asarray(x, jnp.float32)
 
 
-def nonnegative_coefficients(node: Any) -> dict[str, Array]:
-    """A module's `coefficient(nonnegative=True)` fields, by name."""
-    fields = dataclasses.fields(node)
-    return {
-        f.name: getattr(node, f.name)
-        for f in fields
-        if f.metadata.get("nonnegative", False)
-    }
-
-
-def coefficient_names(node: Any) -> tuple[str, ...]:
-    """The names of a module's `coefficient` fields; `()` for anything else."""
+def coefficient_names(node: Any, flag: str = "coefficient") -> tuple[str, ...]:
+    """The names of a module's `coefficient` fields (with `flag="nonnegative"`,
+    of its `coefficient(nonnegative=True)` ones); `()` for anything else."""
     if not isinstance(node, eqx.Module):
         return ()
     fields = dataclasses.fields(node)
-    return tuple(f.name for f in fields if f.metadata.get("coefficient", False))
+    return tuple(f.name for f in fields if f.metadata.get(flag, False))
 
 
 def trainable(model: PyTree) -> PyTree[bool]:
-    """A filter spec selecting the trainable leaves of `model`.
-
-    Trainable means: a floating-point array not inside an
-    [`eqx_ppo.nn.AbstractStatistics`][] and not a
-    [`coefficient`][eqx_ppo.nn.coefficient] field. Use it with `eqx.partition`:
-
-    ```python
-    params, static = eqx.partition(model, eqx_ppo.nn.trainable(model))
-    ```
+    """A filter spec selecting the trainable leaves of `model`, for `eqx.partition`:
+    the floating-point arrays that are neither inside an
+    [`eqx_ppo.nn.AbstractStatistics`][] nor a
+    [`coefficient`][eqx_ppo.nn.coefficient] field.
     """
 
     def special(node: Any) -> bool:

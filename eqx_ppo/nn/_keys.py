@@ -1,11 +1,5 @@
-"""Keys: the key each layer inside a container gets, and the check that a
-stochastic layer got one.
-
-A layer's key is one fold of the outermost container's key by the layer's
-whole path (on a CPU each fold is a loop of its own per env and step), so it
-never depends on its siblings; `docs/concepts.md` gives the rule. Every layer
-gets a key, used or not: XLA removes a key no layer draws from.
-"""
+"""The key of each layer inside a container (the rule is in
+`docs/concepts.md`), and the check that a stochastic layer got one."""
 
 import functools
 import zlib

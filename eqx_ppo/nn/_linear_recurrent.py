@@ -1,10 +1,5 @@
-"""Linear recurrences with a parallel replay: LRU (carry `(re, im)`), MinGRU (`h`).
-
-Both update their carry as `h_t = a_t * h_{t-1} + b_t`, with `a_t`, `b_t`
-from the input `x_t` alone, so the loss replay computes the coefficients of
-all `T x M` steps in one matmul and composes them env by env, resets
-included (`_recurrence.py`).
-"""
+"""Linear recurrences `h_t = a_t * h_{t-1} + b_t`, `a_t` and `b_t` from `x_t`
+alone, so that the loss replay composes all steps at once: LRU and MinGRU."""
 
 import abc
 import math
@@ -134,17 +129,13 @@ class LRU(_AbstractLinearRecurrence):
     y  = Re(h' C) + D x                               C = C_re + i C_im
     ```
 
-    Every parameter is a real float32 array (`B`, `C` as real and imaginary
-    parts, kernels `[in, out]`), and so is the carry: **the complex state is
-    the tuple `(re, im)`** of two `[hidden_size]` arrays. The output is the
-    real `y`.
-
-    The initialisation follows the paper: `lambda` uniform on the ring
-    `r_min <= |lambda| <= r_max` with phase in `[0, max_phase]`,
-    `gamma_log = log(sqrt(1 - |lambda|^2))` (a unit-variance state for white
-    unit-variance inputs), `B ~ N(0, 1 / (2 in))` and `C ~ N(0, 1 / hidden)`
-    per part, `D ~ N(0, 1)`. The paper's block around the recurrence (GLU,
-    normalisation, residual) composes outside it, e.g. in a `Sequential`.
+    Parameters and carry are real float32 arrays: **the complex state is the
+    tuple `(re, im)`**; kernels are `[in, out]`. Initialised as in the paper:
+    `lambda` uniform on the ring `r_min <= |lambda| <= r_max` with phase in
+    `[0, max_phase]`, `gamma_log = log(sqrt(1 - |lambda|^2))`,
+    `B ~ N(0, 1 / (2 in))` and `C ~ N(0, 1 / hidden)` per part, `D ~ N(0, 1)`.
+    The paper's block around it (GLU, normalisation, residual) composes
+    outside, e.g. in a `Sequential`.
     """
 
     nu_log: Float[Array, " hidden_size"]
@@ -179,25 +170,14 @@ class LRU(_AbstractLinearRecurrence):
         """**Arguments:**
 
         - `in_size`: input features.
-        - `hidden_size`: size of the complex state (the paper's `N`); the
-            carry holds `2 * hidden_size` reals.
+        - `hidden_size`: number of complex states (the paper's `N`).
         - `key`: PRNG key for the initialisers.
-        - `out_size`: output features; default `in_size`, as in the paper.
-            Then `D` is the elementwise skip `D * x`; otherwise a real
-            `[in_size, out_size]` matrix (LeCun normal), the skip `x D`.
-        - `r_min`, `r_max`: the ring of initial eigenvalue moduli,
-            `0 <= r_min <= r_max < 1`. The default `[0, 0.999]` spreads the
-            memory from one step to about a thousand (moduli nearer 1 leave
-            no float32 room for `gamma`).
-        - `max_phase`: initial phases are uniform in `[0, max_phase]`,
-            `max_phase > 0`.
-        - `trainable_initial_state`: learn the initial state `(re, im)`
-            (initialised to zeros) instead of starting every episode from
-            zeros.
-        - `parallel_replay`: compose the replay's steps with the associative
-            scan (`True`), sequentially (`False`), or whichever is faster on
-            the backend (`None`: sequential on CPUs, and on TPUs for the LRU;
-            associative otherwise).
+        - `out_size`: output features; default `in_size`, with `D` elementwise.
+        - `r_min`, `r_max`: the ring of initial eigenvalue moduli, in `[0, 1)`.
+        - `max_phase`: initial phases are uniform in `[0, max_phase]`.
+        - `trainable_initial_state`: learn `(re, im)` instead of starting from 0.
+        - `parallel_replay`: replay with the associative scan (`True`), a loop
+            (`False`), or whichever is faster on the backend (`None`).
         """
         if not 0.0 <= r_min <= r_max < 1.0:
             raise ValueError(
@@ -283,17 +263,15 @@ class MinGRU(_AbstractLinearRecurrence):
     """The minimal GRU of Feng et al. (2024), for one env; carry and output are `h`.
 
     The gate and the candidate see only the input, so the update is linear
-    in `h` and replays in parallel. With the two blocks stacked in the order
-    `z, h` along the last axis of `kernel` and `bias`:
+    in `h`. With the two blocks stacked `z, h` along the last axis of
+    `kernel` and `bias` (LeCun normal and zeros by default):
 
     ```
     z  = sigmoid(x W_z + b_z)        h~ = x W_h + b_h
     h' = (1 - z) * h + z * h~
     ```
 
-    The paper's plain minGRU (a linear candidate, without the positive `g`
-    of its log-space variant). Defaults: LeCun-normal kernels (one per
-    block), zero biases.
+    The paper's plain minGRU, without its log-space variant's positive `g`.
     """
 
     kernel: Float[Array, "in_size gates"]

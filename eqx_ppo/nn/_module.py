@@ -1,10 +1,5 @@
-"""The stateful module contract every eqx_ppo layer follows.
-
-A layer is written for one env, as in Equinox: `x` has no batch axis, `state`
-is one env's carry, the regularisation loss is a scalar. The library adds the
-env axis with `jax.vmap`, one PRNG key per env; `docs/concepts.md` says why
-and how containers route keys.
-"""
+"""The stateful module contract: every layer is written for one env, as in
+Equinox; `docs/concepts.md` says how the library batches and routes keys."""
 
 import abc
 import math
@@ -18,7 +13,7 @@ from jaxtyping import Array, Bool, Float, Key, PyTree
 
 from .._typecheck import checked
 from ._errors import carry_spec, tree_spec
-from ._filters import nonnegative_coefficients
+from ._filters import coefficient_names
 
 State = PyTree
 """A per-env carry: any pytree of arrays, `()` for stateless layers."""
@@ -70,7 +65,8 @@ class AbstractStatefulModule(eqx.Module):
     """
 
     def __check_init__(self):
-        for name, value in nonnegative_coefficients(self).items():
+        for name in coefficient_names(self, "nonnegative"):
+            value = getattr(self, name)
             if isinstance(value, jax.core.Tracer):
                 continue
             # NumPy, not jnp: under a trace jnp would stage even a concrete value.
@@ -121,10 +117,9 @@ class AbstractStatefulModule(eqx.Module):
         - `done`: `[T, M]`; after a step with `done`, that env's carry is reset
           with `reset_state`, exactly as the rollout reset it.
 
-        The default runs a module without a carry once over all `T x M` steps
-        (one `[T x M, ...]` batch: faster matmuls), and scans one with a carry
-        over time, vmapped over the envs. An override must give these values
-        (to float rounding) and route keys and extras as `__call__` does.
+        The default runs a module without a carry on all `T x M` steps at once
+        and scans one with a carry; an override must give the same values,
+        routing keys and extras as `__call__` does.
         """
         if jax.tree.leaves(state0):
 
@@ -285,11 +280,6 @@ def apply_batched(
 
     `key` is split into one key per env as the rollout splits it, so this
     reproduces the per-env calls (to float rounding).
-
-    ```python
-    state = net.initialize_state(8)
-    out = eqx_ppo.nn.apply_batched(net, state, obs, key=jax.random.key(0))
-    ```
     """
     n = jnp.shape(jax.tree.leaves(x)[0])[0]
     keys = None if key is None else jax.random.split(key, n)

@@ -27,8 +27,7 @@ def canonicalize(tree: Any) -> Any:
 
 
 def _is_shape_leaf(spec: Any) -> bool:
-    """Whether `spec` is a leaf of `Normalizer`'s `shape`: an int, a tuple or
-    list of ints, or an array (or `jax.ShapeDtypeStruct`)."""
+    """Whether `spec` is a leaf of `Normalizer`'s `shape`."""
     if type(spec) in (tuple, list):
         return all(isinstance(d, int) for d in spec)
     return isinstance(spec, int | jax.ShapeDtypeStruct) or eqx.is_array(spec)
@@ -42,14 +41,8 @@ def _zeros(spec: Any) -> Float[Array, "..."]:
 
 
 class NormalizerStatistics(AbstractStatistics):
-    """A `Normalizer`'s running moments: never trained.
-
-    **Fields:**
-
-    - `mean`: running mean, one array per input leaf.
-    - `m2`: running sum of squared deviations from the mean, per input leaf.
-    - `count`: number of samples folded in (float32, shared by all leaves).
-    """
+    """A `Normalizer`'s running moments: the `mean` and the sum of squared
+    deviations `m2` of each input leaf, and the `count` of samples."""
 
     mean: PyTree[Float[Array, "..."]]
     m2: PyTree[Float[Array, "..."]]
@@ -60,19 +53,11 @@ class NormalizerStatistics(AbstractStatistics):
 class Normalizer(AbstractStatefulModule):
     """Standardises its input with running statistics: `(x - mean) / std`.
 
-    The running `mean`, `m2` and `count` (`statistics`) are an
-    [`eqx_ppo.nn.AbstractStatistics`][]: [`eqx_ppo.nn.trainable`][] excludes
-    them and no gradient reaches them. Only `update_statistics` changes them,
-    once per iteration after the gradient phase, with the raw inputs this
-    layer emitted as `extras` in the rollout. Before any data the layer is
-    the identity (nnx-ppo divides by 10). Inputs may be any pytree of arrays;
-    a `Mapping` is treated as a `dict`.
-
-    ```python
-    norm = Normalizer({"pos": 3, "vel": (2,)})
-    out = norm((), {"pos": jnp.ones(3), "vel": jnp.ones(2)})
-    norm = norm.update_statistics(rollout_extras)  # leaves [T, B, *shape]
-    ```
+    The running moments (`statistics`) are an
+    [`eqx_ppo.nn.AbstractStatistics`][]: never trained, changed only by
+    `update_statistics`, once per iteration after the gradient phase, from
+    the raw inputs this layer emitted as `extras`. Before any data it is the
+    identity (nnx-ppo divides by 10). Inputs may be any pytree of arrays.
     """
 
     statistics: NormalizerStatistics
@@ -88,13 +73,9 @@ class Normalizer(AbstractStatefulModule):
     ):
         """**Arguments:**
 
-        - `shape`: one env's input shape: an int, a tuple of ints, or a pytree
-            (e.g. a dict) whose leaves are ints, tuples of ints, or arrays /
-            `jax.ShapeDtypeStruct`s whose shapes are used.
-        - `std_min`: floor on the standard deviation, so near-constant
-            features are not blown up.
-        - `clip`: if given, the normalised output is clipped to
-            `[-clip, clip]`.
+        - `shape`: one env's input shape, or a pytree of them (or of arrays).
+        - `std_min`: floor on the standard deviation.
+        - `clip`: if given, clip the normalised output to `[-clip, clip]`.
         """
         check_range("Normalizer(std_min=", std_min, 0, open_low=True)
         check_range("Normalizer(clip=", clip, 0, open_low=True)

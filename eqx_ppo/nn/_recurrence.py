@@ -1,11 +1,6 @@
-"""The linear recurrence `h_t = a_t * h_{t-1} + b_t`, resetting on episode ends.
-
-`linear_recurrence` composes the steps either with `jax.lax.associative_scan`
-(`O(log T)` depth) or with a sequential loop whose body is only the
-elementwise update, written in place; that loop has its own `vmap` rule (its
-slices stay slices, not gathers) and a hand-written VJP (the same loop run
-backwards), so neither pass stacks per-step buffers. Depth pays only where
-there is parallel width: `use_associative_scan` picks by backend.
+"""The linear recurrence `h_t = a_t * h_{t-1} + b_t`, resetting on episode ends:
+an associative scan, or an in-place sequential loop with its own `vmap` rule
+and VJP (the loop run backwards), so that neither pass stacks per-step buffers.
 """
 
 import functools

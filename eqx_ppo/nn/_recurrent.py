@@ -67,12 +67,10 @@ def initial_part(
 
 @checked
 class LSTM(AbstractStatefulModule):
-    """A long short-term memory layer for one env; the output is `h`.
+    """A long short-term memory layer for one env: carry `(h, c)`, output `h`.
 
-    The carry is the tuple **`(h, c)`, hidden state first, cell state
-    second**. Each step computes, with gates stacked in the order
-    `i, f, g, o` along the last axis of `kernel`, `recurrent_kernel` and
-    `bias`:
+    With the gates stacked `i, f, g, o` along the last axis of `kernel`,
+    `recurrent_kernel` and `bias`:
 
     ```
     i = gate_fn(x W_i + h U_i + b_i)        f = gate_fn(x W_f + h U_f + b_f)
@@ -80,12 +78,8 @@ class LSTM(AbstractStatefulModule):
     c' = f * c + i * g                      h' = o * activation_fn(c')
     ```
 
-    The defaults follow flax's `LSTMCell`: LeCun-normal input kernels,
-    orthogonal recurrent kernels (one per gate) and **zero biases for every
-    gate, the forget gate included**; for a forget bias, set
-    `bias[hidden_size:2 * hidden_size]` with `eqx.tree_at`. With
-    `trainable_initial_state=True`, every episode start (and every reset in
-    the loss replay) passes gradient to `(initial_h, initial_c)`.
+    As flax's `LSTMCell`: LeCun-normal input kernels, orthogonal recurrent
+    kernels (one per gate), zero biases (the forget gate's too).
     """
 
     kernel: Float[Array, "in_size gates"]
@@ -116,16 +110,12 @@ class LSTM(AbstractStatefulModule):
         - `in_size`: input features.
         - `hidden_size`: size of `h` and `c`, and of the output.
         - `key`: PRNG key for the initialisers.
-        - `trainable_initial_state`: learn `(h0, c0)` (initialised to zeros)
-            instead of starting every episode from zeros.
+        - `trainable_initial_state`: learn `(h0, c0)` instead of starting from 0.
         - `gate_fn`: squashing of the `i`, `f`, `o` gates (callable or name).
-        - `activation_fn`: activation of the candidate `g` and of the output
-            cell state (callable or name).
-        - `kernel_init`: initialiser of each gate's `[in_size, hidden_size]`
-            input kernel; default LeCun normal.
-        - `recurrent_init`: initialiser of each gate's
-            `[hidden_size, hidden_size]` recurrent kernel; default orthogonal.
-        - `bias_init`: initialiser of each gate's bias; default zeros.
+        - `activation_fn`: activation of `g` and of `c'` in `h'` (callable or name).
+        - `kernel_init`: initialiser of each gate's input kernel.
+        - `recurrent_init`: initialiser of each gate's recurrent kernel.
+        - `bias_init`: initialiser of each gate's bias.
         """
         self.kernel, self.recurrent_kernel, self.bias = _gated_weights(
             in_size,
@@ -163,8 +153,8 @@ class LSTM(AbstractStatefulModule):
 class GRU(AbstractStatefulModule):
     """A gated recurrent unit layer for one env; the carry and output are `h`.
 
-    As flax's `GRUCell` (and cuDNN), with gates stacked `r, z, n` along the
-    last axis of `kernel`, `recurrent_kernel` and `bias`:
+    As flax's `GRUCell` (and cuDNN), with the gates stacked `r, z, n` along
+    the last axis of `kernel`, `recurrent_kernel` and `bias`:
 
     ```
     r = gate_fn(x W_r + b_r + h U_r)
@@ -173,7 +163,7 @@ class GRU(AbstractStatefulModule):
     h' = (1 - z) * n + z * h
     ```
 
-    Defaults and `trainable_initial_state` as in [`eqx_ppo.nn.LSTM`][].
+    Initialised as [`eqx_ppo.nn.LSTM`][].
     """
 
     kernel: Float[Array, "in_size gates"]

@@ -1,6 +1,7 @@
-"""Factories for the recurrent actor-critics: those of `make_mlp_actor_critic`
-(`_factories.py`) with a memory at the start of each port."""
+"""The recurrent actor-critics: `make_mlp_actor_critic`'s, with a memory
+at the start of each port."""
 
+import inspect
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -10,7 +11,14 @@ from jaxtyping import Array, Key
 from .._typecheck import check_range, checked
 from ._containers import Sequential
 from ._dense import Activation, Dense
-from ._factories import ActionSize, Encoder, ObsSize, actor_critic, scaled_kernel_init
+from ._factories import (
+    ActionSize,
+    Encoder,
+    ObsSize,
+    actor_critic,
+    make_mlp_actor_critic,
+    scaled_kernel_init,
+)
 from ._linear_recurrent import LRU, MinGRU
 from ._recurrent import GRU, LSTM
 
@@ -49,11 +57,9 @@ def make_recurrent_actor_critic(
 ) -> Sequential:
     """A recurrent actor and critic, each port with its own memory, then an MLP.
 
-    The actor (and, with `recurrent_critic=True`, the critic) gets its own
-    memory of width `hidden_size` on the (normalised, flattened) observation:
-    an [`eqx_ppo.nn.LSTM`][] or [`eqx_ppo.nn.GRU`][], or, since they are
-    linear in their input, `Dense(-> hidden_size, activation)` then an
-    [`eqx_ppo.nn.LRU`][] or [`eqx_ppo.nn.MinGRU`][]. With no hidden sizes
+    Each memory is an [`eqx_ppo.nn.LSTM`][] or [`eqx_ppo.nn.GRU`][], or, as
+    they are linear in their input, `Dense(-> hidden_size, activation)` then
+    an [`eqx_ppo.nn.LRU`][] or [`eqx_ppo.nn.MinGRU`][]. With no hidden sizes
     the LSTM network is
 
     ```python
@@ -76,17 +82,14 @@ def make_recurrent_actor_critic(
       [`eqx_ppo.nn.make_mlp_actor_critic`][].
     - `hidden_size`: the width of each memory.
     - `cell`: `"lstm"`, `"gru"`, `"lru"` or `"mingru"`.
-    - `recurrent_critic`: give the critic its own memory (the default); with
-      `False` the critic is a feed-forward MLP, the cheaper common layout.
-    - `actor_hidden_sizes`, `critic_hidden_sizes`: widths of the MLP layers
-      between each memory and its output layer; default none.
+    - `recurrent_critic`: give the critic a memory; `False`: a feed-forward MLP.
+    - `actor_hidden_sizes`, `critic_hidden_sizes`: MLP widths after each memory.
     - `trainable_initial_state`: learn each memory's initial carry.
-    - `parallel_replay`: how the LRU and MinGRU replay, as in
-      [`eqx_ppo.nn.LRU`][].
-    - `lru_state_size`: with `cell="lru"` only, the number of the LRU's
-      complex states; default `hidden_size / 2` (rounded up), so its carry
-      holds as many reals as the GRU's (see "Choosing a memory model").
+    - `parallel_replay`: how the LRU and MinGRU replay, as in [`eqx_ppo.nn.LRU`][].
+    - `lru_state_size`: the LRU's complex states; default `hidden_size / 2`
+      (see "Choosing a memory model").
     """
+    arguments = locals()
     check_range("make_recurrent_actor_critic(hidden_size=", hidden_size, 1)
     if lru_state_size is not None and cell != "lru":
         raise ValueError(
@@ -101,8 +104,7 @@ def make_recurrent_actor_critic(
         if port == "value" and not recurrent_critic:
             return [], features
         if cell in ("lstm", "gru"):
-            gated = LSTM if cell == "lstm" else GRU
-            memory = gated(
+            memory = {"lstm": LSTM, "gru": GRU}[cell](
                 features,
                 hidden_size,
                 key=key,
@@ -110,7 +112,7 @@ def make_recurrent_actor_critic(
                 trainable_initial_state=trainable_initial_state,
             )
             return [memory], hidden_size
-        projection_key, cell_key = jax.random.split(key)
+        projection_key, key = jax.random.split(key)
         projection = Dense(
             features,
             hidden_size,
@@ -118,43 +120,23 @@ def make_recurrent_actor_critic(
             activation=activation,
             kernel_init=kernel_init,
         )
+        options = dict(
+            key=key,
+            trainable_initial_state=trainable_initial_state,
+            parallel_replay=parallel_replay,
+        )
         if cell == "lru":
             n = lru_state_size
-            memory = LRU(
-                hidden_size,
-                default_lru_state_size(hidden_size) if n is None else n,
-                key=cell_key,
-                trainable_initial_state=trainable_initial_state,
-                parallel_replay=parallel_replay,
-            )
+            n = default_lru_state_size(hidden_size) if n is None else n
+            memory = LRU(hidden_size, n, **options)
         else:
             memory = MinGRU(
-                hidden_size,
-                hidden_size,
-                key=cell_key,
-                kernel_init=kernel_init,
-                trainable_initial_state=trainable_initial_state,
-                parallel_replay=parallel_replay,
+                hidden_size, hidden_size, kernel_init=kernel_init, **options
             )
         return [projection, memory], hidden_size
 
-    return actor_critic(
-        obs_size,
-        action_size,
-        trunk,
-        actor_hidden_sizes,
-        critic_hidden_sizes,
-        key=key,
-        activation=activation,
-        normalize_obs=normalize_obs,
-        initializer_scale=initializer_scale,
-        discrete=discrete,
-        entropy_weight=entropy_weight,
-        min_std=min_std,
-        std_scale=std_scale,
-        encoder=encoder,
-        pixel_scale=pixel_scale,
-    )
+    shared = inspect.signature(make_mlp_actor_critic).parameters
+    return actor_critic(trunk, **{name: arguments[name] for name in shared})
 
 
 @checked

@@ -61,21 +61,14 @@ class GaussianHead(eqx.Module):
 
 @checked
 class VariationalBottleneck(AbstractStatefulModule):
-    """A Gaussian latent `z ~ N(mu, std)` sampled with the reparameterisation trick.
+    """A Gaussian latent `z = mu + std * eps`, `eps ~ N(0, I)` drawn from `key`.
 
-    A linear projection (`head`, initialised like [`eqx_ppo.nn.Dense`][]) maps
-    the input to `(mu, pre_std)`; `std = softplus(pre_std) + min_std` and
-    `z = mu + std * eps`, `eps ~ N(0, I)` drawn from `key`, so the loss replay
-    (same key) reproduces the rollout's noise and differentiates through the
-    sample. The regularisation loss is `kl_weight * KL(N(mu, std^2) || N(0, I))`:
-
-    ```
-    KL = 0.5 * sum(mu^2 + std^2 - 2 log(std) - 1)
-    ```
-
-    Metrics: `mu`, `sigma` (the std) and `kl`. In inference mode
-    (`eqx.nn.inference_mode`) the output is `mu` and no key is needed. Unlike
-    nnx-ppo's layer, this one owns the projection to `(mu, pre_std)`.
+    A linear projection (`head`, initialised as a [`eqx_ppo.nn.Dense`][])
+    gives `(mu, pre_std)` and `std = softplus(pre_std) + min_std`; the loss
+    replay (same key) reproduces the noise and differentiates through it.
+    The regularisation loss is `kl_weight * KL(N(mu, std^2) || N(0, I))`,
+    the metrics `mu`, `sigma` (the std) and `kl`. In inference mode
+    (`eqx.nn.inference_mode`) the output is `mu` and no key is needed.
     """
 
     head: GaussianHead
@@ -98,8 +91,7 @@ class VariationalBottleneck(AbstractStatefulModule):
         - `latent_size`: size of the sample `z`.
         - `key`: PRNG key for the projection's initialisation.
         - `kl_weight`: weight of the KL penalty in the regularisation loss.
-        - `min_std`: added to the softplus, keeping `std > 0` and `log(std)`
-            finite.
+        - `min_std`: added to the softplus, so that `log(std)` stays finite.
         - `inference`: output `mu` instead of a sample.
         """
         self.head = GaussianHead(in_size, latent_size, min_std, key)
@@ -119,19 +111,11 @@ class VariationalBottleneck(AbstractStatefulModule):
 class AR1VariationalBottleneck(AbstractStatefulModule):
     """A [`eqx_ppo.nn.VariationalBottleneck`][] that also penalises latent jumps.
 
-    On top of the KL penalty it adds, as in nnx-ppo, the first-order
-    autoregressive (random-walk prior) smoothness penalty
-
-    ```
-    ar1_weight * mean((z_t - z_{t-1})^2)      (mean over latent dimensions)
-    ```
-
-    reported as the metric `l2_diff` (unweighted). The carry holds the
-    previous sample and a `valid` flag; at an episode start the penalty is
-    exactly 0, and a stale (even NaN) sample never reaches the loss or its
-    gradients. With `backprop_through_time=False` (the default here, not in
-    nnx-ppo) the previous sample is a constant: the penalty pulls `z_t`
-    towards `z_{t-1}`, not the other way.
+    As in nnx-ppo, it adds `ar1_weight * mean((z_t - z_{t-1})^2)`, reported
+    unweighted as the metric `l2_diff`. The carry holds the previous sample
+    and a `valid` flag: at an episode start the penalty is exactly 0. Unlike
+    nnx-ppo's, by default the previous sample is a constant, so the penalty
+    pulls `z_t` towards `z_{t-1}`, not the other way.
     """
 
     head: GaussianHead
