@@ -94,11 +94,12 @@ def check_range(
     high: float | int | None = None,
     *,
     open_low: bool = False,
+    fix: str = "",
 ) -> None:
     """Raise a `ValueError` unless a concrete scalar `value` is finite and in
     `[low, high]` (`(low, high]` with `open_low`). `call` is the call to name,
-    e.g. `"PPO(clip_range=-0.1)"`'s `"PPO(clip_range="`. Traced values and
-    `None` pass."""
+    e.g. `"PPO(clip_range=-0.1)"`'s `"PPO(clip_range="`; `fix` ends the message
+    (`"Fix: ..."`). Traced values and `None` pass."""
     if value is None or isinstance(value, jax.core.Tracer):
         return
     array = np.asarray(value)
@@ -117,4 +118,5 @@ def check_range(
         wanted.insert(0, "finite")
     # float32's shortest repr: the value as written (0.001, not 0.0010000000474974513).
     shown = str(np.float32(v)) if array.dtype == np.float32 else str(value)
-    raise ValueError(f"{call}{shown}): must be {' and '.join(wanted)}.")
+    fix = f" Fix: {fix}" if fix else ""
+    raise ValueError(f"{call}{shown}): must be {' and '.join(wanted)}.{fix}")

@@ -124,7 +124,9 @@ def test_scan_grad_and_compiles_once(getkey):
 
 
 def test_bad_arguments_and_inputs():
-    with pytest.raises(ValueError, match="k_steps"):
+    with pytest.raises(
+        ValueError, match=r"k_steps=0\): must be >= 1\. Fix: for no delay"
+    ):
         Delay(jnp.zeros(2), k_steps=0)
     with pytest.raises(TypeError, match="k_steps"):
         Delay(jnp.zeros(2), k_steps=1.5)

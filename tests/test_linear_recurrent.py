@@ -487,7 +487,9 @@ def test_bad_arguments_and_inputs(getkey):
         LRU(2, 3, r_max=1.0, key=getkey())
     with pytest.raises(ValueError, match=r"r_min=0\.9, r_max=0\.5"):
         LRU(2, 3, r_min=0.9, r_max=0.5, key=getkey())
-    with pytest.raises(ValueError, match="max_phase"):
+    with pytest.raises(
+        ValueError, match=r"max_phase=0\.0\): must be .*> 0\. Fix: a positive"
+    ):
         LRU(2, 3, max_phase=0.0, key=getkey())
     lru = LAYERS["lru"](getkey())  # in 3, hidden 5
     with pytest.raises(ValueError, match=r"LRU expects one env's input of shape \(3,"):

@@ -185,7 +185,13 @@ class LRU(_AbstractLinearRecurrence):
                 "eigenvalue moduli needs 0 <= r_min <= r_max < 1; moduli of 1 or "
                 "more make the recurrence unstable."
             )
-        check_range("LRU(max_phase=", max_phase, 0, open_low=True)
+        check_range(
+            "LRU(max_phase=",
+            max_phase,
+            0,
+            open_low=True,
+            fix="a positive bound; initial phases are drawn in [0, max_phase].",
+        )
         out_size = in_size if out_size is None else out_size
         radius_key, phase_key, b_re_key, b_im_key, c_re_key, c_im_key, d_key = (
             jax.random.split(key, 7)
