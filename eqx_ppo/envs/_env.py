@@ -20,21 +20,11 @@ class AbstractEnv(eqx.Module):
 
     The protocol is Brax's / MuJoCo Playground's, so their envs work unchanged
     wherever an `AbstractEnv` is accepted; subclassing is only a convenience.
-
-    - `reset(key) -> State` and `step(state, action) -> State` handle **one** env
-      (no batch axis); the library `vmap`s them and resets envs whose `done` is
-      set. Both must return states of identical structure and dtypes.
-    - `observation_size`, `action_size`: an int for a flat vector (actions in
-      `[-1, 1]`), or a dict mirroring the observation or action.
-    - `n_actions`: `None` for continuous actions; for discrete ones the number
-      of choices (an int, a tuple for multi-discrete, or a dict of those for
-      dict actions), exactly `CategoricalSampler`'s `n_actions`. The action is
-      then an `int32` scalar (or vector) and `action_size` the number of logits.
-    - `dt`: seconds per step, used for video frame rates.
-    - `max_len`: optional; the most steps an episode lasts. The CLI evaluates
-      and records episodes of that length (1000 steps for envs without it).
-    - `render(trajectory, height=..., width=...)`: optional; envs that can draw
-      themselves define it.
+    `reset(key)` and `step(state, action)` handle **one** env and return states
+    of identical structure and dtypes; the library `vmap`s them and resets envs
+    whose `done` is set. Optional: `max_len`, the most steps an episode lasts
+    (the CLI evaluates episodes of that length, else 1000), and
+    `render(trajectory, height=..., width=...)`.
     """
 
     @abc.abstractmethod

@@ -53,20 +53,9 @@ class AbstractCenterTask(AbstractEnv):
 
 
 class MoveToCenter(AbstractCenterTask):
-    """A point starts on a circle and must be pushed to the origin and held there.
+    """Push a point on a circle to the origin and hold it there.
 
-    - **Observation**: the position, `Float[Array, "2"]`.
-    - **Action**: `Float[Array, "2"]` in `[-1, 1]`; the point moves by
-      `speed * action`, with the action's norm capped at 1.
-    - **Reward**: minus the distance to the origin after the move.
-    - **Episode end**: never by itself; `make("move_to_center")` truncates at
-      20 steps.
-    - **Optimal return**: heading straight in at full speed,
-      `-sum_{t>=1} max(start_radius - t * speed, 0)`, `-2.0` with the defaults
-      (radius 1, speed 0.2) for any horizon of at least 5 steps. A random
-      policy scores about `-20` over 20 steps.
-
-    Metrics: `distance`. Renders a top view.
+    Reward: minus the distance after the move (see the environments guide).
 
     **Arguments:**
 

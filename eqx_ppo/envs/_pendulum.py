@@ -22,34 +22,15 @@ def _angle_normalize(theta: Float[Array, ""]) -> Float[Array, ""]:
 
 @checked
 class Pendulum(AbstractEnv):
-    """Swing a pendulum up and balance it, with gym's Pendulum-v1 dynamics.
+    """Swing a pendulum up and balance it: gym's Pendulum-v1.
 
-    The angle `theta` is 0 upright. Per step of `dt = 0.05` s, with torque
-    `u = max_torque * clip(action, -1, 1)`:
-    `theta_dot += (3 g / (2 l) sin(theta) + 3 u / (m l^2)) dt`, clipped to
-    `[-max_speed, max_speed]`, then `theta += theta_dot dt`
-    (`g = 10, m = l = 1, max_torque = 2, max_speed = 8`). The torque alone
-    cannot lift the pendulum, so it must swing.
-
-    - **Observation**: `[cos(theta), sin(theta), theta_dot]`, or only
-      `[cos(theta), sin(theta)]` with `hide_velocity=True`.
-    - **Action**: `Float[Array, "1"]` in `[-1, 1]`, scaled to the torque.
-    - **Reward**: `-(angle^2 + 0.1 theta_dot^2 + 0.001 u^2)` of the state
-      *before* the step (`angle` wrapped to `[-pi, pi)`), exactly as in gym.
-    - **Episode end**: never by itself; `make("pendulum")` and
-      `make("pendulum_no_velocity")` truncate at 200 steps (gym's limit).
-    - **Start**: `theta ~ U(-pi, pi)`, `theta_dot ~ U(-1, 1)`.
-    - **Optimal return**: at most 0, reached only from an upright start at
-      rest; the best known policies average about -140 per 200-step episode
-      from random starts, zero torque about -1200.
-    - **Without velocity** (a memory task): a recurrent policy can recover
-      `theta_dot` from two consecutive angles; a feed-forward one cannot pump
-      energy reliably.
+    Dynamics and reward: see the environments guide.
 
     **Arguments:**
 
     - `hide_velocity`: drop `theta_dot` from the observation.
     - `max_torque`: the torque of action `1`.
+    - `max_speed`, `gravity`, `mass`, `length`, `step_dt`: the physics.
     """
 
     hide_velocity: bool = eqx.field(static=True, default=False)

@@ -1,15 +1,7 @@
 """POPGym-style memory tasks: discrete cards to repeat or count.
 
-Pure-JAX versions of tasks from POPGym (Morad et al., 2023), written from
-their definitions. Divergences from POPGym:
-
-1. Cards are drawn independently and uniformly, not dealt from a shuffled
-   deck, so the feed-forward bounds have closed forms.
-2. Every observation ends with a clock `t / length`, as in `Recall`, so a
-   critic can predict the remaining return. The feed-forward bounds allow a
-   memoryless policy to read it.
-3. A wrong answer costs as much as a right one earns, `1 / n_scored`, so
-   returns lie in `[-1, 1]` and the optimum is always `1`.
+Pure-JAX versions of tasks from POPGym (Morad et al., 2023); how they differ
+from POPGym, their rewards and feed-forward bounds: see the environments guide.
 """
 
 import abc
@@ -108,18 +100,6 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
 class RepeatPrevious(_AbstractCardEnv):
     """Output the card shown `k` steps ago.
 
-    Step `t` shows card `c_t` (drawn uniformly at reset); from step `k` on the
-    answer is `c_{t - k}`, so a policy must keep the last `k` cards in order.
-
-    - **Observation**: `[one_hot(c_t), t / length]`, all-zero one-hot on the
-      terminal observation.
-    - **Action**: an `int32` choice in `[0, n_cards)`.
-    - **Reward**: `0` on the first `k` steps, then `±1 / (length - k)`.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`; the best feed-forward return is
-      `(2 - n_cards) / n_cards` (`c_{t - k}` is independent of what a
-      memoryless policy sees), as is random play's.
-
     **Arguments:**
 
     - `n_cards`: the number of distinct cards, at least 2.
@@ -145,17 +125,6 @@ class RepeatPrevious(_AbstractCardEnv):
 class RepeatFirst(_AbstractCardEnv):
     """Output the episode's first card on every step.
 
-    Step `t` shows card `c_t` (drawn uniformly at reset); the answer is always
-    `c_0`: one card to hold while new ones keep arriving.
-
-    - **Observation**: `[one_hot(c_t), t / length]`, as in `RepeatPrevious`.
-    - **Action**: an `int32` choice in `[0, n_cards)`.
-    - **Reward**: `+1 / length` if the action is `c_0`, else `-1 / length`.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`; the best feed-forward return is
-      `(1 + (length - 1) (2 - n_cards) / n_cards) / length` (right on step 0,
-      then by chance).
-
     **Arguments:**
 
     - `n_cards`: the number of distinct cards, at least 2.
@@ -171,19 +140,6 @@ class RepeatFirst(_AbstractCardEnv):
 
 class CountRecall(_AbstractChoiceEnv):
     """Say how many times the queried value has been dealt so far.
-
-    Step `t` shows a dealt value `d_t` and a query `q_t` (both drawn uniformly
-    at reset); the answer is how often `q_t` appears among `d_0, ..., d_t`, so
-    a policy must keep a running count of every value.
-
-    - **Observation**: `[one_hot(d_t), one_hot(q_t), t / length]`, all-zero
-      one-hots on the terminal observation.
-    - **Action**: the count, an `int32` choice in `[0, length]`.
-    - **Reward**: `+1 / length` for the right count, else `-1 / length`.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`; the best feed-forward return is
-      `(1 / length) sum_{t < length} (2 m_t - 1)`, `m_t` the largest
-      probability of a `Binomial(t, 1 / n_values)` (the earlier deals' count).
 
     **Arguments:**
 

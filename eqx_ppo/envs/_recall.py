@@ -14,17 +14,6 @@ from ._state import State
 class Recall(AbstractEnv):
     """Remember a cue shown once and act on it for the rest of the episode.
 
-    At reset a cue `c` in `{-1, +1}` is drawn; only the first observation
-    shows it, so a policy must carry it in its recurrent state.
-
-    - **Observation**: `[c if t == 0 else 0, t / length]` at step `t`; the
-      clock lets a critic predict the remaining return.
-    - **Action**: `Float[Array, "1"]`, clipped to `[-1, 1]`.
-    - **Reward**: `action * c` every step.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `length`; the best feed-forward return is `1` (the
-      first step's).
-
     **Arguments:**
 
     - `length`: the episode length in steps, at least 2.

@@ -59,19 +59,15 @@ class AbstractWrapper(AbstractEnv):
 class EpisodeWrapper(AbstractWrapper):
     """Ends every episode after `max_len` steps, marking it as a truncation.
 
-    Counts steps in `info["steps"]` (`int32`). When the count reaches `max_len`
-    the step gets `done = 1`; `info["truncation"]` (of `done`'s dtype) is `1`
-    if the time limit ended the episode, or the wrapped env reports a
-    truncation, and `0` if the env terminated by itself (also on the limit's
-    step, as in Brax: a real terminal state has no value to bootstrap).
+    Counts steps in `info["steps"]`; `info["truncation"]` is `0` when the env
+    terminated by itself, also on the limit's step (see the environments guide).
 
     **Arguments:**
 
     - `env`: the env to limit (built-in, Brax or Playground).
     - `max_len`: the episode length limit, in steps.
-    - `random_initial_steps`: start each episode's counter at a random value
-      in `[0, max_len // 2)`, as nnx-ppo always did, to desynchronise envs
-      that start together; it shortens every episode and biases returns.
+    - `random_initial_steps`: start each episode's counter at a random value in
+        `[0, max_len // 2)`, to desynchronise envs that start together.
     """
 
     env: Any

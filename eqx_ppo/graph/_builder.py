@@ -58,10 +58,9 @@ class PopulationGraphBuilder:
 
         **Arguments:**
 
-        - `name`: a unique name (a non-empty string).
+        - `name`: a unique name.
         - `size`: number of units; every incoming transform must output this size.
-        - `activation`: applied once to the summed input: `None` (identity), a
-            callable, or a name such as `"tanh"` (as in `eqx_ppo.nn.Dense`).
+        - `activation`: applied to the summed input: `None`, a callable or a name.
         """
         return self._add(name, size, activation, "hidden", None, None)
 
@@ -79,9 +78,8 @@ class PopulationGraphBuilder:
         **Arguments:**
 
         - `name`, `size`, `activation`: as in `add_population`.
-        - `input_from`: the key of a dict observation to read (one env's value
-            must have shape `(size,)`), or `None` to read the whole observation,
-            which must then be an array of shape `(size,)`.
+        - `input_from`: the key of a dict observation to read; `None` reads the
+            whole (array) observation.
         """
         return self._add(name, size, activation, "input", input_from, None)
 
@@ -126,17 +124,13 @@ class PopulationGraphBuilder:
         **Arguments:**
 
         - `src`, `dst`: names of populations added before.
-        - `transform`: any stateful module mapping `(src size,)` to
-            `(dst size,)`; its carry, extras, regularisation, statistics and
-            metrics are routed through the graph. `None` creates a learned
-            linear map (`Dense` without activation) at `finalize`.
-        - `delay`: `0` reads `src`'s activity of this step (no delay-0 cycles
-            allowed); `k >= 1` reads the activity of exactly `k` steps ago.
-        - `reciprocal`: also connect `dst` to `src` with the same delay and its
-            own default transform; requires `transform=None`.
-        - `name`: the connection's name, keying its transform, carry and
-            metrics; defaults to `"src->dst"`, with `"@k"` appended for a delay
-            `k`. The reverse connection of a reciprocal pair gets its default.
+        - `transform`: a stateful module mapping `(src size,)` to `(dst size,)`;
+            `None` creates a learned linear map at `finalize`.
+        - `delay`: `0` reads `src`'s activity of this step, `k` that of `k`
+            steps ago.
+        - `reciprocal`: also connect `dst` to `src` (needs `transform=None`).
+        - `name`: the connection's name; defaults to `"src->dst"`, plus `"@k"`
+            for a delay `k`.
         """
         pending = [self._pending(src, dst, transform, delay, name, reciprocal, [])]
         if reciprocal:
@@ -154,10 +148,6 @@ class PopulationGraphBuilder:
         **Arguments:**
 
         - `key`: PRNG key for the default (learned linear) transforms.
-
-        Refuses graphs without outputs, with inputs that mix whole-observation
-        and keyed reads, with a delay-0 cycle, with an output no input reaches,
-        or with a transform whose output does not match its destination.
         """
         self._check_open()
         pops = self._populations
