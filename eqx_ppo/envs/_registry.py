@@ -200,21 +200,17 @@ def make(
 ) -> Any:
     """A ready-to-train env by name.
 
-    Built-in names are listed by [`eqx_ppo.envs.registered_names`][], with
-    their keyword arguments and default time limits in the API reference;
-    `kwargs` go to the env's constructor. Other simulators are imported only
-    when asked for, by a prefix (`"brax:<name>"`, `"playground:<name>"`,
-    `"gymnax:<name>"`, `"popgym_arcade:<name>"`; see the second table). On
-    CPU, without an `impl=`, a Playground env gets the JAX (MJX) backend,
-    with a warning. A gymnax env's `env_params=` is a dict of fields to
-    change (e.g. `{"memory_length": 10}`) or a gymnax params object.
+    Built-in names are listed by [`eqx_ppo.envs.registered_names`][]; other
+    simulators' envs are imported only when asked for, by a prefix
+    (`"brax:<name>"`, `"playground:<name>"`, `"gymnax:<name>"`,
+    `"popgym_arcade:<name>"`). The tables below give each one's keyword
+    arguments and default time limit.
 
     **Arguments:**
 
     - `name`: a built-in name or a `prefix:<name>`.
     - `episode_length`: `"default"` for the env's default limit (an
-      [`eqx_ppo.envs.EpisodeWrapper`][]), an int to set the limit (also on
-      envs that end by themselves), or `None` for no wrapper.
+      [`eqx_ppo.envs.EpisodeWrapper`][]), an int to set it, or `None` for none.
     - `kwargs`: passed to the env's constructor.
     """
     prefix, _, inner = name.partition(":")

@@ -26,23 +26,9 @@ class PopulationGraphBuilder:
     """Describe a population graph step by step, then `finalize` it.
 
     `finalize(key=...)` validates the description and returns an immutable
-    [`eqx_ppo.graph.PopulationGraph`][]; after it the builder refuses
-    further changes.
-
-    ```python
-    builder = PopulationGraphBuilder()
-    builder.add_input("retina", 4, input_from="image")
-    builder.add_population("hidden", 16, activation="tanh")
-    builder.add_output("motor", 2, output_to="action")
-    builder.connect("retina", "hidden")
-    builder.connect("hidden", "hidden", delay=1)  # recurrence
-    builder.connect("hidden", "motor")
-    graph = builder.finalize(key=jax.random.key(0))
-    out = graph(graph.initial_state(), {"image": jnp.ones(4)})
-    out.output["action"]  # shape (2,)
-    ```
-
-    Every method returns the builder, so calls can be chained.
+    [`eqx_ppo.graph.PopulationGraph`][]; after it the builder refuses further
+    changes. Every method returns the builder, so calls can be chained (see the
+    population graph guide for an example).
     """
 
     def __init__(self):
