@@ -1,6 +1,7 @@
 """PopulationGraphBuilder: the mutable description a PopulationGraph is built from."""
 
 import dataclasses
+import graphlib
 from typing import Any
 
 import equinox as eqx
@@ -313,33 +314,20 @@ class PopulationGraphBuilder:
 def _topological_order(
     populations: dict[str, Any], connections: list[ConnectionSpec]
 ) -> tuple[str, ...]:
-    """Kahn's algorithm over the delay-0 connections, ties broken by insertion
-    order; a delay-0 cycle is refused, named in order."""
-    successors: dict[str, list[str]] = {name: [] for name in populations}
-    in_degree = {name: 0 for name in populations}
+    """The populations ordered along the delay-0 connections, ties broken by
+    insertion order; a delay-0 cycle is refused, named in order."""
+    sorter = graphlib.TopologicalSorter({name: [] for name in populations})
     for conn in connections:
         if conn.delay == 0:
-            successors[conn.src].append(conn.dst)
-            in_degree[conn.dst] += 1
-    ready = [name for name in populations if in_degree[name] == 0]
-    order: list[str] = []
-    while ready:
-        name = ready.pop(0)
-        order.append(name)
-        for succ in successors[name]:
-            in_degree[succ] -= 1
-            if in_degree[succ] == 0:
-                ready.append(succ)
-    if len(order) < len(populations):
-        cycle = _find_cycle(
-            [name for name in populations if in_degree[name] > 0], connections
-        )
+            sorter.add(conn.dst, conn.src)
+    try:
+        return tuple(sorter.static_order())
+    except graphlib.CycleError as e:
         raise ValueError(
             "PopulationGraphBuilder.finalize(): delay-0 cycle "
-            f"{' -> '.join(cycle)}; a population cannot depend on its own activity "
-            "in the same step. Give one of these connections delay >= 1."
-        )
-    return tuple(order)
+            f"{' -> '.join(e.args[1])}; a population cannot depend on its own "
+            "activity in the same step. Give one of these connections delay >= 1."
+        ) from None
 
 
 def _unreached_outputs(
@@ -359,19 +347,3 @@ def _unreached_outputs(
         for name, p in populations.items()
         if p.role == "output" and name not in reached
     ]
-
-
-def _find_cycle(stuck: list[str], connections: list[ConnectionSpec]) -> list[str]:
-    """One delay-0 cycle among the populations Kahn's algorithm could not
-    order: each has a delay-0 predecessor among them, so walking predecessors
-    must revisit one."""
-    stuck_set = set(stuck)
-    predecessor = {}
-    for conn in connections:
-        if conn.delay == 0 and conn.dst in stuck_set and conn.src in stuck_set:
-            predecessor.setdefault(conn.dst, conn.src)
-    path = [stuck[0]]
-    while path.count(path[-1]) < 2:
-        path.append(predecessor[path[-1]])
-    start = path.index(path[-1])
-    return path[start:][::-1]
