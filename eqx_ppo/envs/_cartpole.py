@@ -89,16 +89,14 @@ class CartPole(AbstractEnv):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
+        return frames(trajectory, height, width, _X_LIMIT + 0.3, _draw)
 
-        def draw(physics: Any) -> np.ndarray:
-            x, theta = float(physics[0]), float(physics[2])
-            cart = np.array([x, 0.0])
-            tip = cart + 2 * _HALF_LENGTH * np.array([np.sin(theta), np.cos(theta)])
-            canvas = Canvas(height, width, extent=_X_LIMIT + 0.3)
-            rail = np.array([_X_LIMIT, 0.0])
-            canvas.segment(-rail, rail, 0.02, (160, 160, 160))
-            canvas.disk(cart, 0.15, (40, 40, 40))
-            canvas.segment(cart, tip, 0.06, (200, 80, 40))
-            return canvas.image
 
-        return frames(trajectory, draw)
+def _draw(canvas: Canvas, physics: Any) -> None:
+    x, theta = float(physics[0]), float(physics[2])
+    cart = np.array([x, 0.0])
+    tip = cart + 2 * _HALF_LENGTH * np.array([np.sin(theta), np.cos(theta)])
+    rail = np.array([_X_LIMIT, 0.0])
+    canvas.segment(-rail, rail, 0.02, (160, 160, 160))
+    canvas.disk(cart, 0.15, (40, 40, 40))
+    canvas.segment(cart, tip, 0.06, (200, 80, 40))

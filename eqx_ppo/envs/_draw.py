@@ -9,10 +9,20 @@ from ._state import State
 
 
 def frames(
-    trajectory: Sequence[Any], draw: Callable[[Any], np.ndarray]
+    trajectory: Sequence[Any],
+    height: int,
+    width: int,
+    extent: float,
+    draw: Callable[["Canvas", Any], None],
 ) -> list[np.ndarray]:
-    """`draw` of each state's pipeline state (or of each pipeline state)."""
-    return [draw(s.pipeline_state if isinstance(s, State) else s) for s in trajectory]
+    """One `[height, width, 3]` `uint8` image per state (or pipeline state):
+    `draw(canvas, pipeline_state)` on a fresh canvas of half-width `extent`."""
+    images = []
+    for state in trajectory:
+        canvas = Canvas(height, width, extent)
+        draw(canvas, state.pipeline_state if isinstance(state, State) else state)
+        images.append(canvas.image)
+    return images
 
 
 class Canvas:

@@ -119,13 +119,10 @@ def check_choice(env: Any, action: Any, n: int) -> Int[Array, ""]:
     return action
 
 
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, tuple)
-
-
 def check_action_tree(env: Any, action: Any, shapes: dict[str, Any]) -> Any:
     """Check a dict action against `shapes` (same keys; leaves are shape tuples)."""
-    if jax.tree.structure(action) != jax.tree.structure(shapes, is_leaf=_is_shape):
+    shape_tree = jax.tree.structure(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    if jax.tree.structure(action) != shape_tree:
         got = jax.tree.map(jnp.shape, action)
         raise ValueError(
             f"`{type(env).__name__}.step`: expected a dict action with shapes "
@@ -165,7 +162,8 @@ def check_env(env: Any, name: str = "env") -> None:
             "pass an env with `reset(key)` and `step(state, action)` (the Brax / "
             "MuJoCo Playground protocol), e.g. eqx_ppo.envs.make('cartpole')"
         )
-    raise TypeError(f"{name}=...: expected an env, got {describe(env)}. Fix: {fix}.")
+    got = f"the class {env.__name__}" if isinstance(env, type) else type(env).__name__
+    raise TypeError(f"{name}=...: expected an env, got {got}. Fix: {fix}.")
 
 
 # Brax's and MuJoCo Playground's training wrappers, which the library's own
@@ -198,8 +196,3 @@ def _check_not_batched(name: str, env: Any) -> None:
         inner = getattr(inner, "env", None)
         if inner is None or isinstance(inner, type):
             return
-
-
-def describe(x: Any) -> str:
-    """What an error says it got: `the class C` for a class, else the type."""
-    return f"the class {x.__name__}" if isinstance(x, type) else type(x).__name__

@@ -210,10 +210,7 @@ class GymnaxAdapter(AbstractEnv):
 
     @property
     def action_size(self) -> int:
-        space = self._action_space()
-        if _is_discrete(space):
-            return space.n
-        return math.prod(space.shape)
+        return self.n_actions or math.prod(self._action_space().shape)
 
     @property
     def n_actions(self) -> int | None:

@@ -91,13 +91,10 @@ class Pendulum(AbstractEnv):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
+        return frames(trajectory, height, width, 1.3 * self.length, self._draw)
 
-        def draw(physics: Any) -> np.ndarray:
-            theta = float(physics["theta"])
-            tip = self.length * np.array([np.sin(theta), np.cos(theta)])
-            canvas = Canvas(height, width, extent=1.3 * self.length)
-            canvas.segment(np.zeros(2), tip, 0.12 * self.length, (200, 80, 40))
-            canvas.disk(np.zeros(2), 0.06 * self.length, (40, 40, 40))
-            return canvas.image
-
-        return frames(trajectory, draw)
+    def _draw(self, canvas: Canvas, physics: Any) -> None:
+        theta = float(physics["theta"])
+        tip = self.length * np.array([np.sin(theta), np.cos(theta)])
+        canvas.segment(np.zeros(2), tip, 0.12 * self.length, (200, 80, 40))
+        canvas.disk(np.zeros(2), 0.06 * self.length, (40, 40, 40))
