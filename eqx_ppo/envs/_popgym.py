@@ -22,26 +22,6 @@ def _card(cards: Int[Array, " length"], t: Int[Array, ""], n: int) -> Array:
     return jax.nn.one_hot(index, n, dtype=jnp.float32)
 
 
-def _clock(t: Int[Array, ""], length: int) -> Float[Array, "1"]:
-    return (t.astype(jnp.float32) / length)[None]
-
-
-def _cards_state(
-    cards: Int[Array, " length"],
-    t: Int[Array, ""],
-    n_cards: int,
-    reward: Float[Array, ""],
-    done: Float[Array, ""],
-) -> State:
-    """The state of `RepeatPrevious` and `RepeatFirst` at step `t`."""
-    return State(
-        pipeline_state={"cards": cards, "t": t},
-        obs=jnp.concatenate([_card(cards, t, n_cards), _clock(t, cards.shape[0])]),
-        reward=reward,
-        done=done,
-    )
-
-
 def _score(correct: Array, n_scored: int) -> Float[Array, ""]:
     return jnp.where(correct, 1.0, -1.0).astype(jnp.float32) / n_scored
 
@@ -61,6 +41,21 @@ class _AbstractChoiceEnv(AbstractEnv):
         """The episode length, `length`: the env ends episodes itself."""
         return self.length
 
+    def _state(
+        self,
+        ps: dict[str, Array],
+        shown: tuple[str, ...],
+        n: int,
+        reward: Float[Array, ""],
+        done: Float[Array, ""],
+    ) -> State:
+        """The state at step `ps["t"]`, showing the one-hot (of `n`) of each
+        sequence `ps[k]`, `k` in `shown`, at that step, and the clock."""
+        t = ps["t"]
+        cards = [_card(ps[k], t, n) for k in shown]
+        obs = jnp.concatenate([*cards, (t.astype(jnp.float32) / self.length)[None]])
+        return State(pipeline_state=ps, obs=obs, reward=reward, done=done)
+
 
 class _AbstractCardEnv(_AbstractChoiceEnv):
     """A card task: `length` cards drawn at reset, one shown per step, and a
@@ -75,7 +70,8 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
     def reset(self, key: PRNGKeyArray) -> State:
         cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
         zero = jnp.zeros((), jnp.float32)
-        return _cards_state(cards, jnp.zeros((), jnp.int32), self.n_cards, zero, zero)
+        ps = {"cards": cards, "t": jnp.zeros((), jnp.int32)}
+        return self._state(ps, ("cards",), self.n_cards, zero, zero)
 
     @abc.abstractmethod
     def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
@@ -86,7 +82,8 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
         cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
         reward = self._reward(cards, t, action)
         done = (t + 1 >= self.length).astype(jnp.float32)
-        return _cards_state(cards, t + 1, self.n_cards, reward, done)
+        ps = {"cards": cards, "t": t + 1}
+        return self._state(ps, ("cards",), self.n_cards, reward, done)
 
     @property
     def observation_size(self) -> int:
@@ -154,49 +151,28 @@ class CountRecall(_AbstractChoiceEnv):
         check_int(self, "n_values", 2, "with one value the count is t + 1")
         check_int(self, "length", 2, "with one step there is nothing to count")
 
-    def _state(
-        self,
-        dealt: Int[Array, " length"],
-        queries: Int[Array, " length"],
-        counts: Int[Array, " n_values"],
-        t: Int[Array, ""],
-        reward: Float[Array, ""],
-        done: Float[Array, ""],
-    ) -> State:
-        obs = jnp.concatenate(
-            [
-                _card(dealt, t, self.n_values),
-                _card(queries, t, self.n_values),
-                _clock(t, self.length),
-            ]
-        )
-        return State(
-            # `counts[v]`: how many of `d_0, ..., d_t` equal `v`.
-            pipeline_state=dict(dealt=dealt, queries=queries, counts=counts, t=t),
-            obs=obs,
-            reward=reward,
-            done=done,
-        )
-
     def reset(self, key: PRNGKeyArray) -> State:
         dealt_key, query_key = jax.random.split(key)
         shape = (self.length,)
         dealt = jax.random.randint(dealt_key, shape, 0, self.n_values, jnp.int32)
         queries = jax.random.randint(query_key, shape, 0, self.n_values, jnp.int32)
+        # `counts[v]`: how many of `d_0, ..., d_t` equal `v`.
         counts = jax.nn.one_hot(dealt[0], self.n_values, dtype=jnp.int32)
-        zero = jnp.zeros((), jnp.float32)
-        return self._state(dealt, queries, counts, jnp.zeros((), jnp.int32), zero, zero)
+        t, zero = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
+        ps = dict(dealt=dealt, queries=queries, counts=counts, t=t)
+        return self._state(ps, ("dealt", "queries"), self.n_values, zero, zero)
 
     def step(self, state: State, action: Array) -> State:
         action = check_choice(self, action, self.n_actions)
         ps = state.pipeline_state
-        dealt, queries, counts, t = ps["dealt"], ps["queries"], ps["counts"], ps["t"]
-        reward = _score(action == counts[queries[t]], self.length)
+        dealt, counts, t = ps["dealt"], ps["counts"], ps["t"]
+        reward = _score(action == counts[ps["queries"][t]], self.length)
         t = t + 1
         # Past the last deal `_card` is all zeros: the counts stay put.
         counts = counts + _card(dealt, t, self.n_values).astype(jnp.int32)
         done = (t >= self.length).astype(jnp.float32)
-        return self._state(dealt, queries, counts, t, reward, done)
+        ps = {**ps, "counts": counts, "t": t}
+        return self._state(ps, ("dealt", "queries"), self.n_values, reward, done)
 
     @property
     def observation_size(self) -> int:
