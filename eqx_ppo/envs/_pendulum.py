@@ -16,10 +16,6 @@ from ._env import AbstractEnv, check_action, check_positive
 from ._state import State, ongoing
 
 
-def _angle_normalize(theta: Float[Array, ""]) -> Float[Array, ""]:
-    return (theta + jnp.pi) % (2 * jnp.pi) - jnp.pi
-
-
 @checked
 class Pendulum(AbstractEnv):
     """Swing a pendulum up and balance it: gym's Pendulum-v1.
@@ -68,7 +64,8 @@ class Pendulum(AbstractEnv):
         theta = state.pipeline_state["theta"]
         theta_dot = state.pipeline_state["theta_dot"]
         u = self.max_torque * jnp.clip(action[0], -1.0, 1.0)
-        cost = _angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2
+        angle = (theta + jnp.pi) % (2 * jnp.pi) - jnp.pi  # wrapped to [-pi, pi)
+        cost = angle**2 + 0.1 * theta_dot**2 + 0.001 * u**2
         accel = (
             3 * self.gravity / (2 * self.length) * jnp.sin(theta)
             + 3.0 / (self.mass * self.length**2) * u

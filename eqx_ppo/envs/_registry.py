@@ -54,18 +54,6 @@ def registered_names() -> tuple[str, ...]:
     return tuple(sorted(_BUILTIN))
 
 
-def _unknown(call: str, source: str, name: str, known: Collection[str]) -> ValueError:
-    """The error for a name `source` does not have: the closest of its
-    `known` names (by spelling, ignoring case), and all of them."""
-    by_lower = {k.lower(): k for k in known}
-    close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
-    guess = f" Did you mean {by_lower[close[0]]!r}?" if close else ""
-    return ValueError(
-        f"{call}: {source} has no env {name!r}.{guess} It has: "
-        f"{', '.join(sorted(known))}."
-    )
-
-
 def _brax(brax_envs: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
     return brax_envs.get_environment(name, **kwargs), 1000
 
@@ -187,7 +175,14 @@ def _from_source(
         ) from e
     known = source.names(module)
     if name not in known:
-        raise _unknown(f"make('{prefix}:{name}')", source.title, name, known)
+        # The closest known name, by spelling and ignoring case.
+        by_lower = {k.lower(): k for k in known}
+        close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
+        guess = f" Did you mean {by_lower[close[0]]!r}?" if close else ""
+        raise ValueError(
+            f"make('{prefix}:{name}'): {source.title} has no env {name!r}.{guess} "
+            f"It has: {', '.join(sorted(known))}."
+        )
     return source.build(module, name, kwargs)
 
 
