@@ -43,6 +43,4 @@ class Parrot(AbstractEnv):
     def observation_size(self) -> int:
         return self.obs_size
 
-    @property
-    def action_size(self) -> int:
-        return self.obs_size
+    action_size = observation_size

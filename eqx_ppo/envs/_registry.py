@@ -83,11 +83,8 @@ def _playground(mp: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
 
 
 def pinned_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with a Playground env's backend `impl` made explicit, so a run
-    saved on one machine (as `eqx-ppo`'s `run.json` records it) rebuilds the
-    same env on another: the env states differ between backends. On CPU the
-    default is `impl="jax"`, as MuJoCo Warp takes minutes to start there.
-    """
+    """`kwargs` with a Playground env's backend `impl` made explicit (`"jax"` on
+    CPU), so a run saved in `run.json` rebuilds the same env on another machine."""
     if not name.startswith("playground:") or "impl" in kwargs:
         return kwargs
     if jax.default_backend() == "cpu":

@@ -335,13 +335,8 @@ def _unreached_outputs(
 ) -> list[str]:
     """The output populations no path of connections leads to from an input."""
     reached = {name for name, p in populations.items() if p.role == "input"}
-    frontier = list(reached)
-    while frontier:
-        src = frontier.pop()
-        for conn in connections:
-            if conn.src == src and conn.dst not in reached:
-                reached.add(conn.dst)
-                frontier.append(conn.dst)
+    for _ in populations:  # a path visits each population at most once
+        reached |= {conn.dst for conn in connections if conn.src in reached}
     return [
         name
         for name, p in populations.items()
