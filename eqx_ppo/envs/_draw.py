@@ -26,11 +26,8 @@ def frames(
 
 
 class Canvas:
-    """A white RGB image whose pixels know their world coordinates.
-
-    The world square `[-extent, extent]^2` fits the shorter image side, with
-    `y` pointing up.
-    """
+    """A white RGB image whose pixels know their world coordinates: the square
+    `[-extent, extent]^2` fits the shorter side, `y` pointing up."""
 
     def __init__(self, height: int, width: int, extent: float):
         if height < 1 or width < 1:

@@ -71,8 +71,7 @@ def reported_truncation(state: Any) -> Bool[Array, "*env"]:
 
 
 def check_positive(env: Any, *names: str) -> None:
-    """A `ValueError` naming `env`'s class and every field among `names` that is
-    not positive."""
+    """A `ValueError` naming each field among `names` that is not positive."""
     bad = {name: getattr(env, name) for name in names}
     args = ", ".join(f"{name}={v!r}" for name, v in bad.items() if not v > 0)
     if args:
@@ -80,8 +79,7 @@ def check_positive(env: Any, *names: str) -> None:
 
 
 def check_int(env: Any, name: str, minimum: int, why: str) -> None:
-    """A `ValueError` quoting `env`'s call unless its field `name` is an int >=
-    `minimum`."""
+    """A `ValueError` quoting `env`'s call unless `name` is an int >= `minimum`."""
     value = getattr(env, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         fields = dataclasses.fields(env)
@@ -93,8 +91,7 @@ def check_int(env: Any, name: str, minimum: int, why: str) -> None:
 
 
 def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
-    """`action` as a float array of `shape`, or a `ValueError` naming `env`'s
-    class."""
+    """`action` as a float array of `shape`, or a `ValueError`."""
     action = jnp.asarray(action)
     if action.shape != shape or not jnp.issubdtype(action.dtype, jnp.floating):
         raise ValueError(
@@ -107,7 +104,7 @@ def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
 
 
 def check_choice(env: Any, action: Any, n: int) -> Int[Array, ""]:
-    """`action` as an integer scalar, or a `ValueError` naming `env`'s class."""
+    """`action` as an integer scalar, or a `ValueError`."""
     action = jnp.asarray(action)
     if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
         raise ValueError(

@@ -27,12 +27,6 @@ class _GymnaxEnv(typing.Protocol):
     def step_env(self, key: Any, state: Any, action: Any, params: Any) -> Any: ...
 
 
-def _is_discrete(space: Any) -> bool:
-    from gymnax.environments import spaces
-
-    return isinstance(space, spaces.Discrete)
-
-
 _TOWER = BeartypeConf(is_pep484_tower=True)  # an int is a valid float
 # Fields that count steps: a whole number >= 1 (gymnax divides by the memory
 # length, and an episode limit of 0 steps trains on nothing).
@@ -155,7 +149,7 @@ class GymnaxAdapter(AbstractEnv):
 
     def _action(self, action: Any) -> Array:
         space = self._action_space()
-        if _is_discrete(space):
+        if self.n_actions is not None:
             return check_choice(self, action, space.n).astype(space.dtype)
         action = check_action(self, action, (math.prod(space.shape),))
         if self.rescale_actions:
@@ -214,8 +208,10 @@ class GymnaxAdapter(AbstractEnv):
 
     @property
     def n_actions(self) -> int | None:
+        from gymnax.environments import spaces
+
         space = self._action_space()
-        return space.n if _is_discrete(space) else None
+        return space.n if isinstance(space, spaces.Discrete) else None
 
     @property
     def dt(self) -> float:
