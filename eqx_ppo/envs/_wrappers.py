@@ -9,17 +9,15 @@ import numpy as np
 from beartype.door import is_bearable
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._typecheck import Scalar, checked
+from .._typecheck import Int, Scalar, checked
 from ._env import AbstractEnv, Size, check_env, reported_truncation
 
 
 class AbstractWrapper(AbstractEnv):
-    """Base class of wrappers: an env built around another env, `env`.
-
-    `env` may be any env following the protocol (an `AbstractEnv`, a Brax or a
-    Playground env). Every attribute the wrapper does not define itself
-    (`observation_size`, `render`, `sys`, ...) is read from `env`, and states
-    are `env`'s own. Subclasses define `env`, `reset` and `step`.
+    """Base class of wrappers: an env built around another env, `env` (an
+    `AbstractEnv`, a Brax or a Playground env). Every attribute the wrapper does
+    not define itself (`observation_size`, `render`, `sys`, ...) is read from
+    `env`, and states are `env`'s own. Subclasses define `env`, `reset`, `step`.
     """
 
     env: eqx.AbstractVar[Any]
@@ -81,10 +79,7 @@ class EpisodeWrapper(AbstractWrapper):
         *,
         random_initial_steps: bool = False,
     ):
-        integer = isinstance(max_len, int | np.integer) and not isinstance(
-            max_len, bool
-        )
-        if not integer or max_len < 1:
+        if not is_bearable(max_len, Int | np.integer) or max_len < 1:
             raise ValueError(
                 f"`EpisodeWrapper(max_len={max_len!r})`: max_len must be a positive "
                 "int (the number of steps after which an episode is truncated)."
