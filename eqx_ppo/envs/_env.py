@@ -129,9 +129,8 @@ def check_action_tree(env: Any, action: Any, shapes: dict[str, Any]) -> Any:
 
 
 def check_env(env: Any, name: str = "env") -> None:
-    """A `TypeError` naming the argument `name` unless `env` follows the
-    protocol: a hashable instance with `reset(key)` and `step(state, action)`
-    (not an env class, nor a raw gymnax env)."""
+    """A `TypeError` naming the argument `name` unless `env` is a hashable
+    instance with `reset(key)` and `step(state, action)` (not a raw gymnax env)."""
     _check_not_batched(name, env)
     if isinstance(env, AbstractEnv):
         return

@@ -86,9 +86,8 @@ class GymnaxAdapter(AbstractEnv):
 
     It steps gymnax's non-resetting `reset_env` / `step_env` (the library owns
     resets) with a key kept in `pipeline_state["key"]`, so episodes replay from
-    the reset key alone; `info["truncation"]` marks time-limit ends. A
-    `Discrete(n)` space becomes `n_actions = n`; a `Box` space continuous
-    actions in `[-1, 1]`. Observations are cast to `float32`.
+    the reset key alone. Spaces, truncation and observations: see the
+    environments guide.
 
     **Arguments:**
 

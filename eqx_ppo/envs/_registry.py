@@ -46,11 +46,8 @@ _BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
 
 
 def registered_names() -> tuple[str, ...]:
-    """The names of the built-in envs `make` knows, sorted.
-
-    `make` also accepts `"brax:<name>"`, `"playground:<name>"`,
-    `"gymnax:<name>"` and `"popgym_arcade:<name>"`, which are not listed.
-    """
+    """The names of the built-in envs `make` knows, sorted (not the
+    `"<prefix>:<name>"` envs of other simulators that `make` also accepts)."""
     return tuple(sorted(_BUILTIN))
 
 

@@ -125,9 +125,8 @@ class RewardScalingWrapper(AbstractWrapper):
     **Arguments:**
 
     - `env`: the env whose rewards to scale.
-    - `scale`: a float applied to every reward leaf, or a pytree with the
-      reward's structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`). Factors are
-      finite; a key's may be 0, but not every one.
+    - `scale`: a float for every reward leaf, or a pytree with the reward's
+      structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`).
     """
 
     env: Any

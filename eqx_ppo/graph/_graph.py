@@ -44,10 +44,8 @@ class PopulationSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ConnectionSpec:
-    """One connection's static description: `src` feeds `dst`, `delay` steps late.
-
-    `name` keys its transform, carry, extras and metrics inside the graph.
-    """
+    """One connection's static description: `src` feeds `dst`, `delay` steps
+    late; `name` keys its transform, carry, extras and metrics in the graph."""
 
     name: str
     src: str
@@ -116,11 +114,8 @@ class PopulationGraph(AbstractStatefulModule):
         *,
         key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
-        """Run every population once for one env.
-
-        `x` is the observation: an array when an input population reads the
-        whole observation, else a dict holding each input's `input_from` key.
-        """
+        """Run every population once for one env; `x` is the observation (an
+        array, or a dict holding each input's `input_from` key)."""
         populations = {pop.name: pop for pop in self.populations}
         buffers = state["buffers"]
         activity: dict[str, Float[Array, " size"]] = {}
