@@ -20,7 +20,7 @@ POPGYM_NAMES = (
     "repeat_previous",
     "repeat_previous_hard",
 )
-# The best feed-forward returns the docstrings state.
+# The best feed-forward returns the environments guide states.
 DOCUMENTED_FEED_FORWARD = {
     "count_recall": -0.2068,
     "count_recall_hard": -0.4488,
@@ -119,7 +119,7 @@ def count_recall_feed_forward(env):
 
 
 def feed_forward_formula(name):
-    """The docstring's closed form, in Python floats."""
+    """The environments guide's closed form, in Python floats."""
     env = make(name)
     if isinstance(env, RepeatPrevious):
         return (2 - env.n_cards) / env.n_cards

@@ -26,24 +26,9 @@ _THETA_LIMIT = 12 * 2 * np.pi / 360
 
 @checked
 class CartPole(AbstractEnv):
-    """Balance a pole on a cart by pushing the cart left or right.
+    """Balance a pole on a cart: gym's CartPole-v1 with a continuous force.
 
-    The physics are gym's `CartPole-v1` (Euler steps of `tau = 0.02` s, cart
-    mass 1, pole mass 0.1, pole half-length 0.5, gravity 9.8); the force is
-    continuous, `force = max_force * clip(action, -1, 1)` (gym's discrete
-    version pushes with `±10`).
-
-    - **Observation**: `[x, x_dot, theta, theta_dot]`, or `[x, theta]` with
-      `hide_velocity=True`.
-    - **Action**: `Float[Array, "1"]` in `[-1, 1]`.
-    - **Reward**: 1 per step, the terminating step included (as in gym).
-    - **Episode end**: termination when `|x| > 2.4` or `|theta| > 12°`;
-      `make("cartpole")` truncates at 500 steps (gym's limit).
-    - **Start**: every state variable `~ U(-0.05, 0.05)`.
-    - **Optimal return**: 500 over 500 steps; a uniformly random force falls
-      after about 26 steps on average.
-    - **Without velocity** (a memory task, POPGym's "stateless cart-pole"): a
-      recurrent policy can difference consecutive positions.
+    Dynamics, reward and termination: see the environments guide.
 
     **Arguments:**
 
@@ -104,16 +89,14 @@ class CartPole(AbstractEnv):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
+        return frames(trajectory, height, width, _X_LIMIT + 0.3, _draw)
 
-        def draw(physics: Any) -> np.ndarray:
-            x, theta = float(physics[0]), float(physics[2])
-            cart = np.array([x, 0.0])
-            tip = cart + 2 * _HALF_LENGTH * np.array([np.sin(theta), np.cos(theta)])
-            canvas = Canvas(height, width, extent=_X_LIMIT + 0.3)
-            rail = np.array([_X_LIMIT, 0.0])
-            canvas.segment(-rail, rail, 0.02, (160, 160, 160))
-            canvas.disk(cart, 0.15, (40, 40, 40))
-            canvas.segment(cart, tip, 0.06, (200, 80, 40))
-            return canvas.image
 
-        return frames(trajectory, draw)
+def _draw(canvas: Canvas, physics: Any) -> None:
+    x, theta = float(physics[0]), float(physics[2])
+    cart = np.array([x, 0.0])
+    tip = cart + 2 * _HALF_LENGTH * np.array([np.sin(theta), np.cos(theta)])
+    rail = np.array([_X_LIMIT, 0.0])
+    canvas.segment(-rail, rail, 0.02, (160, 160, 160))
+    canvas.disk(cart, 0.15, (40, 40, 40))
+    canvas.segment(cart, tip, 0.06, (200, 80, 40))

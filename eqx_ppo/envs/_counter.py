@@ -14,16 +14,8 @@ from ._state import State, ongoing
 class Counter(AbstractEnv):
     """Say which step of the episode this is; episodes have random lengths.
 
-    A probe for the library's reset logic: the observation is constant, so
-    only a carry that counts steps *and* is reset exactly with the env scores.
-
-    - **Observation**: `[0.0]` always.
-    - **Action**: `Float[Array, "1"]`, the guessed step number.
-    - **Reward**: `1` when the action is within `0.5` of the number of the step
-      being taken (`1` on an episode's first step), else `0`.
-    - **Episode end**: termination after `L` steps, `L` drawn uniformly from
-      `{min_length, ..., max_length}` at reset.
-    - **Optimal return**: `L`, `(min_length + max_length) / 2` on average.
+    A probe for reset logic: the observation is constant, so only a carry that
+    counts steps and is reset exactly with the env scores.
 
     **Arguments:**
 

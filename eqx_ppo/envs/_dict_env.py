@@ -9,14 +9,8 @@ from ._state import State, ongoing
 
 
 class DictObsAct(AbstractCenterTask):
-    """A probe for pytree plumbing: [`eqx_ppo.envs.MoveToCenter`][]'s task
-    with dict observations and a dict action, so results are comparable.
-
-    - **Observation**: `{"pos": Float[Array, "2"], "vel": Float[Array, "2"]}`,
-      the position and the last displacement (zero at reset).
-    - **Action**: `{"force": Float[Array, "2"]}`, pushed as in `MoveToCenter`.
-    - **Reward**, **episode end**, **optimal return**, **arguments**: as in
-      `MoveToCenter`; `make("dict_obs_act")` truncates at 20 steps.
+    """`MoveToCenter`'s task with dict observations
+    `{"pos", "vel"}` and a dict action `{"force"}`: a probe for pytree plumbing.
     """
 
     def _state(

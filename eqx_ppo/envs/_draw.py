@@ -9,18 +9,25 @@ from ._state import State
 
 
 def frames(
-    trajectory: Sequence[Any], draw: Callable[[Any], np.ndarray]
+    trajectory: Sequence[Any],
+    height: int,
+    width: int,
+    extent: float,
+    draw: Callable[["Canvas", Any], None],
 ) -> list[np.ndarray]:
-    """`draw` of each state's pipeline state (or of each pipeline state)."""
-    return [draw(s.pipeline_state if isinstance(s, State) else s) for s in trajectory]
+    """One `[height, width, 3]` `uint8` image per state (or pipeline state):
+    `draw(canvas, pipeline_state)` on a fresh canvas of half-width `extent`."""
+    images = []
+    for state in trajectory:
+        canvas = Canvas(height, width, extent)
+        draw(canvas, state.pipeline_state if isinstance(state, State) else state)
+        images.append(canvas.image)
+    return images
 
 
 class Canvas:
-    """A white RGB image whose pixels know their world coordinates.
-
-    The world square `[-extent, extent]^2` fits the shorter image side, with
-    `y` pointing up.
-    """
+    """A white RGB image whose pixels know their world coordinates: the square
+    `[-extent, extent]^2` fits the shorter side, `y` pointing up."""
 
     def __init__(self, height: int, width: int, extent: float):
         if height < 1 or width < 1:

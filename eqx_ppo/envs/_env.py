@@ -20,21 +20,11 @@ class AbstractEnv(eqx.Module):
 
     The protocol is Brax's / MuJoCo Playground's, so their envs work unchanged
     wherever an `AbstractEnv` is accepted; subclassing is only a convenience.
-
-    - `reset(key) -> State` and `step(state, action) -> State` handle **one** env
-      (no batch axis); the library `vmap`s them and resets envs whose `done` is
-      set. Both must return states of identical structure and dtypes.
-    - `observation_size`, `action_size`: an int for a flat vector (actions in
-      `[-1, 1]`), or a dict mirroring the observation or action.
-    - `n_actions`: `None` for continuous actions; for discrete ones the number
-      of choices (an int, a tuple for multi-discrete, or a dict of those for
-      dict actions), exactly `CategoricalSampler`'s `n_actions`. The action is
-      then an `int32` scalar (or vector) and `action_size` the number of logits.
-    - `dt`: seconds per step, used for video frame rates.
-    - `max_len`: optional; the most steps an episode lasts. The CLI evaluates
-      and records episodes of that length (1000 steps for envs without it).
-    - `render(trajectory, height=..., width=...)`: optional; envs that can draw
-      themselves define it.
+    `reset(key)` and `step(state, action)` handle **one** env and return states
+    of identical structure and dtypes; the library `vmap`s them and resets envs
+    whose `done` is set. Optional: `max_len`, the most steps an episode lasts
+    (the CLI evaluates episodes of that length, else 1000), and
+    `render(trajectory, height=..., width=...)`.
     """
 
     @abc.abstractmethod
@@ -81,8 +71,7 @@ def reported_truncation(state: Any) -> Bool[Array, "*env"]:
 
 
 def check_positive(env: Any, *names: str) -> None:
-    """A `ValueError` naming `env`'s class and every field among `names` that is
-    not positive."""
+    """A `ValueError` naming each field among `names` that is not positive."""
     bad = {name: getattr(env, name) for name in names}
     args = ", ".join(f"{name}={v!r}" for name, v in bad.items() if not v > 0)
     if args:
@@ -90,8 +79,7 @@ def check_positive(env: Any, *names: str) -> None:
 
 
 def check_int(env: Any, name: str, minimum: int, why: str) -> None:
-    """A `ValueError` quoting `env`'s call unless its field `name` is an int >=
-    `minimum`."""
+    """A `ValueError` quoting `env`'s call unless `name` is an int >= `minimum`."""
     value = getattr(env, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         fields = dataclasses.fields(env)
@@ -103,8 +91,7 @@ def check_int(env: Any, name: str, minimum: int, why: str) -> None:
 
 
 def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
-    """`action` as a float array of `shape`, or a `ValueError` naming `env`'s
-    class."""
+    """`action` as a float array of `shape`, or a `ValueError`."""
     action = jnp.asarray(action)
     if action.shape != shape or not jnp.issubdtype(action.dtype, jnp.floating):
         raise ValueError(
@@ -117,7 +104,7 @@ def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
 
 
 def check_choice(env: Any, action: Any, n: int) -> Int[Array, ""]:
-    """`action` as an integer scalar, or a `ValueError` naming `env`'s class."""
+    """`action` as an integer scalar, or a `ValueError`."""
     action = jnp.asarray(action)
     if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
         raise ValueError(
@@ -129,13 +116,10 @@ def check_choice(env: Any, action: Any, n: int) -> Int[Array, ""]:
     return action
 
 
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, tuple)
-
-
 def check_action_tree(env: Any, action: Any, shapes: dict[str, Any]) -> Any:
     """Check a dict action against `shapes` (same keys; leaves are shape tuples)."""
-    if jax.tree.structure(action) != jax.tree.structure(shapes, is_leaf=_is_shape):
+    shape_tree = jax.tree.structure(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    if jax.tree.structure(action) != shape_tree:
         got = jax.tree.map(jnp.shape, action)
         raise ValueError(
             f"`{type(env).__name__}.step`: expected a dict action with shapes "
@@ -145,9 +129,8 @@ def check_action_tree(env: Any, action: Any, shapes: dict[str, Any]) -> Any:
 
 
 def check_env(env: Any, name: str = "env") -> None:
-    """A `TypeError` naming the argument `name` unless `env` follows the
-    protocol: a hashable instance with `reset(key)` and `step(state, action)`
-    (not an env class, nor a raw gymnax env)."""
+    """A `TypeError` naming the argument `name` unless `env` is a hashable
+    instance with `reset(key)` and `step(state, action)` (not a raw gymnax env)."""
     _check_not_batched(name, env)
     if isinstance(env, AbstractEnv):
         return
@@ -175,7 +158,8 @@ def check_env(env: Any, name: str = "env") -> None:
             "pass an env with `reset(key)` and `step(state, action)` (the Brax / "
             "MuJoCo Playground protocol), e.g. eqx_ppo.envs.make('cartpole')"
         )
-    raise TypeError(f"{name}=...: expected an env, got {describe(env)}. Fix: {fix}.")
+    got = f"the class {env.__name__}" if isinstance(env, type) else type(env).__name__
+    raise TypeError(f"{name}=...: expected an env, got {got}. Fix: {fix}.")
 
 
 # Brax's and MuJoCo Playground's training wrappers, which the library's own
@@ -208,8 +192,3 @@ def _check_not_batched(name: str, env: Any) -> None:
         inner = getattr(inner, "env", None)
         if inner is None or isinstance(inner, type):
             return
-
-
-def describe(x: Any) -> str:
-    """What an error says it got: `the class C` for a class, else the type."""
-    return f"the class {x.__name__}" if isinstance(x, type) else type(x).__name__

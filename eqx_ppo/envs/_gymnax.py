@@ -27,12 +27,6 @@ class _GymnaxEnv(typing.Protocol):
     def step_env(self, key: Any, state: Any, action: Any, params: Any) -> Any: ...
 
 
-def _is_discrete(space: Any) -> bool:
-    from gymnax.environments import spaces
-
-    return isinstance(space, spaces.Discrete)
-
-
 _TOWER = BeartypeConf(is_pep484_tower=True)  # an int is a valid float
 # Fields that count steps: a whole number >= 1 (gymnax divides by the memory
 # length, and an episode limit of 0 steps trains on nothing).
@@ -90,38 +84,20 @@ def _strong(tree: Any) -> Any:
 class GymnaxAdapter(AbstractEnv):
     """Runs a [gymnax](https://github.com/RobertTLange/gymnax) env as an eqx_ppo env.
 
-    Differences from calling gymnax directly:
-
-    1. It uses gymnax's non-resetting `reset_env` / `step_env`; the library owns
-       resets. The state keeps a key in `pipeline_state["key"]`, split every
-       step, so episodes are reproducible from the reset key alone.
-    2. `done` ends the episode; `info["truncation"]` is 1 when the time limit
-       ended it. On gymnax's API the limit is `is_truncated` and truncation
-       is the limit without termination; on the stable-gymnax API (e.g.
-       `popgym-arcade`) `step_env`'s `done` includes the limit, reported in
-       its `info` (`"truncated"` or `"truncation"`), and truncation is that flag.
-    3. A `Discrete(n)` action space becomes `n_actions = n` (an `int32` scalar
-       action); a `Box` space `action_size = prod(shape)` with actions in
-       `[-1, 1]`, mapped linearly onto `[low, high]` unless
-       `rescale_actions=False`.
-    4. Observations are cast to `float32` and, unless `flatten_obs=False`,
-       flattened; `observation_size` is then their size, else their shape.
-    5. gymnax code runs under JAX's standard dtype promotion.
+    It steps gymnax's non-resetting `reset_env` / `step_env` (the library owns
+    resets) with a key kept in `pipeline_state["key"]`, so episodes replay from
+    the reset key alone. Spaces, truncation and observations: see the
+    environments guide.
 
     **Arguments:**
 
     - `env`: a gymnax environment, e.g. `gymnax.make("CartPole-v1")[0]`.
-    - `env_params`: its parameters (`env.default_params` if `None`): the
-      env's own params class, each field of its declared type, and
-      `max_steps_in_episode` and `memory_length` whole numbers >= 1.
+    - `env_params`: the env's own params object (`env.default_params` if `None`).
     - `rescale_actions`: map continuous actions from `[-1, 1]` to the Box bounds.
-    - `flatten_obs`: flatten observations to a vector; `False` keeps their
-      shape (images stay `[H, W, C]` for a CNN).
+    - `flatten_obs`: flatten observations; `False` keeps their shape (images).
     - `truncation_from_info`: read the time limit from `step_env`'s `info`
-      (the stable-gymnax API) rather than `is_truncated`; `None` does so
-      exactly when the env has no `is_truncated`.
-    - `max_len`: the episode limit reported as `env.max_len`; by default the
-      params' `max_steps_in_episode` (`None` without).
+        (stable-gymnax); `None` does so when the env has no `is_truncated`.
+    - `max_len`: the episode limit; by default the params' `max_steps_in_episode`.
     """
 
     env: Any
@@ -172,7 +148,7 @@ class GymnaxAdapter(AbstractEnv):
 
     def _action(self, action: Any) -> Array:
         space = self._action_space()
-        if _is_discrete(space):
+        if self.n_actions is not None:
             return check_choice(self, action, space.n).astype(space.dtype)
         action = check_action(self, action, (math.prod(space.shape),))
         if self.rescale_actions:
@@ -227,15 +203,14 @@ class GymnaxAdapter(AbstractEnv):
 
     @property
     def action_size(self) -> int:
-        space = self._action_space()
-        if _is_discrete(space):
-            return space.n
-        return math.prod(space.shape)
+        return self.n_actions or math.prod(self._action_space().shape)
 
     @property
     def n_actions(self) -> int | None:
+        from gymnax.environments import spaces
+
         space = self._action_space()
-        return space.n if _is_discrete(space) else None
+        return space.n if isinstance(space, spaces.Discrete) else None
 
     @property
     def dt(self) -> float:

@@ -17,12 +17,8 @@ from ._state import State, ongoing
 def push(
     pos: Float[Array, "2"], action: Float[Array, "2"], speed: float
 ) -> tuple[Float[Array, "2"], Float[Array, "2"]]:
-    """Move `pos` by `speed * action`, with the action's norm capped at 1.
-
-    Capping the norm (rather than clipping each coordinate) makes the best
-    speed the same in every direction, so the optimal return does not depend
-    on the start angle. Returns the new position and the displacement.
-    """
+    """The new position and the displacement: `pos` moved by `speed * action`,
+    the action's norm capped at 1 (the best speed is the same in every direction)."""
     norm = jnp.sqrt(jnp.sum(action**2))
     displacement = speed * action / jnp.maximum(norm, 1.0)
     return pos + displacement, displacement
@@ -39,11 +35,7 @@ def distance(pos: Float[Array, "2"]) -> Float[Array, ""]:
 
 
 class AbstractCenterTask(AbstractEnv):
-    """MoveToCenter's task, whatever the observation and action look like.
-
-    A point starts `start_radius` from the origin and moves at most `speed` a
-    step; the subclasses choose how it is observed and pushed.
-    """
+    """MoveToCenter's task; the subclasses choose how it is observed and pushed."""
 
     start_radius: float = eqx.field(static=True, default=1.0)
     speed: float = eqx.field(static=True, default=0.2)
@@ -53,20 +45,9 @@ class AbstractCenterTask(AbstractEnv):
 
 
 class MoveToCenter(AbstractCenterTask):
-    """A point starts on a circle and must be pushed to the origin and held there.
+    """Push a point on a circle to the origin and hold it there.
 
-    - **Observation**: the position, `Float[Array, "2"]`.
-    - **Action**: `Float[Array, "2"]` in `[-1, 1]`; the point moves by
-      `speed * action`, with the action's norm capped at 1.
-    - **Reward**: minus the distance to the origin after the move.
-    - **Episode end**: never by itself; `make("move_to_center")` truncates at
-      20 steps.
-    - **Optimal return**: heading straight in at full speed,
-      `-sum_{t>=1} max(start_radius - t * speed, 0)`, `-2.0` with the defaults
-      (radius 1, speed 0.2) for any horizon of at least 5 steps. A random
-      policy scores about `-20` over 20 steps.
-
-    Metrics: `distance`. Renders a top view.
+    Reward: minus the distance after the move (see the environments guide).
 
     **Arguments:**
 
@@ -93,11 +74,8 @@ class MoveToCenter(AbstractCenterTask):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
+        return frames(trajectory, height, width, 1.5 * self.start_radius, self._draw)
 
-        def draw(pos: Any) -> np.ndarray:
-            canvas = Canvas(height, width, extent=1.5 * self.start_radius)
-            canvas.disk(np.zeros(2), 0.05 * self.start_radius, (160, 160, 160))
-            canvas.disk(np.asarray(pos), 0.08 * self.start_radius, (200, 40, 40))
-            return canvas.image
-
-        return frames(trajectory, draw)
+    def _draw(self, canvas: Canvas, pos: Any) -> None:
+        canvas.disk(np.zeros(2), 0.05 * self.start_radius, (160, 160, 160))
+        canvas.disk(np.asarray(pos), 0.08 * self.start_radius, (200, 40, 40))

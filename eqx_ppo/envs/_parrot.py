@@ -12,15 +12,6 @@ from ._state import State, ongoing
 class Parrot(AbstractEnv):
     """Echo the observation: the simplest feed-forward probe.
 
-    Each step shows a fresh random vector and rewards the action for matching
-    the vector it was chosen from, so `action = obs` is optimal.
-
-    - **Observation**: `tanh` of a standard normal vector of `obs_size`.
-    - **Action**: `Float[Array, "obs_size"]`.
-    - **Reward**: `exp(-|action - obs|^2 / (2 reward_falloff^2))`, in `(0, 1]`.
-    - **Episode end**: never by itself; `make("parrot")` truncates at 10 steps.
-    - **Optimal return**: `1` per step.
-
     **Arguments:**
 
     - `obs_size`: the length of the observation and action vectors.
@@ -52,6 +43,4 @@ class Parrot(AbstractEnv):
     def observation_size(self) -> int:
         return self.obs_size
 
-    @property
-    def action_size(self) -> int:
-        return self.obs_size
+    action_size = observation_size

@@ -16,40 +16,17 @@ from ._env import AbstractEnv, check_action, check_positive
 from ._state import State, ongoing
 
 
-def _angle_normalize(theta: Float[Array, ""]) -> Float[Array, ""]:
-    return (theta + jnp.pi) % (2 * jnp.pi) - jnp.pi
-
-
 @checked
 class Pendulum(AbstractEnv):
-    """Swing a pendulum up and balance it, with gym's Pendulum-v1 dynamics.
+    """Swing a pendulum up and balance it: gym's Pendulum-v1.
 
-    The angle `theta` is 0 upright. Per step of `dt = 0.05` s, with torque
-    `u = max_torque * clip(action, -1, 1)`:
-    `theta_dot += (3 g / (2 l) sin(theta) + 3 u / (m l^2)) dt`, clipped to
-    `[-max_speed, max_speed]`, then `theta += theta_dot dt`
-    (`g = 10, m = l = 1, max_torque = 2, max_speed = 8`). The torque alone
-    cannot lift the pendulum, so it must swing.
-
-    - **Observation**: `[cos(theta), sin(theta), theta_dot]`, or only
-      `[cos(theta), sin(theta)]` with `hide_velocity=True`.
-    - **Action**: `Float[Array, "1"]` in `[-1, 1]`, scaled to the torque.
-    - **Reward**: `-(angle^2 + 0.1 theta_dot^2 + 0.001 u^2)` of the state
-      *before* the step (`angle` wrapped to `[-pi, pi)`), exactly as in gym.
-    - **Episode end**: never by itself; `make("pendulum")` and
-      `make("pendulum_no_velocity")` truncate at 200 steps (gym's limit).
-    - **Start**: `theta ~ U(-pi, pi)`, `theta_dot ~ U(-1, 1)`.
-    - **Optimal return**: at most 0, reached only from an upright start at
-      rest; the best known policies average about -140 per 200-step episode
-      from random starts, zero torque about -1200.
-    - **Without velocity** (a memory task): a recurrent policy can recover
-      `theta_dot` from two consecutive angles; a feed-forward one cannot pump
-      energy reliably.
+    Dynamics and reward: see the environments guide.
 
     **Arguments:**
 
     - `hide_velocity`: drop `theta_dot` from the observation.
     - `max_torque`: the torque of action `1`.
+    - `max_speed`, `gravity`, `mass`, `length`, `step_dt`: the physics.
     """
 
     hide_velocity: bool = eqx.field(static=True, default=False)
@@ -87,7 +64,8 @@ class Pendulum(AbstractEnv):
         theta = state.pipeline_state["theta"]
         theta_dot = state.pipeline_state["theta_dot"]
         u = self.max_torque * jnp.clip(action[0], -1.0, 1.0)
-        cost = _angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2
+        angle = (theta + jnp.pi) % (2 * jnp.pi) - jnp.pi  # wrapped to [-pi, pi)
+        cost = angle**2 + 0.1 * theta_dot**2 + 0.001 * u**2
         accel = (
             3 * self.gravity / (2 * self.length) * jnp.sin(theta)
             + 3.0 / (self.mass * self.length**2) * u
@@ -110,13 +88,10 @@ class Pendulum(AbstractEnv):
         self, trajectory: Sequence[Any], height: int = 128, width: int = 128
     ) -> list[np.ndarray]:
         """One `[height, width, 3]` `uint8` frame per state (or pipeline state)."""
+        return frames(trajectory, height, width, 1.3 * self.length, self._draw)
 
-        def draw(physics: Any) -> np.ndarray:
-            theta = float(physics["theta"])
-            tip = self.length * np.array([np.sin(theta), np.cos(theta)])
-            canvas = Canvas(height, width, extent=1.3 * self.length)
-            canvas.segment(np.zeros(2), tip, 0.12 * self.length, (200, 80, 40))
-            canvas.disk(np.zeros(2), 0.06 * self.length, (40, 40, 40))
-            return canvas.image
-
-        return frames(trajectory, draw)
+    def _draw(self, canvas: Canvas, physics: Any) -> None:
+        theta = float(physics["theta"])
+        tip = self.length * np.array([np.sin(theta), np.cos(theta)])
+        canvas.segment(np.zeros(2), tip, 0.12 * self.length, (200, 80, 40))
+        canvas.disk(np.zeros(2), 0.06 * self.length, (40, 40, 40))

@@ -1,15 +1,7 @@
 """POPGym-style memory tasks: discrete cards to repeat or count.
 
-Pure-JAX versions of tasks from POPGym (Morad et al., 2023), written from
-their definitions. Divergences from POPGym:
-
-1. Cards are drawn independently and uniformly, not dealt from a shuffled
-   deck, so the feed-forward bounds have closed forms.
-2. Every observation ends with a clock `t / length`, as in `Recall`, so a
-   critic can predict the remaining return. The feed-forward bounds allow a
-   memoryless policy to read it.
-3. A wrong answer costs as much as a right one earns, `1 / n_scored`, so
-   returns lie in `[-1, 1]` and the optimum is always `1`.
+Pure-JAX versions of tasks from POPGym (Morad et al., 2023); how they differ
+from POPGym, their rewards and feed-forward bounds: see the environments guide.
 """
 
 import abc
@@ -28,26 +20,6 @@ def _card(cards: Int[Array, " length"], t: Int[Array, ""], n: int) -> Array:
     length = cards.shape[0]
     index = jnp.where(t < length, cards[jnp.minimum(t, length - 1)], n)
     return jax.nn.one_hot(index, n, dtype=jnp.float32)
-
-
-def _clock(t: Int[Array, ""], length: int) -> Float[Array, "1"]:
-    return (t.astype(jnp.float32) / length)[None]
-
-
-def _cards_state(
-    cards: Int[Array, " length"],
-    t: Int[Array, ""],
-    n_cards: int,
-    reward: Float[Array, ""],
-    done: Float[Array, ""],
-) -> State:
-    """The state of `RepeatPrevious` and `RepeatFirst` at step `t`."""
-    return State(
-        pipeline_state={"cards": cards, "t": t},
-        obs=jnp.concatenate([_card(cards, t, n_cards), _clock(t, cards.shape[0])]),
-        reward=reward,
-        done=done,
-    )
 
 
 def _score(correct: Array, n_scored: int) -> Float[Array, ""]:
@@ -69,6 +41,21 @@ class _AbstractChoiceEnv(AbstractEnv):
         """The episode length, `length`: the env ends episodes itself."""
         return self.length
 
+    def _state(
+        self,
+        ps: dict[str, Array],
+        shown: tuple[str, ...],
+        n: int,
+        reward: Float[Array, ""],
+        done: Float[Array, ""],
+    ) -> State:
+        """The state at step `ps["t"]`, showing the one-hot (of `n`) of each
+        sequence `ps[k]`, `k` in `shown`, at that step, and the clock."""
+        t = ps["t"]
+        cards = [_card(ps[k], t, n) for k in shown]
+        obs = jnp.concatenate([*cards, (t.astype(jnp.float32) / self.length)[None]])
+        return State(pipeline_state=ps, obs=obs, reward=reward, done=done)
+
 
 class _AbstractCardEnv(_AbstractChoiceEnv):
     """A card task: `length` cards drawn at reset, one shown per step, and a
@@ -83,7 +70,8 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
     def reset(self, key: PRNGKeyArray) -> State:
         cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
         zero = jnp.zeros((), jnp.float32)
-        return _cards_state(cards, jnp.zeros((), jnp.int32), self.n_cards, zero, zero)
+        ps = {"cards": cards, "t": jnp.zeros((), jnp.int32)}
+        return self._state(ps, ("cards",), self.n_cards, zero, zero)
 
     @abc.abstractmethod
     def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
@@ -94,7 +82,8 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
         cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
         reward = self._reward(cards, t, action)
         done = (t + 1 >= self.length).astype(jnp.float32)
-        return _cards_state(cards, t + 1, self.n_cards, reward, done)
+        ps = {"cards": cards, "t": t + 1}
+        return self._state(ps, ("cards",), self.n_cards, reward, done)
 
     @property
     def observation_size(self) -> int:
@@ -107,18 +96,6 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
 
 class RepeatPrevious(_AbstractCardEnv):
     """Output the card shown `k` steps ago.
-
-    Step `t` shows card `c_t` (drawn uniformly at reset); from step `k` on the
-    answer is `c_{t - k}`, so a policy must keep the last `k` cards in order.
-
-    - **Observation**: `[one_hot(c_t), t / length]`, all-zero one-hot on the
-      terminal observation.
-    - **Action**: an `int32` choice in `[0, n_cards)`.
-    - **Reward**: `0` on the first `k` steps, then `±1 / (length - k)`.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`; the best feed-forward return is
-      `(2 - n_cards) / n_cards` (`c_{t - k}` is independent of what a
-      memoryless policy sees), as is random play's.
 
     **Arguments:**
 
@@ -145,17 +122,6 @@ class RepeatPrevious(_AbstractCardEnv):
 class RepeatFirst(_AbstractCardEnv):
     """Output the episode's first card on every step.
 
-    Step `t` shows card `c_t` (drawn uniformly at reset); the answer is always
-    `c_0`: one card to hold while new ones keep arriving.
-
-    - **Observation**: `[one_hot(c_t), t / length]`, as in `RepeatPrevious`.
-    - **Action**: an `int32` choice in `[0, n_cards)`.
-    - **Reward**: `+1 / length` if the action is `c_0`, else `-1 / length`.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`; the best feed-forward return is
-      `(1 + (length - 1) (2 - n_cards) / n_cards) / length` (right on step 0,
-      then by chance).
-
     **Arguments:**
 
     - `n_cards`: the number of distinct cards, at least 2.
@@ -172,19 +138,6 @@ class RepeatFirst(_AbstractCardEnv):
 class CountRecall(_AbstractChoiceEnv):
     """Say how many times the queried value has been dealt so far.
 
-    Step `t` shows a dealt value `d_t` and a query `q_t` (both drawn uniformly
-    at reset); the answer is how often `q_t` appears among `d_0, ..., d_t`, so
-    a policy must keep a running count of every value.
-
-    - **Observation**: `[one_hot(d_t), one_hot(q_t), t / length]`, all-zero
-      one-hots on the terminal observation.
-    - **Action**: the count, an `int32` choice in `[0, length]`.
-    - **Reward**: `+1 / length` for the right count, else `-1 / length`.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `1`; the best feed-forward return is
-      `(1 / length) sum_{t < length} (2 m_t - 1)`, `m_t` the largest
-      probability of a `Binomial(t, 1 / n_values)` (the earlier deals' count).
-
     **Arguments:**
 
     - `n_values`: the number of distinct values, at least 2.
@@ -198,49 +151,28 @@ class CountRecall(_AbstractChoiceEnv):
         check_int(self, "n_values", 2, "with one value the count is t + 1")
         check_int(self, "length", 2, "with one step there is nothing to count")
 
-    def _state(
-        self,
-        dealt: Int[Array, " length"],
-        queries: Int[Array, " length"],
-        counts: Int[Array, " n_values"],
-        t: Int[Array, ""],
-        reward: Float[Array, ""],
-        done: Float[Array, ""],
-    ) -> State:
-        obs = jnp.concatenate(
-            [
-                _card(dealt, t, self.n_values),
-                _card(queries, t, self.n_values),
-                _clock(t, self.length),
-            ]
-        )
-        return State(
-            # `counts[v]`: how many of `d_0, ..., d_t` equal `v`.
-            pipeline_state=dict(dealt=dealt, queries=queries, counts=counts, t=t),
-            obs=obs,
-            reward=reward,
-            done=done,
-        )
-
     def reset(self, key: PRNGKeyArray) -> State:
         dealt_key, query_key = jax.random.split(key)
         shape = (self.length,)
         dealt = jax.random.randint(dealt_key, shape, 0, self.n_values, jnp.int32)
         queries = jax.random.randint(query_key, shape, 0, self.n_values, jnp.int32)
+        # `counts[v]`: how many of `d_0, ..., d_t` equal `v`.
         counts = jax.nn.one_hot(dealt[0], self.n_values, dtype=jnp.int32)
-        zero = jnp.zeros((), jnp.float32)
-        return self._state(dealt, queries, counts, jnp.zeros((), jnp.int32), zero, zero)
+        t, zero = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
+        ps = dict(dealt=dealt, queries=queries, counts=counts, t=t)
+        return self._state(ps, ("dealt", "queries"), self.n_values, zero, zero)
 
     def step(self, state: State, action: Array) -> State:
         action = check_choice(self, action, self.n_actions)
         ps = state.pipeline_state
-        dealt, queries, counts, t = ps["dealt"], ps["queries"], ps["counts"], ps["t"]
-        reward = _score(action == counts[queries[t]], self.length)
+        dealt, counts, t = ps["dealt"], ps["counts"], ps["t"]
+        reward = _score(action == counts[ps["queries"][t]], self.length)
         t = t + 1
         # Past the last deal `_card` is all zeros: the counts stay put.
         counts = counts + _card(dealt, t, self.n_values).astype(jnp.int32)
         done = (t >= self.length).astype(jnp.float32)
-        return self._state(dealt, queries, counts, t, reward, done)
+        ps = {**ps, "counts": counts, "t": t}
+        return self._state(ps, ("dealt", "queries"), self.n_values, reward, done)
 
     @property
     def observation_size(self) -> int:

@@ -14,17 +14,6 @@ from ._state import State
 class Recall(AbstractEnv):
     """Remember a cue shown once and act on it for the rest of the episode.
 
-    At reset a cue `c` in `{-1, +1}` is drawn; only the first observation
-    shows it, so a policy must carry it in its recurrent state.
-
-    - **Observation**: `[c if t == 0 else 0, t / length]` at step `t`; the
-      clock lets a critic predict the remaining return.
-    - **Action**: `Float[Array, "1"]`, clipped to `[-1, 1]`.
-    - **Reward**: `action * c` every step.
-    - **Episode end**: termination after `length` steps.
-    - **Optimal return**: `length`; the best feed-forward return is `1` (the
-      first step's).
-
     **Arguments:**
 
     - `length`: the episode length in steps, at least 2.
@@ -43,25 +32,18 @@ class Recall(AbstractEnv):
         return self.length
 
     def _state(
-        self,
-        cue: Float[Array, ""],
-        t: Array,
-        reward: Float[Array, ""],
-        done: Float[Array, ""],
+        self, ps: dict[str, Array], reward: Float[Array, ""], done: Float[Array, ""]
     ) -> State:
+        """The state at step `ps["t"]`: the cue on step 0 only, and the clock."""
+        cue, t = ps["cue"], ps["t"]
         shown = jnp.where(t == 0, cue, jnp.zeros_like(cue))
-        clock = t.astype(jnp.float32) / self.length
-        return State(
-            pipeline_state={"cue": cue, "t": t},
-            obs=jnp.stack([shown, clock]),
-            reward=reward,
-            done=done,
-        )
+        obs = jnp.stack([shown, t.astype(jnp.float32) / self.length])
+        return State(pipeline_state=ps, obs=obs, reward=reward, done=done)
 
     def reset(self, key: PRNGKeyArray) -> State:
         cue = jnp.where(jax.random.bernoulli(key), 1.0, -1.0).astype(jnp.float32)
         zero = jnp.zeros((), jnp.float32)
-        return self._state(cue, jnp.zeros((), jnp.int32), zero, zero)
+        return self._state({"cue": cue, "t": jnp.zeros((), jnp.int32)}, zero, zero)
 
     def step(self, state: State, action: Float[Array, " action"]) -> State:
         action = check_action(self, action, (1,))
@@ -69,4 +51,4 @@ class Recall(AbstractEnv):
         reward = jnp.clip(action[0], -1.0, 1.0) * cue
         t = state.pipeline_state["t"] + 1
         done = (t >= self.length).astype(jnp.float32)
-        return self._state(cue, t, reward, done)
+        return self._state({"cue": cue, "t": t}, reward, done)

@@ -46,24 +46,9 @@ _BUILTIN: dict[str, tuple[Callable[..., Any], int | None]] = {
 
 
 def registered_names() -> tuple[str, ...]:
-    """The names of the built-in envs `make` knows, sorted.
-
-    `make` also accepts `"brax:<name>"`, `"playground:<name>"`,
-    `"gymnax:<name>"` and `"popgym_arcade:<name>"`, which are not listed.
-    """
+    """The names of the built-in envs `make` knows, sorted (not the
+    `"<prefix>:<name>"` envs of other simulators that `make` also accepts)."""
     return tuple(sorted(_BUILTIN))
-
-
-def _unknown(call: str, source: str, name: str, known: Collection[str]) -> ValueError:
-    """The error for a name `source` does not have: the closest of its
-    `known` names (by spelling, ignoring case), and all of them."""
-    by_lower = {k.lower(): k for k in known}
-    close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
-    guess = f" Did you mean {by_lower[close[0]]!r}?" if close else ""
-    return ValueError(
-        f"{call}: {source} has no env {name!r}.{guess} It has: "
-        f"{', '.join(sorted(known))}."
-    )
 
 
 def _brax(brax_envs: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
@@ -95,11 +80,8 @@ def _playground(mp: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, int]:
 
 
 def pinned_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with a Playground env's backend `impl` made explicit, so a run
-    saved on one machine (as `eqx-ppo`'s `run.json` records it) rebuilds the
-    same env on another: the env states differ between backends. On CPU the
-    default is `impl="jax"`, as MuJoCo Warp takes minutes to start there.
-    """
+    """`kwargs` with a Playground env's backend `impl` made explicit (`"jax"` on
+    CPU), so a run saved in `run.json` rebuilds the same env on another machine."""
     if not name.startswith("playground:") or "impl" in kwargs:
         return kwargs
     if jax.default_backend() == "cpu":
@@ -187,7 +169,14 @@ def _from_source(
         ) from e
     known = source.names(module)
     if name not in known:
-        raise _unknown(f"make('{prefix}:{name}')", source.title, name, known)
+        # The closest known name, by spelling and ignoring case.
+        by_lower = {k.lower(): k for k in known}
+        close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
+        guess = f" Did you mean {by_lower[close[0]]!r}?" if close else ""
+        raise ValueError(
+            f"make('{prefix}:{name}'): {source.title} has no env {name!r}.{guess} "
+            f"It has: {', '.join(sorted(known))}."
+        )
     return source.build(module, name, kwargs)
 
 
@@ -200,21 +189,17 @@ def make(
 ) -> Any:
     """A ready-to-train env by name.
 
-    Built-in names are listed by [`eqx_ppo.envs.registered_names`][], with
-    their keyword arguments and default time limits in the API reference;
-    `kwargs` go to the env's constructor. Other simulators are imported only
-    when asked for, by a prefix (`"brax:<name>"`, `"playground:<name>"`,
-    `"gymnax:<name>"`, `"popgym_arcade:<name>"`; see the second table). On
-    CPU, without an `impl=`, a Playground env gets the JAX (MJX) backend,
-    with a warning. A gymnax env's `env_params=` is a dict of fields to
-    change (e.g. `{"memory_length": 10}`) or a gymnax params object.
+    Built-in names are listed by [`eqx_ppo.envs.registered_names`][]; other
+    simulators' envs are imported only when asked for, by a prefix
+    (`"brax:<name>"`, `"playground:<name>"`, `"gymnax:<name>"`,
+    `"popgym_arcade:<name>"`). The tables below give each one's keyword
+    arguments and default time limit.
 
     **Arguments:**
 
     - `name`: a built-in name or a `prefix:<name>`.
     - `episode_length`: `"default"` for the env's default limit (an
-      [`eqx_ppo.envs.EpisodeWrapper`][]), an int to set the limit (also on
-      envs that end by themselves), or `None` for no wrapper.
+      [`eqx_ppo.envs.EpisodeWrapper`][]), an int to set it, or `None` for none.
     - `kwargs`: passed to the env's constructor.
     """
     prefix, _, inner = name.partition(":")

@@ -13,19 +13,8 @@ _ARMS = ("arm1", "arm2")
 
 
 class TwoArm(AbstractEnv):
-    """Two arms, each pushed to the origin, each with its own reward key.
-
-    A probe for multi-head values: the reward is a dict, so a network needs one
-    value head per key, and the keys' optimal returns differ, so a swapped
-    head shows.
-
-    - **Observation**: `{"arm1": {"pos": (2,), "vel": (2,)}, "arm2": {...}}`.
-    - **Action**: `{"arm1": Float[Array, "2"], "arm2": Float[Array, "2"]}`,
-      each arm pushed as in `MoveToCenter`.
-    - **Reward**: `{"arm1": -|pos1|, "arm2": -|pos2|}` after the move.
-    - **Episode end**: never by itself; `make("two_arm")` truncates at 20 steps.
-    - **Optimal return**: per arm `-sum_{t>=1} max(radius - t * speed, 0)`,
-      `{"arm1": -2.0, "arm2": -0.4}` with the defaults.
+    """Two `MoveToCenter` arms, each with its own reward key: a probe for
+    multi-head values (the keys' optimal returns differ).
 
     **Arguments:**
 

@@ -9,17 +9,15 @@ import numpy as np
 from beartype.door import is_bearable
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._typecheck import Scalar, checked
+from .._typecheck import Int, Scalar, checked
 from ._env import AbstractEnv, Size, check_env, reported_truncation
 
 
 class AbstractWrapper(AbstractEnv):
-    """Base class of wrappers: an env built around another env, `env`.
-
-    `env` may be any env following the protocol (an `AbstractEnv`, a Brax or a
-    Playground env). Every attribute the wrapper does not define itself
-    (`observation_size`, `render`, `sys`, ...) is read from `env`, and states
-    are `env`'s own. Subclasses define `env`, `reset` and `step`.
+    """Base class of wrappers: an env built around another env, `env` (an
+    `AbstractEnv`, a Brax or a Playground env). Every attribute the wrapper does
+    not define itself (`observation_size`, `render`, `sys`, ...) is read from
+    `env`, and states are `env`'s own. Subclasses define `env`, `reset`, `step`.
     """
 
     env: eqx.AbstractVar[Any]
@@ -59,19 +57,15 @@ class AbstractWrapper(AbstractEnv):
 class EpisodeWrapper(AbstractWrapper):
     """Ends every episode after `max_len` steps, marking it as a truncation.
 
-    Counts steps in `info["steps"]` (`int32`). When the count reaches `max_len`
-    the step gets `done = 1`; `info["truncation"]` (of `done`'s dtype) is `1`
-    if the time limit ended the episode, or the wrapped env reports a
-    truncation, and `0` if the env terminated by itself (also on the limit's
-    step, as in Brax: a real terminal state has no value to bootstrap).
+    Counts steps in `info["steps"]`; `info["truncation"]` is `0` when the env
+    terminated by itself, also on the limit's step (see the environments guide).
 
     **Arguments:**
 
     - `env`: the env to limit (built-in, Brax or Playground).
     - `max_len`: the episode length limit, in steps.
-    - `random_initial_steps`: start each episode's counter at a random value
-      in `[0, max_len // 2)`, as nnx-ppo always did, to desynchronise envs
-      that start together; it shortens every episode and biases returns.
+    - `random_initial_steps`: start each episode's counter at a random value in
+        `[0, max_len // 2)`, to desynchronise envs that start together.
     """
 
     env: Any
@@ -85,10 +79,7 @@ class EpisodeWrapper(AbstractWrapper):
         *,
         random_initial_steps: bool = False,
     ):
-        integer = isinstance(max_len, int | np.integer) and not isinstance(
-            max_len, bool
-        )
-        if not integer or max_len < 1:
+        if not is_bearable(max_len, Int | np.integer) or max_len < 1:
             raise ValueError(
                 f"`EpisodeWrapper(max_len={max_len!r})`: max_len must be a positive "
                 "int (the number of steps after which an episode is truncated)."
@@ -134,9 +125,8 @@ class RewardScalingWrapper(AbstractWrapper):
     **Arguments:**
 
     - `env`: the env whose rewards to scale.
-    - `scale`: a float applied to every reward leaf, or a pytree with the
-      reward's structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`). Factors are
-      finite; a key's may be 0, but not every one.
+    - `scale`: a float for every reward leaf, or a pytree with the reward's
+      structure (e.g. `{"arm1": 1.0, "arm2": 0.1}`).
     """
 
     env: Any

@@ -1,6 +1,7 @@
 """PopulationGraphBuilder: the mutable description a PopulationGraph is built from."""
 
 import dataclasses
+import graphlib
 from typing import Any
 
 import equinox as eqx
@@ -26,23 +27,9 @@ class PopulationGraphBuilder:
     """Describe a population graph step by step, then `finalize` it.
 
     `finalize(key=...)` validates the description and returns an immutable
-    [`eqx_ppo.graph.PopulationGraph`][]; after it the builder refuses
-    further changes.
-
-    ```python
-    builder = PopulationGraphBuilder()
-    builder.add_input("retina", 4, input_from="image")
-    builder.add_population("hidden", 16, activation="tanh")
-    builder.add_output("motor", 2, output_to="action")
-    builder.connect("retina", "hidden")
-    builder.connect("hidden", "hidden", delay=1)  # recurrence
-    builder.connect("hidden", "motor")
-    graph = builder.finalize(key=jax.random.key(0))
-    out = graph(graph.initial_state(), {"image": jnp.ones(4)})
-    out.output["action"]  # shape (2,)
-    ```
-
-    Every method returns the builder, so calls can be chained.
+    [`eqx_ppo.graph.PopulationGraph`][]; after it the builder refuses further
+    changes. Every method returns the builder, so calls can be chained (see the
+    population graph guide for an example).
     """
 
     def __init__(self):
@@ -58,10 +45,9 @@ class PopulationGraphBuilder:
 
         **Arguments:**
 
-        - `name`: a unique name (a non-empty string).
+        - `name`: a unique name.
         - `size`: number of units; every incoming transform must output this size.
-        - `activation`: applied once to the summed input: `None` (identity), a
-            callable, or a name such as `"tanh"` (as in `eqx_ppo.nn.Dense`).
+        - `activation`: applied to the summed input: `None`, a callable or a name.
         """
         return self._add(name, size, activation, "hidden", None, None)
 
@@ -79,9 +65,8 @@ class PopulationGraphBuilder:
         **Arguments:**
 
         - `name`, `size`, `activation`: as in `add_population`.
-        - `input_from`: the key of a dict observation to read (one env's value
-            must have shape `(size,)`), or `None` to read the whole observation,
-            which must then be an array of shape `(size,)`.
+        - `input_from`: the key of a dict observation to read; `None` reads the
+            whole (array) observation.
         """
         return self._add(name, size, activation, "input", input_from, None)
 
@@ -126,17 +111,13 @@ class PopulationGraphBuilder:
         **Arguments:**
 
         - `src`, `dst`: names of populations added before.
-        - `transform`: any stateful module mapping `(src size,)` to
-            `(dst size,)`; its carry, extras, regularisation, statistics and
-            metrics are routed through the graph. `None` creates a learned
-            linear map (`Dense` without activation) at `finalize`.
-        - `delay`: `0` reads `src`'s activity of this step (no delay-0 cycles
-            allowed); `k >= 1` reads the activity of exactly `k` steps ago.
-        - `reciprocal`: also connect `dst` to `src` with the same delay and its
-            own default transform; requires `transform=None`.
-        - `name`: the connection's name, keying its transform, carry and
-            metrics; defaults to `"src->dst"`, with `"@k"` appended for a delay
-            `k`. The reverse connection of a reciprocal pair gets its default.
+        - `transform`: a stateful module mapping `(src size,)` to `(dst size,)`;
+            `None` creates a learned linear map at `finalize`.
+        - `delay`: `0` reads `src`'s activity of this step, `k` that of `k`
+            steps ago.
+        - `reciprocal`: also connect `dst` to `src` (needs `transform=None`).
+        - `name`: the connection's name; defaults to `"src->dst"`, plus `"@k"`
+            for a delay `k`.
         """
         pending = [self._pending(src, dst, transform, delay, name, reciprocal, [])]
         if reciprocal:
@@ -154,10 +135,6 @@ class PopulationGraphBuilder:
         **Arguments:**
 
         - `key`: PRNG key for the default (learned linear) transforms.
-
-        Refuses graphs without outputs, with inputs that mix whole-observation
-        and keyed reads, with a delay-0 cycle, with an output no input reaches,
-        or with a transform whose output does not match its destination.
         """
         self._check_open()
         pops = self._populations
@@ -337,33 +314,20 @@ class PopulationGraphBuilder:
 def _topological_order(
     populations: dict[str, Any], connections: list[ConnectionSpec]
 ) -> tuple[str, ...]:
-    """Kahn's algorithm over the delay-0 connections, ties broken by insertion
-    order; a delay-0 cycle is refused, named in order."""
-    successors: dict[str, list[str]] = {name: [] for name in populations}
-    in_degree = {name: 0 for name in populations}
+    """The populations ordered along the delay-0 connections, ties broken by
+    insertion order; a delay-0 cycle is refused, named in order."""
+    sorter = graphlib.TopologicalSorter({name: [] for name in populations})
     for conn in connections:
         if conn.delay == 0:
-            successors[conn.src].append(conn.dst)
-            in_degree[conn.dst] += 1
-    ready = [name for name in populations if in_degree[name] == 0]
-    order: list[str] = []
-    while ready:
-        name = ready.pop(0)
-        order.append(name)
-        for succ in successors[name]:
-            in_degree[succ] -= 1
-            if in_degree[succ] == 0:
-                ready.append(succ)
-    if len(order) < len(populations):
-        cycle = _find_cycle(
-            [name for name in populations if in_degree[name] > 0], connections
-        )
+            sorter.add(conn.dst, conn.src)
+    try:
+        return tuple(sorter.static_order())
+    except graphlib.CycleError as e:
         raise ValueError(
             "PopulationGraphBuilder.finalize(): delay-0 cycle "
-            f"{' -> '.join(cycle)}; a population cannot depend on its own activity "
-            "in the same step. Give one of these connections delay >= 1."
-        )
-    return tuple(order)
+            f"{' -> '.join(e.args[1])}; a population cannot depend on its own "
+            "activity in the same step. Give one of these connections delay >= 1."
+        ) from None
 
 
 def _unreached_outputs(
@@ -371,31 +335,10 @@ def _unreached_outputs(
 ) -> list[str]:
     """The output populations no path of connections leads to from an input."""
     reached = {name for name, p in populations.items() if p.role == "input"}
-    frontier = list(reached)
-    while frontier:
-        src = frontier.pop()
-        for conn in connections:
-            if conn.src == src and conn.dst not in reached:
-                reached.add(conn.dst)
-                frontier.append(conn.dst)
+    for _ in populations:  # a path visits each population at most once
+        reached |= {conn.dst for conn in connections if conn.src in reached}
     return [
         name
         for name, p in populations.items()
         if p.role == "output" and name not in reached
     ]
-
-
-def _find_cycle(stuck: list[str], connections: list[ConnectionSpec]) -> list[str]:
-    """One delay-0 cycle among the populations Kahn's algorithm could not
-    order: each has a delay-0 predecessor among them, so walking predecessors
-    must revisit one."""
-    stuck_set = set(stuck)
-    predecessor = {}
-    for conn in connections:
-        if conn.delay == 0 and conn.dst in stuck_set and conn.src in stuck_set:
-            predecessor.setdefault(conn.dst, conn.src)
-    path = [stuck[0]]
-    while path.count(path[-1]) < 2:
-        path.append(predecessor[path[-1]])
-    start = path.index(path[-1])
-    return path[start:][::-1]

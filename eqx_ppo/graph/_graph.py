@@ -44,10 +44,8 @@ class PopulationSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ConnectionSpec:
-    """One connection's static description: `src` feeds `dst`, `delay` steps late.
-
-    `name` keys its transform, carry, extras and metrics inside the graph.
-    """
+    """One connection's static description: `src` feeds `dst`, `delay` steps
+    late; `name` keys its transform, carry, extras and metrics in the graph."""
 
     name: str
     src: str
@@ -56,30 +54,19 @@ class ConnectionSpec:
 
 
 class PopulationGraph(AbstractStatefulModule):
-    """An immutable graph of populations, built with `PopulationGraphBuilder`.
+    """An immutable graph of populations, built by `PopulationGraphBuilder.finalize`.
 
     Each call (one env, one step) visits the populations in a topological
-    order of the delay-0 connections. A population sums its external input
-    (input populations: the observation, or `obs[input_from]`) and the outputs
-    of its incoming connection transforms, then applies its activation once.
-    A connection with delay `k >= 1` reads the source's activity of exactly
-    `k` steps ago from its ring buffer (zeros until that many steps have run
-    since the last reset); the buffer lives in the carry, so `reset_state`
-    empties it.
+    order of the delay-0 connections; each sums its external input and its
+    incoming transforms' outputs, then applies its activation once. Delayed
+    connections read ring buffers kept in the carry (see the population graph
+    guide).
 
-    - **Output:** a dict `{output_to: activity}` over the output populations,
-      even with one output.
-    - **Carry:** `{"buffers": {population: (buffer [length, size], write
-      index)}, "transforms": {connection: carry}}`.
-    - **Regularisation:** the sum of the transforms' losses for this env.
+    - **Output:** a dict `{output_to: activity}` over the output populations.
     - **Metrics:** each transform's under its connection's name, plus, when
       `record` is set, `{ACTIVATION_KEY: {population: activity}}`.
-    - **Extras:** `{connection: extras}`, or `None` when no transform has any.
     - **Keys:** connection `name`'s transform gets
-      `jax.random.fold_in(key, crc32(name))`, as a named container's child
-      does, whatever the other connections are.
-
-    Do not construct it directly: call `PopulationGraphBuilder.finalize`.
+      `jax.random.fold_in(key, crc32(name))`, as a named container's child does.
     """
 
     transforms: dict[str, AbstractStatefulModule]
@@ -127,11 +114,8 @@ class PopulationGraph(AbstractStatefulModule):
         *,
         key: Key[Array, ""] | None = None,
     ) -> StatefulModuleOutput:
-        """Run every population once for one env.
-
-        `x` is the observation: an array when an input population reads the
-        whole observation, else a dict holding each input's `input_from` key.
-        """
+        """Run every population once for one env; `x` is the observation (an
+        array, or a dict holding each input's `input_from` key)."""
         populations = {pop.name: pop for pop in self.populations}
         buffers = state["buffers"]
         activity: dict[str, Float[Array, " size"]] = {}
