@@ -1,8 +1,7 @@
 """What to log (`LoggingLevel`), in-graph metric reduction, and metric sinks.
 
-Metrics are reduced to scalars inside the compiled program (means, stds or
-percentiles), so nothing that grows with the length of a run ever stays on the
-device. Sinks receive plain `dict[str, float]` on the host.
+Metrics are reduced to scalars inside the compiled program, so nothing that
+grows with a run stays on the device; sinks get plain dicts on the host.
 """
 
 import csv
@@ -34,12 +33,8 @@ LogFn = Callable[[Metrics, int], None]
 
 @register_config
 class LoggingLevel(enum.Flag):
-    """Which metric groups a run computes; combine with `|`.
-
-    Key names follow nnx-ppo: `losses/...`, `rollout_batch/...`, `env/...`,
-    `net/<path>/...`, `grad_norm`, `weights/...`, `throughput/train_sps`.
-    `ROLLOUT_OBS` logs every observation leaf and is left out of `ALL`.
-    """
+    """Which metric groups a run computes; combine with `|`. The logging guide
+    lists each group's keys (`ROLLOUT_OBS` is left out of `ALL`)."""
 
     LOSSES = enum.auto()
     CRITIC_EXTRA = enum.auto()
@@ -72,12 +67,9 @@ def reduce_metric(
     value: PyTree[Array],
     percentiles: Sequence[int | float] | None = None,
 ) -> None:
-    """Add `value`'s summary statistics to `out` under `name` (in-graph).
-
-    Nested dicts extend the name with `/key`. Boolean leaves become their
-    fraction true (`name`); other leaves become `name/mean` and `name/std`, or
-    `name/p{N}` for each requested percentile.
-    """
+    """Add `value`'s statistics to `out` under `name` (nested dicts as
+    `name/key`): a bool's fraction true, else `name/mean` and `name/std`, or
+    `name/p{N}` for each of `percentiles`."""
     if isinstance(value, Mapping):
         for k, v in value.items():
             reduce_metric(out, f"{name}/{k}", v, percentiles)
@@ -96,9 +88,8 @@ def reduce_metric(
 
 
 def _clean(value: Any) -> Any:
-    """`value` as JSON: Python numbers (a NumPy or JAX scalar or array, as a
-    hand-written loop over `step` logs them, becomes one), non-finite
-    floats as `None`."""
+    """`value` (a number, list or NumPy/JAX array) as JSON's numbers, with
+    non-finite floats as `None`."""
     value = value if isinstance(value, list) else np.asarray(value).tolist()
     if isinstance(value, list):
         return [_clean(v) for v in value]
@@ -157,11 +148,13 @@ def replace_file(path: pathlib.Path, text: str) -> None:
 
 @checked
 class JSONLLogger:
-    """Writes one JSON object per call to `path`: `{"step": ..., **metrics}`.
+    """Writes one JSON object per call to `path`: `{"step": ..., **metrics}`,
+    non-finite values as `null`.
 
-    Non-finite values are written as `null`; multi-seed values stay lists. A
-    `path` that already holds a log is refused unless `append=True` (e.g. when
-    resuming that run), which continues it.
+    **Arguments:**
+
+    - `path`: the `.jsonl` file; one that holds a log is refused unless `append`.
+    - `append`: continue the log at `path` (when resuming its run).
     """
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
@@ -176,11 +169,13 @@ class JSONLLogger:
 
 @checked
 class CSVLogger:
-    """Writes metrics as CSV rows; the header is the union of keys seen so far.
+    """Writes metrics as CSV rows; a new key rewrites the file with the wider
+    header, so it always parses as one table.
 
-    A new key rewrites the file (atomically) with the wider header, so it
-    always parses as one table. Multi-seed values become `key/seed{i}`
-    columns. `append` works as for `JSONLLogger`.
+    **Arguments:**
+
+    - `path`: the `.csv` file; one that holds a log is refused unless `append`.
+    - `append`: continue the table at `path` (when resuming its run).
     """
 
     def __init__(self, path: str | pathlib.Path, *, append: bool = False):
@@ -254,9 +249,8 @@ class WandbLogger:
 
 @checked
 def combine_loggers(*log_fns: LogFn) -> LogFn:
-    """One sink that forwards every call to each of `log_fns`; a value that
-    is not callable (a path given instead of `JSONLLogger(path)`) is refused
-    here, not at the first log after training started."""
+    """One sink that forwards every call to each of `log_fns` (each checked to
+    be callable here, not at the first log)."""
 
     def log(metrics: Metrics, step: int) -> None:
         for fn in log_fns:

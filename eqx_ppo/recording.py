@@ -1,11 +1,6 @@
-"""Activation recording: make every leaf layer report its output, for analysis.
-
-[`eqx_ppo.with_recording`][] is a pure tree transform (like
-`eqx.nn.inference_mode`) that wraps every leaf layer in a
-[`eqx_ppo.Recorder`][], which adds the layer's output to its metrics under
-`ACTIVATION_KEY`; the containers carry every child's metrics up, so
-[`eqx_ppo.extract_activations`][] reads them back as a tree mirroring the
-network. See the recording guide.
+"""Activation recording: every leaf layer reports its output in its metrics,
+under `ACTIVATION_KEY`, and the containers carry the metrics up. See the
+recording guide.
 """
 
 import dataclasses
@@ -27,16 +22,13 @@ from .nn._module import (
 
 
 class Recorder(AbstractLayerWrapper):
-    """Runs `layer` unchanged and adds its forward output to the metrics.
-
-    Everything but the metrics is `layer`'s own; the metrics are `layer`'s
-    plus `{ACTIVATION_KEY: output}`. A replay returns no metrics, so the
-    layer's own (possibly parallel) replay runs unchanged.
+    """Runs `layer` unchanged and adds its output to its metrics under
+    `ACTIVATION_KEY`; a replay returns no metrics, so the layer's own replay
+    runs unchanged.
 
     **Arguments:**
 
-    - `layer`: the layer to record, usually a leaf layer;
-        [`eqx_ppo.with_recording`][] wraps every leaf of a network for you.
+    - `layer`: the layer to record ([`eqx_ppo.with_recording`][] wraps them all).
     """
 
     layer: AbstractStatefulModule
@@ -50,12 +42,8 @@ def _is_stateful(node: Any) -> bool:
 
 
 def is_leaf_layer(node: Any) -> bool:
-    """Whether `node` is a stateful module with no stateful module inside it.
-
-    "Inside" means anywhere in its pytree children (fields holding dicts,
-    lists, tuples or other modules), so user-defined containers are seen
-    through like the built-in ones; static fields are not children.
-    """
+    """Whether `node` is a stateful module with no stateful module anywhere in
+    its pytree children (so containers of your own are seen through)."""
     if not _is_stateful(node):
         return False
     children = jax.tree.leaves(
@@ -64,13 +52,11 @@ def is_leaf_layer(node: Any) -> bool:
     return not any(_is_stateful(child) for child in children)
 
 
-def _is_recording_node(node: Any) -> bool:
-    return isinstance(node, Recorder | PopulationGraph)
-
-
 def is_recording(net: PyTree) -> bool:
     """Whether `net` already records: it holds a `Recorder` or a recording graph."""
-    nodes = jax.tree.leaves(net, is_leaf=_is_recording_node)
+    nodes = jax.tree.leaves(
+        net, is_leaf=lambda node: isinstance(node, Recorder | PopulationGraph)
+    )
     return any(
         isinstance(node, Recorder)
         or (isinstance(node, PopulationGraph) and node.record)
@@ -80,15 +66,12 @@ def is_recording(net: PyTree) -> bool:
 
 @checked
 def with_recording(net: PyTree) -> PyTree:
-    """A copy of `net` that records every layer's activations in its metrics.
-
-    Every leaf layer (see [`eqx_ppo.recording.is_leaf_layer`][]) is wrapped in
-    a [`eqx_ppo.Recorder`][]; every [`eqx_ppo.graph.PopulationGraph`][] gets
-    `record=True` instead (it records all its populations itself). Parameters
-    are shared and outputs, carries, regularisation and extras are
-    bit-identical to `net`'s. Read the activations with
-    [`eqx_ppo.extract_activations`][]. A network that already records is
-    returned unchanged, with a warning.
+    """A copy of `net` whose every leaf layer (see
+    [`eqx_ppo.recording.is_leaf_layer`][]) is wrapped in a [`eqx_ppo.Recorder`][],
+    and every [`eqx_ppo.graph.PopulationGraph`][] has `record=True`; parameters
+    are shared and outputs unchanged. A network that already records is returned
+    as it is, with a warning. Read the activations with
+    [`eqx_ppo.extract_activations`][].
     """
     if is_recording(net):
         warnings.warn(
@@ -120,15 +103,10 @@ def with_recording(net: PyTree) -> PyTree:
 
 @checked
 def extract_activations(metrics: Mapping | None) -> PyTree | None:
-    """The recorded activations in a recording network's `metrics`.
-
-    Returns a nested dict mirroring the network: `Sequential` positions as int
-    keys, dict containers' (and `PPOAdapter`'s) names as string keys, and at
-    each recorded layer its output (a sampler's is its
-    `{"action", "log_likelihood"}` dict, a graph's is `{population: activity}`).
-    Ordinary metrics and branches with no activations are dropped; `None` when
-    there are no activations at all. Works on metrics of any leading shape:
-    one env, `[B]` from `apply_batched`, `[T, N]` from a stacked rollout.
+    """The recorded activations in a recording network's `metrics` (of any
+    leading shape), as a nested dict mirroring the network (`Sequential`
+    positions as int keys, containers' names as str keys); `None` if there are
+    none.
     """
     return _activations_in(metrics)
 

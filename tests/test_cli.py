@@ -306,7 +306,7 @@ def test_counts_must_be_positive(capsys, flag):
 @pytest.mark.parametrize(
     "flags, named",
     [
-        (["--recurrent", "-5"], r"--recurrent -5: .*hidden_size.*positive int"),
+        (["--recurrent", "-5"], r"--recurrent -5: .*hidden_size.*>= 1"),
         (
             ["--hidden", "8,8", "--entropy-weight=-1"],
             r"--hidden 8,8 --entropy-weight -1.0: .*entropy_weight.*>= 0",

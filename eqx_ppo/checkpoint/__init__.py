@@ -2,16 +2,12 @@
 
 A checkpoint is one folder `step_<step, 9 digits>/` holding `state.eqx`, every
 array leaf of the state (`eqx.tree_serialise_leaves`, no pickle; PRNG keys as
-their key data), and `header.json`: the versions, the step, the config as
-JSON, your `metadata`, the size and SHA-256 of `state.eqx`, the state's
-structure and, last, the SHA-256 of the header itself. Writes are atomic, and
-nothing changed after a save loads. The checkpointing guide says what is
-saved, how loading checks it, and how to resume.
-
-`_files` writes and checks folders, `_leaves` the leaves, `_codec` the configs
-in the header; config classes join with [`register_config`][], and the
-algorithm owning a config registers its template builder with
-`register_template`.
+their key data), and `header.json`: the versions, the step, the config, your
+`metadata`, the size and SHA-256 of `state.eqx`, the state's structure and,
+last, the header's own SHA-256. Writes are atomic, and nothing changed after a
+save loads. The checkpointing guide says what is saved, how loading checks
+it, and how to resume. Config classes join with [`register_config`][], and a
+config type's template builder with `register_template`.
 """
 
 import dataclasses
@@ -68,12 +64,10 @@ class CheckpointHeader:
 
     - `path`: the checkpoint folder.
     - `step`: the env step the state was saved at.
-    - `config`: the saved configuration, rebuilt (`TrainConfig`,
-      a distillation teacher as its fingerprint), or `None` if none was saved.
+    - `config`: the saved config, rebuilt (a teacher as its fingerprint), or `None`.
     - `metadata`: the JSON `metadata` given to `save_checkpoint`.
     - `library_version`, `format_version`: who wrote it.
-    - `leaves`: one dict per leaf: `path`, and `shape` + `dtype` (arrays, with
-      `key_impl` for PRNG keys) or `type` (Python scalars and other leaves).
+    - `leaves`: per leaf, `path` and `shape` + `dtype` (+ `key_impl`) or `type`.
     - `treedef`: the pytree definition, memory addresses removed.
     - `state_bytes`, `state_sha256`: size and checksum of `state.eqx`.
     """
@@ -106,21 +100,17 @@ def save_checkpoint(
     keep: int | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> pathlib.Path:
-    """Write `state` to `directory/step_<step>/` atomically; returns that folder.
+    """Write `state` to `directory/step_<step>/` atomically, replacing any
+    checkpoint of that step; returns that folder.
 
     **Arguments:**
 
     - `directory`: the folder of checkpoints (created if missing).
     - `state`: a `TrainingState` (or any pytree of arrays).
-    - `config`: the run's config (a `TrainConfig`), saved as JSON; `None` to
-      save none.
+    - `config`: the run's config (a `TrainConfig`), or `None` to save none.
     - `step`: the env step, used in the folder name.
-    - `keep`: keep only the newest `keep` checkpoints up to `step` (later ones
-      belong to another run: a warning says so); `None` keeps all.
-    - `metadata`: extra JSON-serialisable information (e.g. how to rebuild the
-      network), returned by [`read_header`][].
-
-    A checkpoint already saved at `step` is replaced.
+    - `keep`: keep only the newest `keep` checkpoints up to `step`; `None`: all.
+    - `metadata`: JSON information (how to rebuild the network), for [`read_header`][].
     """
     _check_keep(keep)
     step = int(step)
@@ -150,7 +140,7 @@ def save_checkpoint(
         ) from None
 
     def fill(folder: pathlib.Path) -> None:
-        size, sha256 = write_state(folder, lambda f: serialise(f, state))
+        size, sha256 = write_state(folder, serialise(state))
         write_header(folder, {**header, "state_bytes": size, "state_sha256": sha256})
 
     return write_atomically(pathlib.Path(directory), step, fill, keep=keep)
@@ -224,11 +214,8 @@ def _header_problem(raw: dict[str, Any]) -> str | None:
 @checked
 def read_header(path: str | os.PathLike | None) -> CheckpointHeader:
     """The header of the checkpoint at `path` (a checkpoint folder, or a folder
-    of checkpoints: the latest is read), with the config rebuilt.
-
-    `read_header(path).config` is the run's config, `.metadata` what the run
-    stored (e.g. network sizes). A header changed after saving, or in the
-    `step_*` folder of another step, is refused.
+    of checkpoints: the latest), with the config rebuilt. A header changed
+    after saving, or in the `step_*` folder of another step, is refused.
     """
     path = resolve(path)
     raw = read_header_json(path)
@@ -248,17 +235,9 @@ def read_header(path: str | os.PathLike | None) -> CheckpointHeader:
         config = None if raw["config"] is None else config_from_dict(raw["config"])
     except CheckpointError as e:
         raise CheckpointError(f"{path / HEADER}: {e}") from e
+    saved = {f.name: raw.get(f.name) for f in dataclasses.fields(CheckpointHeader)}
     return CheckpointHeader(
-        path=path,
-        step=raw["step"],
-        config=config,
-        metadata=raw["metadata"],
-        library_version=raw["library_version"],
-        format_version=raw["format_version"],
-        leaves=tuple(raw["leaves"]),
-        treedef=raw["treedef"],
-        state_bytes=raw["state_bytes"],
-        state_sha256=raw["state_sha256"],
+        **{**saved, "path": path, "config": config, "leaves": tuple(raw["leaves"])}
     )
 
 
@@ -315,28 +294,17 @@ def load_checkpoint(
     networks: Any = None,
     config: Any = None,
 ) -> Any:
-    """The state saved at `path`, checked against a template.
+    """The state saved at `path`, checked against a template built from `like`,
+    or from `env` and `networks`; either the whole state or a
+    [`CheckpointError`][] saying what differs.
 
     **Arguments:**
 
-    - `path`: a checkpoint folder, or a folder of checkpoints (the latest is
-      loaded).
-    - `like`: the template: a state with the saved structure (arrays or
-      `jax.ShapeDtypeStruct`s), or a function `config -> state` called with the
-      saved config under `eqx.filter_eval_shape`, e.g.
-      `lambda c: eqx.filter_eval_shape(...)` of your own initial state.
-    - `env`, `networks`: instead of `like`: the template is the initial state
-      [`eqx_ppo.train`][] would build from them with the config (`config`,
-      else the saved one).
-    - `config`: optionally, the `TrainConfig` you will resume with; a
-      [`CheckpointError`][] lists every field that differs from the saved one
-      and would change the optimisation (logging fields may differ, and
-      `total_steps` may grow with a constant learning rate). Required for a
-      distillation checkpoint, whose header keeps only a fingerprint of the
-      teacher.
-
-    Returns the whole state or raises a [`CheckpointError`][] saying what
-    differs.
+    - `path`: a checkpoint folder, or a folder of checkpoints (the latest).
+    - `like`: a template state, or a function `config -> state` (shapes only).
+    - `env`, `networks`: instead of `like`, as given to [`eqx_ppo.train`][].
+    - `config`: the `TrainConfig` you will resume with; one that changes the
+      optimisation is refused (required for a distillation checkpoint).
     """
     header = read_header(path)
     if config is not None and header.config is not None:

@@ -16,7 +16,7 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any
 
 from .._typecheck import checked
 from ._codec import CheckpointError
@@ -31,27 +31,6 @@ _TRASH = ".trash-"
 _REPLACED = ".replaced-"
 
 
-class _HashingWriter:
-    """A binary file wrapper that hashes and counts what goes through it."""
-
-    def __init__(self, file: BinaryIO):
-        self.file = file
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data) -> int:
-        data = bytes(data)
-        self.sha256.update(data)
-        self.size += len(data)
-        return self.file.write(data)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _fsync_dir(path: pathlib.Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -60,14 +39,17 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def write_state(folder: pathlib.Path, write: Callable[[Any], None]) -> tuple[int, str]:
-    """Call `write(file)` on `folder/state.eqx`; return its size and SHA-256."""
-    with open(folder / STATE, "wb") as f:
-        writer = _HashingWriter(f)
-        write(writer)
+def _write_synced(file: pathlib.Path, data: bytes) -> None:
+    with open(file, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return writer.size, writer.sha256.hexdigest()
+
+
+def write_state(folder: pathlib.Path, data: bytes) -> tuple[int, str]:
+    """Write `data` to `folder/state.eqx`; return its size and SHA-256."""
+    _write_synced(folder / STATE, data)
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def _sealed(body: bytes) -> bytes:
@@ -79,10 +61,7 @@ def _sealed(body: bytes) -> bytes:
 
 def write_header(folder: pathlib.Path, header: dict[str, Any]) -> None:
     body = json.dumps(header, indent=1).encode()
-    with open(folder / HEADER, "wb") as f:
-        f.write(_sealed(body.removesuffix(b"\n}")))
-        f.flush()
-        os.fsync(f.fileno())
+    _write_synced(folder / HEADER, _sealed(body.removesuffix(b"\n}")))
 
 
 def read_header_json(folder: pathlib.Path) -> dict[str, Any]:
@@ -130,19 +109,11 @@ def _complete(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
     if not directory.is_dir():
         return []
     found: dict[int, pathlib.Path] = {}
-    set_aside = []
+    set_aside: dict[int, pathlib.Path] = {}
     for p in directory.iterdir():
-        if not (p / HEADER).is_file():
-            continue
-        if (step := step_of(p)) is not None:
-            found[step] = p
-        elif p.name.startswith(_REPLACED):
-            set_aside.append(p)
-    for p in set_aside:
-        step = named_step(p)
-        if step is not None:
-            found.setdefault(step, p)
-    return sorted(found.items())
+        if (p / HEADER).is_file() and (step := named_step(p)) is not None:
+            (set_aside if p.name.startswith(_REPLACED) else found)[step] = p
+    return sorted({**set_aside, **found}.items())
 
 
 @checked
@@ -183,10 +154,6 @@ def _aside(path: pathlib.Path, prefix: str) -> pathlib.Path:
     aside = path.with_name(f"{prefix}{path.name}-{uuid.uuid4().hex}")
     os.replace(path, aside)
     return aside
-
-
-def _remove(path: pathlib.Path) -> None:
-    shutil.rmtree(_aside(path, _TRASH), ignore_errors=True)
 
 
 def _is_intact(folder: pathlib.Path) -> bool:
@@ -245,7 +212,9 @@ def write_atomically(
         )
         # mkdtemp makes a private (0700) folder; a checkpoint gets the usual
         # permissions, as `mkdir` would give it under the current umask.
-        os.chmod(tmp, 0o777 & ~_umask())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
         fill(tmp)
         _fsync_dir(tmp)
         if final.exists():
@@ -269,8 +238,8 @@ def write_atomically(
     _remove_leftovers(directory)
     up_to_step = _check_retention(directory, step)
     if keep is not None:
-        for old in up_to_step[:-keep]:
-            _remove(old)
+        for old in up_to_step[:-keep]:  # renamed first: never half a checkpoint
+            shutil.rmtree(_aside(old, _TRASH), ignore_errors=True)
     return final
 
 
@@ -326,13 +295,15 @@ def read_state(folder: pathlib.Path, size: int, sha256: str) -> bytes:
                 f"{folder} has no {STATE}; it is incomplete."
             ) from None
         raise removed_while_reading(folder) from None
-    if len(data) != size:
-        raise CheckpointError(
-            f"{file} has {len(data)} bytes, the header records {size}: "
-            "the file is truncated or was overwritten."
-        )
     if hashlib.sha256(data).hexdigest() != sha256:
+        size_differs = (
+            f" (truncated or overwritten: it has {len(data)} bytes, the header "
+            f"records {size})"
+            if len(data) != size
+            else ""
+        )
         raise CheckpointError(
-            f"{file} does not match the checksum in its header: it is corrupted."
+            f"{file} does not match the checksum in its header: it is "
+            f"corrupted{size_differs}."
         )
     return data

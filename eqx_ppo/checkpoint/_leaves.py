@@ -105,10 +105,12 @@ def check_saveable(state: Any) -> None:
             )
 
 
-def serialise(file: Any, state: Any) -> None:
-    """Write `state`'s array leaves to `file`, PRNG keys as key data."""
+def serialise(state: Any) -> bytes:
+    """`state`'s array leaves as `state.eqx` holds them, PRNG keys as key data."""
     data = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, state)
+    file = io.BytesIO()
     eqx.tree_serialise_leaves(file, data)
+    return file.getvalue()
 
 
 def _describe(spec: dict[str, Any] | None) -> str:

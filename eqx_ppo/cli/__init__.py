@@ -189,18 +189,18 @@ def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:
         return
     steps = np.array([h["step"] for h in history])
     returns = np.array([np.atleast_1d(h["eval/episode_reward/mean"]) for h in history])
-    mean = returns.mean(axis=1)
+    seeds = returns.shape[1]
     fig, ax = plt.subplots(figsize=(6, 4))
-    label = (
-        f"mean of {returns.shape[1]} seeds" if returns.shape[1] > 1 else "eval return"
-    )
-    ax.plot(steps, mean, label=label)
-    if returns.shape[1] > 1:
+    label = f"mean of {seeds} seeds" if seeds > 1 else "eval return"
+    ax.plot(steps, returns.mean(axis=1), label=label)
+    if seeds > 1:
         lo, hi = returns.min(axis=1), returns.max(axis=1)
         ax.fill_between(steps, lo, hi, alpha=0.3, label="min-max over seeds")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("deterministic eval return")
-    ax.set_title(f"eqx_ppo on {run['env']}")
+    ax.set(
+        xlabel="env steps",
+        ylabel="deterministic eval return",
+        title=f"eqx_ppo on {run['env']}",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -266,9 +266,7 @@ def _eval(args: argparse.Namespace) -> int:
     from ..ppo import eval_rollout
 
     _, run, env, network, checkpoint = _load_for_analysis(args.checkpoint, args.seed)
-    metrics = eqx.filter_jit(
-        eval_rollout,
-    )(
+    metrics = eqx.filter_jit(eval_rollout)(
         env,
         eqx.nn.inference_mode(network),
         jax.random.key(args.eval_seed),

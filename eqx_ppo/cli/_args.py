@@ -34,9 +34,6 @@ RESUMABLE_FLAGS = frozenset(
 )
 """The `train` flags a resumed run honours; the run's `run.json` fixes the rest."""
 
-NETWORK_FLAGS = ("--hidden", "--recurrent", "--cell", "--entropy-weight")
-"""The `train` flags, besides `--env`, that the network is built from."""
-
 CONFIG_FLAGS = (
     "--steps",
     "--n-envs",
@@ -50,33 +47,28 @@ CONFIG_FLAGS = (
 )
 """The `train` flags the `TrainConfig` is built from."""
 
-ENV_FLAGS = ("--env", "--env-kwarg")
-"""The `train` flags the env is made from."""
-
-RUN_KEYS = frozenset(
-    {
-        "env",
-        "env_kwargs",
-        "steps",
-        "n_envs",
-        "rollout_length",
-        "seeds",
-        "seed",
-        "hidden",
-        "recurrent",
-        "cell",
-        "lru_state_size",
-        "lr",
-        "lr_schedule",
-        "normalize_advantages",
-        "entropy_weight",
-        "minibatches",
-        "epochs",
-        "eval_every",
-        "episode_length",
-    }
+RUN_KEYS = (
+    "env",
+    "env_kwargs",
+    "steps",
+    "n_envs",
+    "rollout_length",
+    "seeds",
+    "seed",
+    "hidden",
+    "recurrent",
+    "cell",
+    "lru_state_size",
+    "lr",
+    "lr_schedule",
+    "normalize_advantages",
+    "entropy_weight",
+    "minibatches",
+    "epochs",
+    "eval_every",
+    "episode_length",
 )
-"""The settings a run folder's `run.json` holds."""
+"""The settings a run folder's `run.json` holds, in its order."""
 
 
 def _flag_text(flag: str, value: Any) -> str:
@@ -129,6 +121,95 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(_count(size) for size in text.split(",") if size)
 
 
+_COUNT = {"type": _count}
+_PATH = {"type": pathlib.Path}
+
+_TRAIN_FLAGS: tuple[tuple[str, Any, str, dict[str, Any]], ...] = (
+    # (flag, default, help, argparse's other keywords)
+    (
+        "--env",
+        DEFAULT_ENV,
+        f"built-in env ({', '.join(envs.registered_names())}) or "
+        "brax:<name> / playground:<name> / gymnax:<name> / popgym_arcade:<name> "
+        "(each needs its extra)",
+        {},
+    ),
+    (
+        "--env-kwarg",
+        [],
+        "an option for the env, repeatable; VALUE is read as JSON if it "
+        "parses, else as a string: backend=spring for brax:inverted_pendulum, "
+        'env_params=\'{"gravity": 9.8, "masscart": 1.0}\' for gymnax:CartPole-v1',
+        {"type": _env_kwarg, "action": "append", "metavar": "NAME=VALUE"},
+    ),
+    (
+        "--steps",
+        300_000,
+        "env steps in all, rounded up to whole iterations of n-envs x "
+        "rollout-length steps (with --resume: the new total, more or fewer than "
+        "the run's)",
+        _COUNT,
+    ),
+    ("--n-envs", 128, "parallel envs", _COUNT),
+    ("--rollout-length", 20, "steps per env per iteration", _COUNT),
+    ("--seeds", 1, "train this many seeds in one vmapped program", _COUNT),
+    ("--seed", 0, "the first seed", {"type": int}),
+    (
+        "--hidden",
+        "32,32",
+        "hidden sizes of actor and critic, e.g. 64,64",
+        {"type": _sizes},
+    ),
+    (
+        "--recurrent",
+        0,
+        "use a recurrent policy with this many units (the cell: --cell)",
+        {"type": int, "metavar": "SIZE"},
+    ),
+    (
+        "--cell",
+        "lstm",
+        "the recurrent cell of --recurrent",
+        {"choices": ("lstm", "gru", "lru", "mingru")},
+    ),
+    ("--lr", 1e-3, "learning rate", {"type": float}),
+    (
+        "--lr-schedule",
+        "constant",
+        "the learning rate's decay to 0 over --steps (a decaying run's --steps "
+        "cannot change on --resume)",
+        {"choices": ("constant", "linear", "cosine")},
+    ),
+    (
+        "--normalize-advantages",
+        True,
+        "standardise advantages per minibatch (on by default); turn it off for "
+        "tasks whose episodes all reach the time limit once solved",
+        {"action": argparse.BooleanOptionalAction},
+    ),
+    ("--entropy-weight", 1e-2, "entropy bonus weight", {"type": float}),
+    ("--minibatches", 4, "minibatches per epoch", _COUNT),
+    ("--epochs", 4, "epochs per iteration", _COUNT),
+    (
+        "--eval-every",
+        None,
+        "env steps between evaluations and checkpoints (default: steps/10)",
+        _COUNT,
+    ),
+    ("--out", None, "run folder (default runs/<env>-<time>)", _PATH),
+    (
+        "--resume",
+        None,
+        "continue the run in this folder from its latest checkpoint (a run killed "
+        "before its first checkpoint starts over); only --steps and --no-progress "
+        "may be given with it",
+        _PATH,
+    ),
+    ("--no-progress", False, "no progress bar", {"action": "store_true"}),
+)
+"""`train`'s flags, in `--help`'s order."""
+
+
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
     """`--help` with every default, except `None` and on/off switches."""
 
@@ -159,104 +240,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"Per-env defaults, where the defaults above do not solve the env "
         f"(a flag you give wins): {per_env}.",
     )
-    train.add_argument(
-        "--env",
-        default=DEFAULT_ENV,
-        help=f"built-in env ({', '.join(envs.registered_names())}) or "
-        "brax:<name> / playground:<name> / gymnax:<name> / popgym_arcade:<name> "
-        "(each needs its extra)",
-    )
-    train.add_argument(
-        "--env-kwarg",
-        type=_env_kwarg,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="an option for the env, repeatable; VALUE is read as JSON if it "
-        "parses, else as a string: backend=spring for brax:inverted_pendulum, "
-        'env_params=\'{"gravity": 9.8, "masscart": 1.0}\' for gymnax:CartPole-v1',
-    )
-    train.add_argument(
-        "--steps",
-        type=_count,
-        default=300_000,
-        help="env steps in all, rounded up to whole iterations of n-envs x "
-        "rollout-length steps (with --resume: the new total, more or fewer than "
-        "the run's)",
-    )
-    train.add_argument("--n-envs", type=_count, default=128, help="parallel envs")
-    train.add_argument(
-        "--rollout-length", type=_count, default=20, help="steps per env per iteration"
-    )
-    train.add_argument(
-        "--seeds",
-        type=_count,
-        default=1,
-        help="train this many seeds in one vmapped program",
-    )
-    train.add_argument("--seed", type=int, default=0, help="the first seed")
-    train.add_argument(
-        "--hidden",
-        type=_sizes,
-        default="32,32",
-        help="hidden sizes of actor and critic, e.g. 64,64",
-    )
-    train.add_argument(
-        "--recurrent",
-        type=int,
-        default=0,
-        metavar="SIZE",
-        help="use a recurrent policy with this many units (the cell: --cell)",
-    )
-    train.add_argument(
-        "--cell",
-        choices=("lstm", "gru", "lru", "mingru"),
-        default="lstm",
-        help="the recurrent cell of --recurrent",
-    )
-    train.add_argument("--lr", type=float, default=1e-3, help="learning rate")
-    train.add_argument(
-        "--lr-schedule",
-        choices=("constant", "linear", "cosine"),
-        default="constant",
-        help="the learning rate's decay to 0 over --steps (a decaying run's "
-        "--steps cannot change on --resume)",
-    )
-    train.add_argument(
-        "--normalize-advantages",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="standardise advantages per minibatch (on by default); turn it off "
-        "for tasks whose episodes all reach the time limit once solved",
-    )
-    train.add_argument(
-        "--entropy-weight", type=float, default=1e-2, help="entropy bonus weight"
-    )
-    train.add_argument(
-        "--minibatches", type=_count, default=4, help="minibatches per epoch"
-    )
-    train.add_argument("--epochs", type=_count, default=4, help="epochs per iteration")
-    train.add_argument(
-        "--eval-every",
-        type=_count,
-        default=None,
-        help="env steps between evaluations and checkpoints (default: steps/10)",
-    )
-    train.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=None,
-        help="run folder (default runs/<env>-<time>)",
-    )
-    train.add_argument(
-        "--resume",
-        type=pathlib.Path,
-        default=None,
-        help="continue the run in this folder from its latest checkpoint (a run "
-        "killed before its first checkpoint starts over); only --steps and "
-        "--no-progress may be given with it",
-    )
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for flag, default, text, kwargs in _TRAIN_FLAGS:
+        train.add_argument(flag, default=default, help=text, **kwargs)
     _add_cache_flags(train)
 
     for name, text in (

@@ -20,9 +20,7 @@ from ..nn._recurrent_factories import default_lru_state_size
 from ..ppo import PPO, EvalConfig, TrainConfig
 from ._args import (
     ENV_DEFAULTS,
-    ENV_FLAGS,
     EVAL_ENVS,
-    NETWORK_FLAGS,
     RESUMABLE_FLAGS,
     RUN_KEYS,
     CLIError,
@@ -33,32 +31,21 @@ from ._args import (
 
 def build_network(run: dict[str, Any], env: Any, key: jax.Array):
     """The network a run's `run.json` describes, freshly initialised with `key`."""
-    obs_size = env.observation_size
     n_actions = getattr(env, "n_actions", None)
     discrete = n_actions is not None
-    action_size = n_actions if discrete else env.action_size
+    sizes = (env.observation_size, n_actions if discrete else env.action_size)
+    common = dict(key=key, entropy_weight=run["entropy_weight"], discrete=discrete)
     if run["recurrent"]:
         return make_recurrent_actor_critic(
-            obs_size,
-            action_size,
+            *sizes,
             run["recurrent"],
-            key=key,
             cell=run["cell"],
             lru_state_size=run["lru_state_size"],
             actor_hidden_sizes=run["hidden"],
             critic_hidden_sizes=run["hidden"],
-            entropy_weight=run["entropy_weight"],
-            discrete=discrete,
+            **common,
         )
-    return make_mlp_actor_critic(
-        obs_size,
-        action_size,
-        run["hidden"],
-        run["hidden"],
-        key=key,
-        entropy_weight=run["entropy_weight"],
-        discrete=discrete,
-    )
+    return make_mlp_actor_critic(*sizes, run["hidden"], run["hidden"], **common)
 
 
 def train_config(run: dict[str, Any], progress: bool) -> TrainConfig:
@@ -109,7 +96,7 @@ def _read_run(folder: pathlib.Path, given: str, wanted: str) -> dict[str, Any]:
         raise CLIError(f"{given}: no run.json there; not {wanted}.")
     try:
         run = json.loads(file.read_text())
-        missing = sorted(RUN_KEYS - run.keys()) if isinstance(run, dict) else None
+        missing = sorted(set(RUN_KEYS) - run.keys()) if isinstance(run, dict) else None
         problem = "is not a JSON object" if missing is None else f"lacks {missing}"
     except (OSError, ValueError) as e:
         missing, problem = None, f"cannot be read ({type(e).__name__}: {e})"
@@ -183,37 +170,28 @@ def _new_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
         flags = " ".join(_flag_text(*item) for item in own.items())
         print(f"{args.env} trains with its own defaults: {flags}")
     env_kwargs = _env_kwargs(args.env_kwarg)
-    with blamed_on(args, ENV_FLAGS, "--env", (ValueError, TypeError, ImportError)):
+    with blamed_on(
+        args, ("--env", "--env-kwarg"), "--env", (ValueError, TypeError, ImportError)
+    ):
         env = envs.make(args.env, **env_kwargs)
-    run = {
-        "env": args.env,
+    # The flags of the same name, and what is worked out from the flags.
+    run = {key: getattr(args, key, None) for key in RUN_KEYS}
+    run.update(
         # With the machine's choices (a Playground backend) pinned, so that
         # eval, record and --resume elsewhere build the same env.
-        "env_kwargs": pinned_kwargs(args.env, env_kwargs),
-        "steps": args.steps,
-        "n_envs": args.n_envs,
-        "rollout_length": args.rollout_length,
-        "seeds": args.seeds,
-        "seed": args.seed,
-        "hidden": list(args.hidden),
-        "recurrent": args.recurrent,
-        "cell": args.cell,
+        env_kwargs=pinned_kwargs(args.env, env_kwargs),
+        hidden=list(args.hidden),
         # Saved, so that a later default cannot change this run's shapes.
-        "lru_state_size": default_lru_state_size(args.recurrent)
+        lru_state_size=default_lru_state_size(args.recurrent)
         if args.cell == "lru" and args.recurrent
         else None,
-        "lr": args.lr,
-        "lr_schedule": args.lr_schedule,
-        "normalize_advantages": args.normalize_advantages,
-        "entropy_weight": args.entropy_weight,
-        "minibatches": args.minibatches,
-        "epochs": args.epochs,
         # The evaluation (and checkpoint) spacing, fixed for the run.
-        "eval_every": args.eval_every or max(1, args.steps // 10),
-        "episode_length": _episode_length(env),
-    }
+        eval_every=args.eval_every or max(1, args.steps // 10),
+        episode_length=_episode_length(env),
+    )
     # Built abstractly, so that a bad network flag is one line and no folder.
-    with blamed_on(args, NETWORK_FLAGS, "--env"):
+    network_flags = ("--hidden", "--recurrent", "--cell", "--entropy-weight")
+    with blamed_on(args, network_flags, "--env"):
         eqx.filter_eval_shape(build_network, run, env, jax.random.key(0))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or pathlib.Path("runs") / f"{args.env.replace(':', '_')}-{stamp}"
