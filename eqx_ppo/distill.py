@@ -1,13 +1,8 @@
 """Policy distillation: train a student network to act like a frozen teacher.
 
-The student acts; the teacher runs beside it in inference mode, and the
-loss is the student's negative log-likelihood of the teacher's pre-squash
-action (`KL(teacher || student)` up to the teacher's entropy when the
-teacher is deterministic). The replay swaps only the samplers' extras for
-the teacher's; samplers are found by shape-probing both networks once at
-trace time (a leaf layer whose output is an `{"action", "log_likelihood"}`
-dict), so custom samplers work too. The distillation guide has the
-details and the differences from nnx-ppo.
+The student acts, the teacher runs beside it in inference mode, and the loss
+is the student's negative log-likelihood of the teacher's pre-squash action.
+The distillation guide has the details and the differences from nnx-ppo.
 """
 
 from typing import Any
@@ -32,7 +27,6 @@ from .nn._module import (
 )
 from .ppo import AbstractLearner, Minibatch
 from .ppo._learner import Axis, Loss, Module, Number, setting
-from .ppo._loss import replay_policy
 from .ppo._sharding import pmean
 from .ppo._validate import check_output_type, seed_axis_hint
 from .recording import is_leaf_layer
@@ -142,30 +136,24 @@ def _under(path: tuple, prefix: tuple) -> bool:
     return path[: len(prefix)] == prefix
 
 
-def _take(extras: Any, paths: tuple[tuple, ...]) -> tuple[tuple[Array, ...], ...]:
-    """The leaves of `extras` below each of `paths`, in order."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(extras)
-    return tuple(tuple(x for p, x in flat if _under(p, prefix)) for prefix in paths)
-
-
-def _put(extras: Any, paths: tuple[tuple, ...], values: tuple) -> Any:
-    """`extras` with the leaves below each of `paths` replaced by `values`."""
+def _swap(extras: Any, paths: tuple, source: Any, source_paths: tuple) -> Any:
+    """`extras` with the leaves below each of `paths` replaced by those below
+    the matching one of `source_paths` in `source`, in order."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(extras)
+    source_flat = jax.tree_util.tree_flatten_with_path(source)[0]
     leaves = [x for _, x in flat]
-    for prefix, new in zip(paths, values, strict=True):
+    for prefix, source_prefix in zip(paths, source_paths, strict=True):
         positions = [i for i, (p, _) in enumerate(flat) if _under(p, prefix)]
+        new = [x for p, x in source_flat if _under(p, source_prefix)]
         for i, x in zip(positions, new, strict=True):
             leaves[i] = x
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 class _StudentWithTeacher(AbstractStatefulModule):
-    """The student, with the teacher running beside it on the same input.
-
-    Everything but the carry (`{"student", "teacher"}`) is the student's; in
-    its extras each sampler's are the matching teacher sampler's, so
-    replaying the student alone scores the teacher's actions. The student
-    gets the step's key unchanged, so that replay reproduces its noise.
+    """The student, with the teacher beside it on the same input: the carry is
+    `{"student", "teacher"}`, the rest the student's, except that each
+    sampler's extras are the teacher's (so replay scores its actions).
     """
 
     student: AbstractStatefulModule
@@ -193,10 +181,11 @@ class _StudentWithTeacher(AbstractStatefulModule):
             output=student_out.output,
             regularization_loss=student_out.regularization_loss,
             metrics=student_out.metrics,
-            extras=_put(
+            extras=_swap(
                 student_out.extras,
                 self.student_paths,
-                _take(teacher_out.extras, self.teacher_paths),
+                teacher_out.extras,
+                self.teacher_paths,
             ),
         )
 
@@ -243,12 +232,9 @@ def _inference(
 class Distillation(AbstractLearner):
     """Distillation: the student learns to score a frozen teacher's actions.
 
-    The student (the trained network) acts, driving the rollout, with the
-    teacher running beside it on the same observations in inference mode;
-    the loss is the student's negative log-likelihood of the teacher's raw
-    actions under the same noise and carries (`distillation_loss`).
-    Evaluation and video run the student; with `n_seeds > 1` every seed
-    trains its own student from the same teacher.
+    The student (the trained network) acts; the teacher runs beside it in
+    inference mode; the loss is `distillation_loss`. Evaluation and video
+    run the student, and every seed trains its own student.
 
     ```python
     learner = eqx_ppo.Distillation(teacher, n_envs=64, learning_rate=1e-3)
@@ -256,14 +242,9 @@ class Distillation(AbstractLearner):
 
     **Arguments:**
 
-    - `teacher`: a trained network ending in a `PPOAdapter`, one seed's; it is
-      stored in inference mode and never modified. (A learner read back from
-      a checkpoint header holds only the teacher's fingerprint, a
-      `SavedPytree`: enough to compare, not to train.)
-    - the settings of [`eqx_ppo.AbstractLearner`][] (keyword-only), except
-      that `gradient_clipping` defaults to `None`, as in nnx-ppo. `LOSSES`
-      logs `losses/distillation_nll` and `losses/regularization`;
-      `NETWORK_METRICS` logs the student's metrics under `student/...`.
+    - `teacher`: a trained network ending in a `PPOAdapter` (one seed's).
+    - the settings of [`eqx_ppo.AbstractLearner`][]; `gradient_clipping`
+      defaults to `None`.
     """
 
     teacher: AbstractStatefulModule | SavedPytree = eqx.field(converter=_inference)
@@ -287,7 +268,10 @@ class Distillation(AbstractLearner):
     def loss(
         self, network: Module, batch: Minibatch, *, axis_name: Axis = None
     ) -> Loss:
-        replayed = replay_policy(network, batch.carry["student"], batch.data)
+        data = batch.data
+        replayed = network.replay(
+            batch.carry["student"], data.obs, data.extras, data.key, data.done
+        )
         return distillation_loss(
             replayed.output,
             replayed.regularization_loss,
@@ -311,13 +295,9 @@ def distillation_loss(
     *,
     axis_name: str | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
-    """The loss of one replayed minibatch and its metrics.
-
-    `outputs.loglikelihoods` are the student's log-likelihoods of the
-    teacher's raw actions; the loss is `sum over samplers of
-    -mean(loglikelihood) + mean(regularization)`. Under `jax.shard_map` with
-    `axis_name`, the loss is this device's share and the metrics are
-    whole-minibatch values.
+    """The loss of one replayed minibatch, `sum over samplers of
+    -mean(loglikelihood) + mean(regularization)`, and its metrics.
+    `outputs.loglikelihoods` score the teacher's raw actions under the student.
     """
     nll = sum(-jnp.mean(ll) for ll in jax.tree.leaves(outputs.loglikelihoods))
     reg = jnp.mean(regularization)

@@ -13,12 +13,8 @@ from ._learner import PPO, AbstractLearner, Percentile
 @checked
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Deterministic evaluation rollouts run by the driver.
-
-    Every `every_steps` env steps, `n_envs` envs run `max_episode_length`
-    steps in inference mode without resets. An env's return sums its rewards
-    up to and including the step whose `done` ended its first episode (see
-    [`eqx_ppo.eval_rollout`][]).
+    """Deterministic evaluation rollouts run by the driver: every `every_steps`
+    env steps, `n_envs` envs, one episode each (see [`eqx_ppo.eval_rollout`][]).
     """
 
     enabled: bool = True
@@ -63,17 +59,12 @@ class TrainConfig:
 
     **Arguments** (keyword-only):
 
-    - `learner`: the algorithm and its settings, e.g. `eqx_ppo.PPO(...)` or
-      `eqx_ppo.Distillation(teacher, ...)`.
+    - `learner`: the algorithm and its settings, e.g. `eqx_ppo.PPO(...)`.
     - `eval`, `video`: [`eqx_ppo.EvalConfig`][], [`eqx_ppo.VideoConfig`][].
-    - `seed`: the run's seed, in `[0, 2**32)`, used when `train` gets no
-      `key`; seeds `seed .. seed + n_seeds - 1` are trained together by one
-      vmapped program.
-    - `n_seeds`: how many seeds.
+    - `seed`: the first seed, in `[0, 2**32)`, when `train` gets no `key`.
+    - `n_seeds`: how many seeds one vmapped program trains together.
     - `checkpoint_every_steps`: cadence of `checkpoint_fn` calls.
-    - `log_every_steps`: cadence of host-side logging and progress; the
-      driver compiles a loop of this many steps' iterations into one chunk
-      (`None`: about 50 chunks per run).
+    - `log_every_steps`: cadence of logging, and of the compiled chunks.
     - `progress`: show a progress bar.
     """
 

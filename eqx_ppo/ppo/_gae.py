@@ -32,8 +32,7 @@ def gae(
     - `A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}`: any `done`
       cuts the trace.
 
-    `truncated` counts only where `done` (as the rollout stores it). The
-    result is wrapped in `stop_gradient`.
+    `truncated` counts only where `done`; the result has no gradient.
     """
     _check_inputs(rewards, values, next_values, done, truncated)
     truncated = truncated & done
@@ -55,7 +54,6 @@ def gae(
 
 
 def _check_inputs(rewards, values, next_values, done, truncated) -> None:
-    """Reject arrays that would broadcast silently or fail deep inside XLA."""
     shape = jnp.shape(rewards)
     others = {
         "values": values,

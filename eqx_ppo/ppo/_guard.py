@@ -87,22 +87,15 @@ def _problem(f: dict[str, Any], learner: Any) -> tuple[str, str] | None:
         source = (
             "env.reset (a start state)" if f["debug/obs_from_reset"] else "env.step"
         )
-        return (
-            f"observation from env {int(f['debug/obs_env'])}, returned by {source}",
-            env_fix,
-        )
+        env = int(f["debug/obs_env"])
+        return f"observation from env {env}, returned by {source}", env_fix
     if f["debug/reward_env"] >= 0:
-        return (
-            f"reward from env {int(f['debug/reward_env'])}, returned by env.step",
-            env_fix,
-        )
+        env = int(f["debug/reward_env"])
+        return f"reward from env {env}, returned by env.step", env_fix
     if f["debug/finite_loss"] and f["debug/finite_update"]:
         return None
-    what = (
-        "loss"
-        if not f["debug/finite_loss"]
-        else "optimiser update (parameters or Adam state)"
-    )
+    what = "optimiser update (parameters or Adam state)"
+    what = what if f["debug/finite_loss"] else "loss"
     scaling = float(np.asarray(getattr(learner, "reward_scaling", 1.0)))
     if f["debug/obs_max"] > OVERFLOW:
         return what, (
@@ -139,23 +132,19 @@ def raise_if_nonfinite(
 ) -> None:
     """Raise for the chunk's first iteration with a problem (host flags,
     `[seeds, iterations]` each)."""
+    n_seeds = chunk["debug/finite_loss"].shape[0]
     for i in range(n_active):
-        for seed in range(chunk["debug/finite_loss"].shape[0]):
+        for seed in range(n_seeds):
             found = _problem({k: v[seed, i] for k, v in chunk.items()}, learner)
-            if found is None:
-                continue
-            what, fix = found
-            seed_note = (
-                f" (seed index {seed})"
-                if chunk["debug/finite_loss"].shape[0] > 1
-                else ""
-            )
-            raise FloatingPointError(
-                f"Non-finite {what}{seed_note} at iteration {first_iteration + i + 1}; "
-                "training stopped, and no state from that iteration on was returned "
-                f"or checkpointed. {fix} To train on regardless, set "
-                "`check_finite=False`."
-            )
+            if found is not None:
+                what, fix = found
+                seed_note = f" (seed index {seed})" if n_seeds > 1 else ""
+                raise FloatingPointError(
+                    f"Non-finite {what}{seed_note} at iteration "
+                    f"{first_iteration + i + 1}; training stopped, and no state from "
+                    f"that iteration on was returned or checkpointed. {fix} To train "
+                    "on regardless, set `check_finite=False`."
+                )
 
 
 def check_host_values(tree: PyTree, what: str, unit: str, fix: str) -> None:

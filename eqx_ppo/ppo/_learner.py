@@ -49,12 +49,13 @@ def setting(
     high: float | int | None = None,
     *,
     open_low: bool = False,
+    static: bool = True,
     **kwargs: Any,
 ) -> Any:
     """A static, keyword-only learner field, range-checked at construction."""
     bounds = {} if low is None and high is None else {"bounds": (low, high, open_low)}
     return eqx.field(
-        static=True, kw_only=True, default=default, metadata=bounds, **kwargs
+        static=static, kw_only=True, default=default, metadata=bounds, **kwargs
     )
 
 
@@ -67,11 +68,8 @@ def coefficient(
 ) -> Any:
     """A traced float32 learner field (`None` switches an optional one off)."""
     converter = float32 if default is not None else optional_float32
-    return eqx.field(
-        converter=converter,
-        kw_only=True,
-        default=default,
-        metadata={"bounds": (low, high, open_low)},
+    return setting(
+        default, low, high, open_low=open_low, static=False, converter=converter
     )
 
 
@@ -91,30 +89,21 @@ class Minibatch(NamedTuple):
 class AbstractLearner(eqx.Module):
     """An algorithm on the shared engine, with the settings every one has.
 
-    Subclasses add their own settings (`setting` and `coefficient` fields,
-    which are range-checked from their declared bounds) and implement
-    `acting` and `loss`, and `replay_batch` when the replay needs more than
-    the rollout stored.
+    Subclasses add `setting` and `coefficient` fields (range-checked from
+    their bounds) and implement `acting` and `loss` (the custom-learner guide).
 
     **Settings** (keyword-only):
 
     - `n_envs`: parallel environments; divisible by `n_minibatches`.
-    - `rollout_length`: steps per env per iteration (`T`).
-    - `total_steps`: env steps to train for, rounded up to whole iterations
-      of `n_envs * rollout_length`.
-    - `n_epochs`, `n_minibatches`: passes over the rollout and minibatches per
-      pass; minibatches split the *env* axis, each replaying whole sequences.
-    - `learning_rate`: Adam(W) step size, scaled by `lr_schedule`:
-      `"constant"`, `"linear"` or `"cosine"` (both to 0 at `total_steps`).
-    - `gradient_clipping`: global-norm clip, `> 0`, or `None`.
-    - `weight_decay`: AdamW decoupled weight decay, or `None` for Adam;
-      `True` is optax's default decay (`1e-4`), as in nnx-ppo.
-    - `reset_mode`: `"cached"` (default) resets finished envs to start states
-      drawn once per iteration; `"fresh"` calls `env.reset` at every step
-      (costly for physics envs, exact episode-start diversity).
-    - `check_finite`: stop training with a `FloatingPointError` naming what
-      became non-finite, where and why (see the FAQ); one fused reduction per
-      iteration, and nothing non-finite is ever returned or checkpointed.
+    - `rollout_length`: steps per env per iteration.
+    - `total_steps`: env steps to train for, rounded up to whole iterations.
+    - `n_epochs`, `n_minibatches`: passes over the rollout; minibatches of envs.
+    - `learning_rate`, `lr_schedule`: Adam(W)'s step size, constant or decayed to 0.
+    - `gradient_clipping`: global-norm clip, or `None`.
+    - `weight_decay`: AdamW's decay, or `None` for Adam (`True`: `1e-4`).
+    - `reset_mode`: where finished envs restart (see the concepts page).
+    - `check_finite`: stop with a `FloatingPointError` naming what went
+      non-finite (the FAQ).
     - `logging_level`, `logging_percentiles`: see [`eqx_ppo.LoggingLevel`][].
     """
 
@@ -171,8 +160,8 @@ class AbstractLearner(eqx.Module):
         return self.n_iterations * self.n_epochs * self.n_minibatches
 
     def free_on_resume(self) -> frozenset[str]:
-        """The settings a resumed run may change (`total_steps` only under a
-        constant learning rate: a decaying schedule's every rate depends on it)."""
+        """The settings a resumed run may change (`total_steps` only when a
+        constant learning rate does not depend on it)."""
         free = {"logging_level", "logging_percentiles", "check_finite"}
         if self.lr_schedule == "constant":
             free.add("total_steps")
@@ -180,18 +169,12 @@ class AbstractLearner(eqx.Module):
 
     @abc.abstractmethod
     def acting(self, network: Module, obs: PyTree[Array]) -> Module:
-        """The module the rollout runs, built around the trained `network`.
-
-        Its carry is the training state's `carry`; `obs` is a batch of
-        observations `[n_envs, ...]` (for shape checks). It must end in a
-        [`eqx_ppo.nn.PPOAdapter`][] output, and its `extras` have the
-        network's structure: the loss replays the network on them and
-        `update_statistics` folds them in.
-        """
+        """The module the rollout runs, built around the trained `network`
+        (`obs`: a batch of observations, for shape checks); its carry is the
+        training state's `carry`, and it ends in a `PPOAdapter`."""
 
     def replay_batch(self, network: Module, data: Transition) -> Transition:
-        """The transitions the loss replays, from the rollout's. The default:
-        unchanged."""
+        """The transitions the loss replays, from the rollout's (default: those)."""
         del network
         return data
 
@@ -199,20 +182,12 @@ class AbstractLearner(eqx.Module):
     def loss(
         self, network: Module, batch: Minibatch, *, axis_name: Axis = None
     ) -> Loss:
-        """One minibatch's loss and metrics: `(loss, metrics)`, a scalar and a
-        dict of arrays.
-
-        `metrics` must hold `loss/total` (the loss, which the finite check
-        reads), and `loss/approx_kl` when `target_kl` is set; keys under
-        `loss/` are the engine's and are not logged, every other key is
-        logged as the mean over the iteration's updates (`/mean`, `/std` or
-        percentiles). Under `jax.shard_map`, `axis_name` names the device
-        axis for whole-minibatch statistics."""
+        """One minibatch's `(loss, metrics)`: `metrics` holds `loss/total`
+        (and `loss/approx_kl` with `target_kl`); other keys are logged."""
 
     @property
     def keep_terminal_obs(self) -> bool:
-        """Whether the rollout stores the terminal observations of truncated
-        episodes (for a loss that bootstraps from them)."""
+        """Whether the rollout keeps truncated episodes' terminal observations."""
         return False
 
     @property
@@ -237,10 +212,9 @@ class AbstractLearner(eqx.Module):
 class PPO(AbstractLearner):
     """Proximal policy optimisation: the clipped surrogate with GAE advantages.
 
-    The network acts itself; the loss is [`eqx_ppo.ppo.ppo_loss`][]. The
-    defaults are the stable ones CleanRL and Stable-Baselines3 users expect:
-    global-norm gradient clipping at 0.5 and non-finite checks on (the FAQ,
-    "Why did my run collapse?").
+    The network acts itself; the loss is [`eqx_ppo.ppo.ppo_loss`][]. Gradient
+    clipping at 0.5 and non-finite checks are on by default (the FAQ, "Why
+    did my run collapse?", has more on these settings).
 
     ```python
     learner = eqx_ppo.PPO(n_envs=64, learning_rate=3e-4)
@@ -250,30 +224,13 @@ class PPO(AbstractLearner):
 
     - `clip_range`: the surrogate's ratio clip `epsilon`.
     - `discounting_factor`, `gae_lambda`: GAE's `gamma` and `lambda`.
-    - `critic_loss_weight`: weight of the value loss `0.5 * mean((V - target)^2)`:
-      the `0.5` is inside, so `0.5` matches Brax's `vf_loss_coefficient=0.5`
-      and CleanRL's `vf_coef=0.5`, and the default 1.0 weighs it twice as much.
-    - `normalize_advantages`: standardise advantages per minibatch. When
-      every episode runs to the time limit this scales the critic's noise up
-      to unit size; turn it off for such tasks (the FAQ).
-    - `combine_advantages`: sum per-reward-key advantages into one advantage
-      for every action log-likelihood (multi-head rewards).
-    - `target_kl`: stop the epoch loop once a minibatch's approximate KL
-      from the rollout policy (`mean((r - 1) - log r)`) exceeds
-      `1.5 * target_kl`: that minibatch and every later one of the iteration
-      skip their update (Stable-Baselines3's rule; the skipped fraction is
-      logged as `losses/kl_stopped`). `None` never stops.
-    - `value_clip_range`: CleanRL's `clip_vloss`,
-      `max((V - t)^2, (V_old + clip(V - V_old, -c, c) - t)^2)`; `None` for the
-      plain squared error.
-    - `reward_scaling`: `> 0`; the loss multiplies every reward by it (Brax's
-      `reward_scaling`), so the rollout, its metrics and evaluation stay in
-      the env's units. For one factor per key of a dict reward, wrap the env
-      in [`eqx_ppo.envs.RewardScalingWrapper`][] (evaluation then sees scaled
-      rewards unless `train(eval_env=...)` gets the unwrapped env).
-    - `truncation`: `"drop"` zeroes the advantage of a time-limit step (nnx-ppo
-      and Brax); `"bootstrap"` bootstraps it from the value of the terminal
-      observation.
+    - `critic_loss_weight`: weight of the value loss `0.5 * mean((V - target)^2)`.
+    - `normalize_advantages`: standardise advantages per minibatch.
+    - `combine_advantages`: sum per-reward-key advantages for every log-likelihood.
+    - `target_kl`: skip the iteration's updates past `1.5 * target_kl`, or `None`.
+    - `value_clip_range`: CleanRL's clipped value loss, or `None`.
+    - `reward_scaling`: `> 0`, the factor the loss multiplies rewards by.
+    - `truncation`: `"drop"` or `"bootstrap"` a time limit's advantage.
     """
 
     clip_range: Float[Array, ""] = coefficient(0.2, low=0.0)

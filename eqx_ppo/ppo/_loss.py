@@ -106,16 +106,6 @@ def replay(
     return Replay(seq.output, seq.regularization_loss, next_values)
 
 
-def replay_policy(
-    network: AbstractStatefulModule,
-    state0: State,
-    data: Transition,
-) -> SequenceOutput:
-    """Replay a minibatch like [`replay`][], without value bootstrapping
-    (for losses without advantages, like distillation)."""
-    return network.replay(state0, data.obs, data.extras, data.key, data.done)
-
-
 def _advantages_for_loglikelihoods(
     advantages: PyTree[Array], loglikelihoods: PyTree[Array], combine: bool
 ) -> PyTree[Array]:
@@ -158,17 +148,11 @@ def ppo_loss(
     *,
     axis_name: str | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Any]]:
-    """Clipped-surrogate PPO loss of one minibatch, and its metrics.
-
-    `total = actor + critic_loss_weight * critic + mean(regularisation)`, the
-    actor and critic terms summed over log-likelihood leaves and reward keys;
-    the critic term is `0.5 * mean((V - (V_stopgrad + A))^2)`. The metrics
-    always hold `loss/total` and `loss/approx_kl` (`mean((r - 1) - log r)`,
-    summed over log-likelihood leaves).
-
-    `data` is the minibatch, sliced to `[T, M]`. Under `jax.shard_map` it is
-    this device's share: advantages are normalised and metrics computed over
-    the whole minibatch, while `total` stays this device's loss.
+    """Clipped-surrogate PPO loss of one minibatch (`data`, `[T, M]`), and its
+    metrics: `total = actor + critic_loss_weight * critic + mean(regularisation)`,
+    with `loss/total` and `loss/approx_kl` (`mean((r - 1) - log r)`). Under
+    `jax.shard_map`, `total` is this device's loss; advantages are normalised
+    and metrics computed over the whole minibatch.
     """
     rep = replay(
         network,

@@ -161,11 +161,10 @@ def run_episodes(
     once per call; `"fresh"`: `env.reset` at every step), or runs on
     untouched (`"none"`; mask with `Steps.finished`).
 
-    **Keys.** `key` is split into `(cache, steps, fresh)`; env `i` acts at
-    step `t` with `env_keys(split(steps, length)[t], n_envs)[i]`; cached
-    start states use `env_keys(cache, n_envs)`, fresh ones at step `t`
-    `env_keys(split(fresh, length)[t], n_envs)`. Under `jax.shard_map` a
-    device's envs draw their keys from the split for all envs.
+    `key` is split into `(cache, steps, fresh)`: env `i` acts at step `t`
+    with `env_keys(split(steps, length)[t], n_envs)[i]`; start states come
+    alike from `cache` (once) or `fresh` (per step). Under `jax.shard_map` a
+    device's envs take their share of the split for all envs.
     """
     check_samplers(env, network)
     n_envs = jnp.shape(carry.env_state.done)[0]
@@ -290,36 +289,21 @@ def eval_rollout(
 ) -> dict[str, Array]:
     """Evaluate `network` (put it in inference mode first) for one episode per env.
 
-    Envs are not reset: each runs until its first `done` or `max_episode_length`
-    steps. Metrics (all under `eval/`): `episode_reward/{mean,std}` of the total
-    return, its percentiles, per-reward-key returns for dict rewards,
-    `lifespan` (steps before `done`, counting the final step), and with
-    `NETWORK_METRICS` / `ENV_METRICS` the per-episode mean of each network /
-    env metric, reduced over units and envs (`eval/net/...`, `eval/env/...`).
-    `key` is split into the envs' reset keys and the run's.
+    Envs are not reset: each runs until its first `done` or
+    `max_episode_length` steps. Returns the `eval/...` metrics the logging
+    guide lists; `key` gives the envs' resets and the run.
     """
-    groups = {"net": "net_metrics", "env": "env_metrics"}
-    wanted = {
-        "net": LoggingLevel.NETWORK_METRICS in logging_level,
-        "env": LoggingLevel.ENV_METRICS in logging_level,
-    }
-    fields = ("reward",) + tuple(groups[g] for g, on in wanted.items() if on)
-    save = SaveAt(transitions=fields)
+    levels = {"env": LoggingLevel.ENV_METRICS, "net": LoggingLevel.NETWORK_METRICS}
+    groups = [group for group, level in levels.items() if level in logging_level]
+    save = SaveAt(transitions=("reward", *(f"{g}_metrics" for g in groups)))
     steps = _single_episodes(env, network, key, n_envs, max_episode_length, save)
     alive = ~steps.finished
-    returns = jax.tree.map(
-        lambda r: jnp.sum(_mask_leaf(alive, r), axis=0), steps.transitions.reward
-    )
-    lifespan = jnp.sum(alive.astype(jnp.float32), axis=0)
-    sums = {
-        group: jax.tree.map(
-            lambda m: jnp.sum(_mask_leaf(alive, m), axis=0),
-            getattr(steps.transitions, groups[group]),
-        )
-        for group, on in wanted.items()
-        if on
-    }
 
+    def episode_sums(tree):
+        return jax.tree.map(lambda x: jnp.sum(_mask_leaf(alive, x), axis=0), tree)
+
+    returns = episode_sums(steps.transitions.reward)
+    lifespan = jnp.sum(alive.astype(jnp.float32), axis=0)
     metrics: dict[str, Array] = {}
     total = sum(jax.tree.leaves(returns))
     metrics["eval/episode_reward/mean"] = jnp.mean(total)
@@ -332,12 +316,12 @@ def eval_rollout(
         reduce_metric(metrics, "eval/episode_reward", returns, logging_percentiles)
     reduce_metric(metrics, "eval/lifespan", lifespan, logging_percentiles)
     denominator = jnp.maximum(lifespan, 1.0)
-    episode_means = jax.tree.map(
-        lambda s: s / denominator.reshape(denominator.shape + (1,) * (s.ndim - 1)),
-        sums,
-    )
-    for group, value in episode_means.items():
-        reduce_metric(metrics, f"eval/{group}", value, logging_percentiles)
+    for group in groups:
+        means = jax.tree.map(
+            lambda s: s / denominator.reshape(denominator.shape + (1,) * (s.ndim - 1)),
+            episode_sums(getattr(steps.transitions, f"{group}_metrics")),
+        )
+        reduce_metric(metrics, f"eval/{group}", means, logging_percentiles)
     return metrics
 
 
@@ -352,14 +336,10 @@ def record_activations_rollout(
 ) -> tuple[PyTree[Array], Bool[Array, "time env"]]:
     """Run one deterministic episode per env and stack every layer's activations.
 
-    `network` is copied with [`eqx_ppo.with_recording`][] and put in inference
-    mode. Envs are **not** reset: each runs `max_episode_length` steps, and
-    `dones[t, i]` says env `i` had already terminated before step `t`; mask
-    those steps out (`acts * (1 - dones)[..., None]`).
-
-    Returns `(activations, dones)`: `activations` mirrors the network like
-    [`eqx_ppo.extract_activations`][], each leaf `[max_episode_length, n_envs,
-    ...]`, all on the device.
+    Returns `(activations, dones)`, each leaf `[max_episode_length, n_envs, ...]`,
+    on an inference-mode [`eqx_ppo.with_recording`][] copy of `network`. Envs
+    are not reset: `dones[t, i]` says env `i` ended before step `t`, so mask
+    those steps out (the recording guide).
     """
     from ..recording import with_recording
 

@@ -1,11 +1,8 @@
 """Data parallelism over the env axis: the mesh, state placement and collectives.
 
-A sharded run splits the env axis of the training state (env states, carries)
-and of everything built from it inside a step over a 1-D device mesh whose
-axis is named `"env"`; everything else is replicated. The step runs under
-`jax.shard_map` with explicit collectives (the multi-device guide says why),
-with `check_vma=False`: user layers may start internal scans from constants,
-which the varying-manual-axes checker rejects.
+The env axis of the training state (env states, carries) is split over a 1-D
+`"env"` device mesh, everything else replicated; the step runs under
+`jax.shard_map` with explicit collectives (the multi-device guide says why).
 """
 
 from collections.abc import Callable, Sequence
@@ -30,9 +27,7 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
 
     **Arguments:**
 
-    - `devices`: the devices to spread the envs over; default `jax.devices()`,
-      which is every local device, or every device of every process once
-      `jax.distributed.initialize()` has run.
+    - `devices`: the devices to spread the envs over (default: `jax.devices()`).
     """
     devices = jax.devices() if devices is None else list(devices)
     if not devices or len(set(devices)) < len(devices):
@@ -202,9 +197,9 @@ def on_mesh(
 def shard_step(step: Callable[..., tuple[Any, Any]], mesh: Mesh) -> Callable:
     """A data-parallel version of a pure step, for your own training loop.
 
-    `step(state, *, axis_name)` is e.g. `jax.tree_util.Partial(eqx_ppo.step,
-    env, learner)`; the result maps a state placed with `eqx_ppo.shard_state`
-    to `(state, metrics)`, metrics replicated. Wrap it in `eqx.filter_jit`.
+    `step(state, *, axis_name)` is e.g. `Partial(eqx_ppo.step, env, learner)`;
+    the result maps a state placed with `eqx_ppo.shard_state` to `(state,
+    metrics)`, metrics replicated.
     """
 
     def sharded(state):

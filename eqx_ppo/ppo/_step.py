@@ -1,8 +1,5 @@
-"""The training state and the two pure functions of training, `init` and `step`.
-
-Both take a learner; everything else (the rollout, minibatches, the
-optimiser, statistics, metrics, the non-finite guard) is shared.
-"""
+"""The training state and the two pure functions of training, `init` and `step`:
+both take a learner, and share everything else."""
 
 import math
 from collections.abc import Callable
@@ -36,15 +33,11 @@ class TrainingState(eqx.Module):
 
     - `network`: the trained network (parameters and statistics).
     - `opt_state`: the optax state of the trainable leaves.
-    - `env_state`: the batched env states `[n_envs, ...]`.
-    - `carry`: the batched carries `[n_envs, ...]` of the module that acts in
-      the rollout: the network's own for PPO, `{"student": ...,
-      "teacher": ...}` for distillation.
+    - `env_state`, `carry`: the batched env states and the acting module's carries.
     - `key`: the run's PRNG key.
     - `iteration`, `steps`: int32 counters (iterations done, env steps taken).
 
-    On a device mesh, the fields in `env_fields` are split over the devices on
-    their env axis and the others are replicated.
+    On a device mesh, the `env_fields` are split over the devices.
     """
 
     env_fields: ClassVar[tuple[str, ...]] = ("env_state", "carry")
@@ -60,12 +53,8 @@ class TrainingState(eqx.Module):
 
 @checked
 def shard_state(state: TrainingState, mesh: Mesh) -> TrainingState:
-    """`state` placed on `mesh`.
-
-    Env states and carries are split over the devices on their env axis,
-    everything else is replicated. In a multi-process run every process must
-    pass the same `state` (as `init` with the same key gives).
-    """
+    """`state` placed on `mesh`: env states and carries split over the devices,
+    the rest replicated (every process passes the same `state`)."""
     dynamic, static = eqx.partition(state, eqx.is_array)
     placed = jax.tree.map(
         lambda x, spec: place(x, NamedSharding(mesh, spec)),
@@ -90,8 +79,8 @@ def _learning_rate(learner: AbstractLearner) -> Callable[[Array], Array]:
 
 
 class _Horizon(NamedTuple):
-    """The update count a decaying schedule runs over, kept in the optimiser
-    state so that a resumed run can be checked against it."""
+    """A decaying schedule's update count, kept in the optimiser state to check
+    a resumed run against."""
 
     updates: Int[Array, ""]
 
@@ -112,13 +101,8 @@ def schedule_horizon(opt_state: PyTree) -> Array | None:
 
 
 def make_optimizer(learner: AbstractLearner) -> optax.GradientTransformation:
-    """Adam (AdamW with `weight_decay`), optional global-norm clipping and the
-    learning-rate schedule, read from `learner` (so never stale on resume).
-
-    It updates all trainable leaves raveled into one vector: a few large
-    fused ops per update, not a few per leaf (`optax.flatten` fails on a
-    network without parameters).
-    """
+    """Adam(W), optional clipping and the schedule, read from `learner`, over
+    the trainable leaves raveled into one vector (a few fused ops per update)."""
     links = []
     if learner.gradient_clipping is not None:
         links.append(optax.clip_by_global_norm(learner.gradient_clipping))
@@ -173,12 +157,7 @@ def init(
     key: Key[Array, ""],
 ) -> TrainingState:
     """A fresh training state: reset envs, initial carries, optimiser state.
-
-    Pure, so it can be `eqx.filter_jit`ted and `eqx.filter_vmap`ped over keys
-    (seeds) or learner coefficients. The carry is the acting module's
-    (`learner.acting`), so building it also checks that the learner can act
-    with `network` on `env`.
-    """
+    Pure, so it can be jitted and vmapped over keys or learner coefficients."""
     check_env(env)
     with seed_axis_hint(network):
         return fresh_state(env, network, learner, key)
@@ -191,12 +170,8 @@ def _permutations(
     n_minibatches: int,
     axis_name: str | None,
 ) -> Int[Array, "update m"]:
-    """The minibatches of one iteration: env positions, one row per update.
-
-    A fresh permutation per epoch, cut into `n_minibatches`. Under
-    `jax.shard_map` each device permutes its own envs with its own key, so
-    minibatching moves no data between devices.
-    """
+    """The minibatches of one iteration: env positions, one row per update (a
+    permutation per epoch; each device permutes its own envs)."""
     if axis_name is not None:
         key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
     perms = jax.vmap(lambda k: jax.random.permutation(k, n_envs))(
@@ -220,13 +195,8 @@ def _gradient_phase(
     n_local_envs: int,
     axis_name: str | None,
 ) -> tuple[PyTree, PyTree, dict[str, Any]]:
-    """`n_epochs * n_minibatches` optimiser steps; `minibatch_loss(params,
-    idx)` is the loss of the envs at positions `idx` of this device's batch.
-
-    With `target_kl`, updates from the first minibatch over `1.5 * target_kl`
-    on are computed and discarded (one shape under `vmap`); the schedule's
-    count still advances.
-    """
+    """`n_epochs * n_minibatches` optimiser steps on `minibatch_loss(params,
+    idx)`; with `target_kl`, updates past the stop are computed and discarded."""
     optimizer = make_optimizer(learner)
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
     target_kl = learner.target_kl
@@ -274,16 +244,10 @@ def step(
     *,
     axis_name: str | None = None,
 ) -> tuple[TrainingState, dict[str, Array]]:
-    """One iteration: a rollout of the acting module, `n_epochs *
-    n_minibatches` gradient steps on the learner's loss, then
-    `update_statistics` of the network with its rollout extras. Returns the
-    new state and the iteration's scalar metrics.
-
-    With `axis_name`, this is the body of a data-parallel step under
-    `jax.shard_map` (`eqx_ppo.shard_step` sets it up): `state.env_state`
-    and `state.carry` hold this device's envs, everything else is
-    replicated, and the replicated results agree on every device.
-    """
+    """One iteration: a rollout, `n_epochs * n_minibatches` gradient steps on
+    the learner's loss, then `update_statistics`; returns the new state and
+    its scalar metrics. `axis_name` names the device axis under
+    [`eqx_ppo.shard_step`][] (the multi-device guide)."""
     acting = learner.acting(state.network, state.env_state.obs)
     _check_state(learner, acting, state, axis_name)
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
@@ -345,9 +309,8 @@ def _check_state(
     state: TrainingState,
     axis_name: str | None,
 ) -> None:
-    """Raise unless `state` is one seed's state of `learner.n_envs` envs (this
-    device's share under `axis_name`) whose optimiser state and carries are
-    those `learner` and `acting` build, at trace time."""
+    """Raise unless `state` is one seed's of `learner.n_envs` envs, with the
+    optimiser state and carries `learner` and `acting` build (at trace time)."""
     problems = []
     seeds = jnp.shape(state.iteration)
     n_envs = jnp.shape(state.env_state.done)[len(seeds)]
@@ -387,8 +350,7 @@ def _check_state(
 
 
 def _check_loss(learner: AbstractLearner, out: Any) -> None:
-    """Raise unless the learner's loss returned `(scalar, metrics)` with the
-    metrics the engine reads."""
+    """Raise unless the loss returned `(scalar, metrics)` as the engine reads."""
     needed = {"loss/total"} | (
         {"loss/approx_kl"} if learner.target_kl is not None else set()
     )

@@ -27,7 +27,6 @@ from ..nn._module import AbstractStatefulModule
 from . import _guard
 from ._config import TrainConfig
 from ._host import CompileTimer, Progress, record_video, to_host
-from ._learner import AbstractLearner
 from ._result import TrainResult, VideoData
 from ._rollout import eval_rollout
 from ._sharding import check_mesh, is_main_process, on_mesh, to_local
@@ -66,30 +65,24 @@ def _split_seed_keys(keys: Array) -> tuple[Array, Array, Array]:
     return init, train, evaluate
 
 
-def _init_seed(env, networks, learner, init_key, train_key):
-    network = (
-        networks if isinstance(networks, AbstractStatefulModule) else networks(init_key)
-    )
-    if not isinstance(network, AbstractStatefulModule):
-        raise TypeError(
-            f"train(networks=...): the network factory returned a "
-            f"{type(network).__name__}, not an eqx_ppo network. Fix: return the "
-            "network itself, e.g. `make_mlp_actor_critic(..., key=key)`."
-        )
-    return fresh_state(env, network, learner, train_key)
-
-
 # Module level, so a second run of the same env, networks and learner reuses
 # the compiled program instead of tracing a new closure.
 @eqx.filter_jit
 def _init_seeds(env, networks, learner, init_keys, train_keys):
-    return _over_seeds(
-        lambda keys, *shared: _init_seed(*shared, *keys),
-        (init_keys, train_keys),
-        env,
-        networks,
-        learner,
-    )
+    def init_seed(keys):
+        init_key, train_key = keys
+        network = networks
+        if not isinstance(networks, AbstractStatefulModule):
+            network = networks(init_key)
+        if not isinstance(network, AbstractStatefulModule):
+            raise TypeError(
+                f"train(networks=...): the network factory returned a "
+                f"{type(network).__name__}, not an eqx_ppo network. Fix: return the "
+                "network itself, e.g. `make_mlp_actor_critic(..., key=key)`."
+            )
+        return fresh_state(env, network, learner, train_key)
+
+    return _over_seeds(init_seed, (init_keys, train_keys))
 
 
 def _seed_zero(tree: Any) -> Any:
@@ -149,19 +142,21 @@ def _scan_steps(chunk: _Chunk, state: TrainingState, n_active: Array):
     return eqx.combine(dynamic, static), metrics
 
 
-def _over_seeds(fn: Callable, stacked: Any, *shared: Any) -> Any:
-    """`fn(seed's part of stacked, *shared)` for every seed, stacked: a `vmap`,
-    or for one seed a call on its slice (which traces and compiles faster)."""
+def _over_seeds(fn: Callable, stacked: Any) -> Any:
+    """`fn` of every seed's part of `stacked`, stacked: a `vmap`, or for one
+    seed a call on its slice (which traces and compiles faster)."""
     n_seeds = next(x for x in jax.tree.leaves(stacked) if eqx.is_array(x)).shape[0]
     if n_seeds > 1:
-        in_axes = (eqx.if_array(0),) + (None,) * len(shared)
-        return eqx.filter_vmap(fn, in_axes=in_axes)(stacked, *shared)
-    out = fn(_seed_zero(stacked), *shared)
-    return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, out)
+        return eqx.filter_vmap(fn)(stacked)
+    return _with_seed_axis(fn(_seed_zero(stacked)))
+
+
+def _with_seed_axis(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, tree)
 
 
 def _seeds_chunk(states: TrainingState, chunk: _Chunk, n_active: Array):
-    return _over_seeds(lambda s, c, n: _scan_steps(c, s, n), states, chunk, n_active)
+    return _over_seeds(lambda state: _scan_steps(chunk, state, n_active), states)
 
 
 @eqx.filter_jit(donate="all-except-first")
@@ -247,35 +242,18 @@ def train(
     **Arguments:**
 
     - `env`: a Brax / Playground-protocol env (single-env `reset` / `step`).
-    - `networks`: a network ending in a `PPOAdapter`, or a function
-      `key -> network` (each seed then gets its own initialisation).
+    - `networks`: a network ending in a `PPOAdapter`, or a function `key -> network`.
     - `config`: a [`eqx_ppo.TrainConfig`][].
-    - `key`: the run's randomness: one key, split into `n_seeds` seed keys
-      (used as is for one seed), or one key per seed `[n_seeds]`; `None` uses
-      `jax.random.key(config.seed + i)` for seed `i`. Each seed key is split
-      once into the network initialisation, training and evaluation keys.
-      A resumed run takes its training key from `initial_state`; pass the
-      original `key` (or seed) so evaluations draw the same noise.
-    - `log_fn`: called `(metrics, step)` once per iteration, in order, with
-      eval metrics merged in when an eval ran. The calls come in a burst
-      when each compiled chunk returns (`log_every_steps`).
-    - `video_fn`: called with [`eqx_ppo.VideoData`][] of seed 0 when
-      `config.video` is enabled and the eval env has `render`.
-    - `checkpoint_fn`: called `(training_state, step)` every
-      `checkpoint_every_steps` steps and at the end, after `log_fn` has
-      logged that step. The next chunk reuses (donates) the state's buffers:
-      save it or keep a host copy (`jax.device_get`) inside the call.
+    - `key`: one key (split per seed), one key per seed, or `None` (`config.seed`).
+    - `log_fn`: called `(metrics, step)` once per iteration, in order.
+    - `video_fn`: called with seed 0's [`eqx_ppo.VideoData`][] when video is on.
+    - `checkpoint_fn`: called `(training_state, step)` on its cadence and at the end.
     - `eval_env`: the env for evaluation (default: `env`).
-    - `initial_state`: resume from this state (e.g. from
-      [`eqx_ppo.load_checkpoint`][]); the run trains a copy, up to
-      `total_steps`, and host events keep their absolute cadence, so a
-      resumed run logs, evaluates and checkpoints at the same steps as an
-      uninterrupted one.
-    - `mesh`: train data-parallel over a 1-D `"env"` device mesh (see
-      [`eqx_ppo.make_mesh`][]): env states, carries and rollouts are split
-      over the devices, the network and optimiser state replicated. With
-      several processes (`jax.distributed.initialize()`), every process
-      calls `train` identically; host events run on process 0.
+    - `initial_state`: resume from this state (e.g. [`eqx_ppo.load_checkpoint`][]).
+    - `mesh`: train data-parallel over a [`eqx_ppo.make_mesh`][] device mesh.
+
+    The guides say more: keys and seeds (multi-seed), when `log_fn` and
+    `checkpoint_fn` run and resuming (checkpointing), meshes (multi-device).
     """
     check_env(env)
     if eval_env is not None:
@@ -314,9 +292,7 @@ def _resume(env, networks, config, state):
     learner = config.learner
     check_resumed_progress(state, learner, schedule_horizon(state.opt_state))
     copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-    if config.n_seeds > 1:
-        return copy
-    return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, copy)
+    return copy if config.n_seeds > 1 else _with_seed_axis(copy)
 
 
 class _Driver(NamedTuple):
@@ -332,31 +308,23 @@ class _Driver(NamedTuple):
     checkpoint_fn: Callable | None
     local: Callable
 
-    @property
-    def learner(self) -> AbstractLearner:
-        return self.config.learner
-
-    def public(self, states: TrainingState) -> TrainingState:
-        """The states as the user sees them: no seed axis for one seed."""
-        return states if self.config.n_seeds > 1 else _first_seed(states)
-
     def run(self, states: TrainingState) -> TrainResult:
-        learner, schedule, main = self.learner, self.schedule, is_main_process()
-        spi, n_seeds = learner.steps_per_iteration, self.config.n_seeds
+        config, schedule, main = self.config, self.schedule, is_main_process()
+        learner, n_seeds = config.learner, config.n_seeds
+        spi, throughput = learner.steps_per_iteration, self.throughput
         chunk = dataclasses.replace(self.chunk, length=min(schedule.periods))
         start = iteration = int(np.max(jax.device_get(states.iteration)))
         history: list[Metrics] = []
         final: Metrics = {}
         progress = Progress(
-            self.config.progress and main,
-            iteration * spi * n_seeds,
+            config.progress and main,
+            start * spi * n_seeds,
             schedule.total * spi * n_seeds,
         )
         if iteration == 0:
             if learner.check_finite:
-                obs = _first_seed(self.local(states.env_state.obs))
                 _guard.check_host_values(
-                    obs,
+                    _first_seed(self.local(states.env_state.obs)),
                     "observation from env.reset at the start of the run",
                     "env",
                     "Check the env's reset.",
@@ -364,45 +332,46 @@ class _Driver(NamedTuple):
             self.events(states, 0, {}, history, progress)
         while iteration < schedule.total:
             stop = schedule.next_stop(iteration)
+            n = stop - iteration
             with CompileTimer() as timer:
-                states, metrics = _run_chunk(
-                    chunk, states, jnp.asarray(stop - iteration)
-                )
+                states, metrics = _run_chunk(chunk, states, jnp.asarray(n))
                 metrics = jax.device_get(metrics)
             if learner.check_finite:
                 flags = {
                     k: metrics.pop(k) for k in list(metrics) if k.startswith("debug/")
                 }
-                _guard.raise_if_nonfinite(flags, iteration, stop - iteration, learner)
-            rate = (stop - iteration) * spi * n_seeds / timer.running
-            for i in range(stop - iteration):
+                _guard.raise_if_nonfinite(flags, iteration, n, learner)
+            rate = n * spi * n_seeds / timer.running
+            for i in range(n):
                 row = to_host(metrics, n_seeds, i)
                 row["total_steps"] = (iteration + i + 1) * spi
-                if LoggingLevel.THROUGHPUT in learner.logging_level:
+                if throughput:
                     row["throughput/train_sps"] = rate
                 if iteration + i + 1 == stop:
                     row = self.events(states, stop, row, history, progress)
                 elif main and self.log_fn is not None:
                     self.log_fn(row, row["total_steps"])
                 final = row
-            progress.advance((stop - iteration) * spi * n_seeds, timer, rate)
+            progress.advance(n * spi * n_seeds, timer, rate)
             iteration = stop
         progress.close()
-        return TrainResult(
-            self.public(states), final, history, iteration * spi, iteration - start
-        )
+        states = states if n_seeds > 1 else _first_seed(states)
+        return TrainResult(states, final, history, iteration * spi, iteration - start)
+
+    @property
+    def throughput(self) -> bool:
+        return LoggingLevel.THROUGHPUT in self.config.learner.logging_level
 
     def events(self, states, iteration, row, history, progress) -> Metrics:
         """Evaluate, render, log and checkpoint at `iteration`, as due."""
         schedule, main, config = self.schedule, is_main_process(), self.config
-        step_count = iteration * self.learner.steps_per_iteration
-        throughput = LoggingLevel.THROUGHPUT in self.learner.logging_level
+        step_count = iteration * config.learner.steps_per_iteration
         if main and schedule.due(schedule.eval, iteration):
             network = self.local(states.network)
             with CompileTimer() as timer:
                 metrics = _evaluate(self.eval_env, network, self.eval_keys, config.eval)
                 metrics = to_host(jax.device_get(metrics), config.n_seeds)
-            if self.learner.check_finite:
+            if config.learner.check_finite:
                 _guard.check_host_values(
                     metrics,
                     "evaluation metrics",
@@ -410,7 +379,7 @@ class _Driver(NamedTuple):
                     "The eval env returned NaN or inf: check it.",
                 )
             history.append({"step": step_count, **metrics})
-            if throughput:
+            if self.throughput:
                 steps = config.eval.n_envs * config.eval.max_episode_length
                 metrics["throughput/eval_sps"] = steps * config.n_seeds / timer.running
             progress.show_return(metrics["eval/episode_reward/mean"])
@@ -423,7 +392,7 @@ class _Driver(NamedTuple):
                 )
             if frames is not None:
                 self.video_fn(VideoData(*frames))
-                if throughput:
+                if self.throughput:
                     sps = config.video.episode_length / timer.running
                     row = {**row, "throughput/video_sps": sps}
         # Logged before it is checkpointed: a run killed in between, resumed
@@ -432,7 +401,8 @@ class _Driver(NamedTuple):
             self.log_fn(row, step_count)
         if schedule.due(schedule.checkpoint, iteration):
             # Gathering a sharded state is a collective: every process joins.
-            saved = self.public(self.local(states))
+            saved = self.local(states)
+            saved = saved if config.n_seeds > 1 else _first_seed(saved)
             if main:
                 self.checkpoint_fn(saved, step_count)
         return row

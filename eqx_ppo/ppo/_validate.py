@@ -1,7 +1,5 @@
-"""What a type cannot say: that an env, a network and a state fit together.
-
-The episode runner's checks run while it is traced, never at run time.
-"""
+"""What a type cannot say: that an env, a network and a state fit together
+(checked while the episode runner is traced, never at run time)."""
 
 import contextlib
 import dataclasses
@@ -13,6 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import keystr
 from jaxtyping import Array, PyTree
 
 from ..nn._adapter import PPONetworkOutput
@@ -31,9 +30,8 @@ def check_output_type(output: Any, who: str = "The network") -> None:
 
 
 def check_network_output(output: Any, reward: Any) -> None:
-    """Raise unless the network's batched output is a `PPONetworkOutput` with
-    one value head per reward key and one number per env in every
-    log-likelihood and value leaf."""
+    """Raise unless the batched output is a `PPONetworkOutput` with a value head
+    per reward key and one number per env in every output leaf."""
     check_output_type(output)
     value_struct = jax.tree.structure(output.value_estimates)
     reward_struct = jax.tree.structure(reward)
@@ -52,7 +50,7 @@ def check_network_output(output: Any, reward: Any) -> None:
         for path, x in jax.tree_util.tree_flatten_with_path(getattr(output, name))[0]:
             if jnp.shape(x) != n_envs:
                 raise ValueError(
-                    f"The network's {name}{jax.tree_util.keystr(path)} has shape "
+                    f"The network's {name}{keystr(path)} has shape "
                     f"{jnp.shape(x)[1:]} per env; expected one number per env "
                     "(shape ()). Fix: a sampler's log_likelihood must sum over "
                     "its action's dimensions (e.g. jnp.sum(log_probs)), and a "
@@ -61,9 +59,8 @@ def check_network_output(output: Any, reward: Any) -> None:
 
 
 def check_samplers(env: Any, network: AbstractStatefulModule) -> None:
-    """Raise unless every `CategoricalSampler` of `network` draws from the
-    `env.n_actions` choices of a discrete env; with dict actions, from those
-    of the action key it sits under."""
+    """Raise unless every `CategoricalSampler` draws from `env.n_actions` choices
+    (with dict actions, those of its key)."""
     n_actions = getattr(env, "n_actions", None)
     if n_actions is None:
         return
@@ -99,8 +96,7 @@ def _declared_action_shapes(env: Any) -> Any:
 
 
 def check_actions(env: Any, actions: PyTree[Array]) -> None:
-    """Raise unless the batched `actions` have the per-env shapes a continuous
-    env declares in `action_size`."""
+    """Raise unless `actions` have the per-env shapes of `env.action_size`."""
     expected = _declared_action_shapes(env)
     if expected is None:
         return
@@ -131,8 +127,7 @@ def check_actions(env: Any, actions: PyTree[Array]) -> None:
 @contextlib.contextmanager
 def seed_axis_hint(network: Any, name: str = "network") -> Iterator[None]:
     """Add a hint to an error raised while `network` runs if it looks like a
-    stack of seeds' networks: every array leaf, its scalars (coefficients,
-    counts) included, has one leading axis of the same size."""
+    stack of seeds' networks (every array leaf has one leading axis size)."""
     try:
         yield
     except (ValueError, TypeError) as error:
@@ -151,41 +146,36 @@ def seed_axis_hint(network: Any, name: str = "network") -> Iterator[None]:
 def _per_env(tree: PyTree[Array]) -> dict[str, tuple[tuple[int, ...], Any]]:
     """path -> (per-env shape, dtype) of every leaf of an `[env, ...]` pytree."""
     return {
-        jax.tree_util.keystr(path): (tuple(x.shape[1:]), x.dtype)
+        keystr(path): (tuple(x.shape[1:]), x.dtype)
         for path, x in jax.tree_util.tree_leaves_with_path(tree)
     }
 
 
 def check_step_output(before: Any, after: Any) -> None:
-    """Raise a `ValueError` if the batched `env.step` output `after` changes
-    the structure, per-env shapes or dtypes of any field of the state `before`
-    it stepped (the rollout's scan carries it), or has a reward or done that
-    is not one scalar per env."""
+    """Raise unless the batched `env.step` output `after` keeps the leaves,
+    per-env shapes and dtypes of `before` (the scan carries it), with one
+    reward and done per env."""
     fields = ("obs", "reward", "done")
     if dataclasses.is_dataclass(before):
         fields = tuple(f.name for f in dataclasses.fields(before))
     for field in fields:
-        want, got = (
-            _per_env(getattr(before, field)),
-            _per_env(getattr(after, field, None)),
-        )
-        scalars = (
-            [p for p, (shape, _) in got.items() if shape]
-            if field in ("reward", "done")
-            else []
-        )
+        want = _per_env(getattr(before, field))
+        got = _per_env(getattr(after, field, None))
         problems = [
-            f"{field}{p} has per-env shape {got[p][0]}, not ()" for p in scalars
-        ] + [
-            f"{field}{p} is new"
-            if p not in want
-            else f"{field}{p} is missing"
-            if p not in got
-            else f"{field}{p} has per-env shape {got[p][0]} and dtype {got[p][1]}, "
-            f"not {want[p][0]} and {want[p][1]}"
-            for p in sorted(want.keys() | got.keys())
-            if want.get(p) != got.get(p)
+            f"{field}{p} has per-env shape {shape}, not ()"
+            for p, (shape, _) in got.items()
+            if shape and field in ("reward", "done")
         ]
+        for p in sorted(want.keys() | got.keys()):
+            if p not in want:
+                problems.append(f"{field}{p} is new")
+            elif p not in got:
+                problems.append(f"{field}{p} is missing")
+            elif want[p] != got[p]:
+                problems.append(
+                    f"{field}{p} has per-env shape {got[p][0]} and dtype "
+                    f"{got[p][1]}, not {want[p][0]} and {want[p][1]}"
+                )
         if problems:
             raise ValueError(
                 f"env.step returned a state whose {field} differs from the one "
@@ -198,33 +188,31 @@ def check_step_output(before: Any, after: Any) -> None:
 
 
 def check_initial_state(state: Any, expected: Any) -> None:
-    """Raise unless `state` has the leaves (paths, shapes, dtypes) of
-    `expected`, a fresh state's shapes, and no buffer a chunk has taken."""
+    """Raise unless `state` has the leaves of `expected` (a fresh state's
+    shapes) and no buffer a chunk has taken."""
     prefix = "train(initial_state=...)"
     fix = "Fix: pass the network and config the state was built with."
-    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-    for path, x in leaves:
+    got, want = (
+        {keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+        for tree in (state, expected)
+    )
+    for path, x in got.items():
         if isinstance(x, jax.Array) and x.is_deleted():
             raise ValueError(
-                f"{prefix}: initial_state{jax.tree_util.keystr(path)} has been "
-                "deleted: a state that `checkpoint_fn` received and kept as it is "
-                "lends its buffers to the next compiled chunk. Fix: keep a host "
-                "copy inside checkpoint_fn (jax.device_get), or load the "
-                "checkpoint it saved."
+                f"{prefix}: initial_state{path} has been deleted: a state that "
+                "`checkpoint_fn` received and kept as it is lends its buffers to "
+                "the next compiled chunk. Fix: keep a host copy inside "
+                "checkpoint_fn (jax.device_get), or load the checkpoint it saved."
             )
-    got = [(jax.tree_util.keystr(p), x) for p, x in leaves]
-    want = [
-        (jax.tree_util.keystr(p), x)
-        for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]
-    ]
-    if [p for p, _ in got] != [p for p, _ in want]:
-        i = len(os.path.commonprefix([[p for p, _ in got], [p for p, _ in want]]))
+    if list(got) != list(want):
+        i = len(os.path.commonprefix([list(got), list(want)]))
+        seen = [list(t)[i] if i < len(t) else "(none)" for t in (got, want)]
         raise ValueError(
             f"{prefix}: the state's structure differs from a fresh state's at leaf "
-            f"{i}: {got[i][0] if i < len(got) else '(none)'} vs "
-            f"{want[i][0] if i < len(want) else '(none)'}. {fix}"
+            f"{i}: {seen[0]} vs {seen[1]}. {fix}"
         )
-    for (path, x), (_, spec) in zip(got, want, strict=True):
+    for path, spec in want.items():
+        x = got[path]
         if isinstance(spec, jax.ShapeDtypeStruct) and (
             not eqx.is_array(x) or (x.shape, x.dtype) != (spec.shape, spec.dtype)
         ):
@@ -236,9 +224,8 @@ def check_initial_state(state: Any, expected: Any) -> None:
 
 
 def check_resumed_progress(state: Any, learner: Any, horizon: Any) -> None:
-    """Raise unless `learner` can continue `state`: it has not trained past
-    `total_steps`, and a decaying learning rate decays over the same updates
-    (`horizon`, the state's schedule length, or `None`)."""
+    """Raise unless `learner` can continue `state`: not past `total_steps`, and
+    a decaying schedule over the state's `horizon` of updates."""
     done = int(np.max(jax.device_get(state.iteration))) * learner.steps_per_iteration
     if done > learner.n_iterations * learner.steps_per_iteration:
         raise ValueError(
