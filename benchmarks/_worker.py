@@ -649,7 +649,7 @@ def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
 
     def chunk(d):
         n_active = jax.numpy.asarray(iterations)
-        return _seeds_chunk(program, eqx.combine(d, static), n_active)
+        return _seeds_chunk(eqx.combine(d, static), program, n_active)
 
     t0 = time.perf_counter()
     compiled = jax.jit(chunk, donate_argnums=0).lower(dynamic).compile()

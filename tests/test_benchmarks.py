@@ -756,6 +756,21 @@ def test_compile_events_are_attributed_to_programs_and_phases():
     assert mine["traces"] == mine["lowerings"] == mine["compiles"] == 1
 
 
+def test_seeds_memory_compiles_the_drivers_chunk():
+    # It calls the driver's private chunk program, so a change of that
+    # program's signature must fail here, not on an accelerator.
+    import dataclasses
+
+    from benchmarks._worker import seeds_memory
+    from benchmarks.seeds_at_scale import Settings
+
+    settings = Settings(
+        env="cartpole", steps=512, n_envs=4, rollout_length=8, hidden=(4,), chunks=2
+    )
+    out = seeds_memory(dataclasses.asdict(settings), 2)
+    assert out["n_seeds"] == 2 and out["peak_bytes"] > out["alias_bytes"] > 0
+
+
 def test_seed_memory_fit_is_linear_in_the_seed_count():
     from benchmarks.seeds_at_scale import fit_memory, memory_points
 
