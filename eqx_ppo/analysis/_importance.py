@@ -65,16 +65,10 @@ def unit_importance(
     """How much the mean deterministic return drops when each unit alone is ablated.
 
     For each unit `i` of the layer `where` selects (as in
-    [`eqx_ppo.analysis.ablate`][], `site=` and `population=` included), the
-    return of `network` minus that of `ablate(network, where, [i])`, both
-    evaluated with [`eqx_ppo.eval_rollout`][] in inference mode on the same
-    `n_envs` episodes (the same `key`: the differences are paired). Positive
-    means the unit helps.
-
-    The intact network and every single-unit lesion are **one compiled
-    program**, a `jax.vmap` over a stack of boolean masks, holding `units + 1`
-    evaluations in memory. For multi-seed networks, `eqx.filter_vmap` it over
-    the seeds.
+    [`eqx_ppo.analysis.ablate`][]), the return of `network` minus that of
+    `ablate(network, where, [i])` on the same episodes of
+    [`eqx_ppo.eval_rollout`][]: positive means the unit helps. All `units + 1`
+    evaluations are one `jax.vmap` over masks, held in memory at once.
     """
 
     def mean_return(mask: Bool[Array, " units"]) -> Float[Array, ""]:
