@@ -7,7 +7,6 @@ guide's "Writing a sampler" (docs/guides/custom-layer.md).
 
 import abc
 import math
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -52,15 +51,8 @@ def _tanh_log_det(z: Float[Array, " action"]) -> Float[Array, " action"]:
 _Vec = Float[Array, " action"]
 """One value per action dimension: a mean, a std or a pre-squash action."""
 
-
-class _SamplerStep(NamedTuple):
-    """One sampler call before packaging: the action, its extras, their scores."""
-
-    action: Array
-    extras: Array
-    log_likelihood: Float[Array, ""]
-    entropy: Float[Array, ""]
-    metrics: dict[str, Array]
+_Step = tuple[Array, Array, Float[Array, ""], Float[Array, ""], dict[str, Array]]
+"""One sampler call: the action, its extras, log-likelihood, entropy, metrics."""
 
 
 class _AbstractSampler(AbstractStatefulModule):
@@ -73,7 +65,7 @@ class _AbstractSampler(AbstractStatefulModule):
     @abc.abstractmethod
     def _sample(
         self, x: Array, extras: Array | None, key: Key[Array, ""] | None
-    ) -> _SamplerStep:
+    ) -> _Step:
         """A fresh action if `extras` is `None`, else the stored one, scored."""
 
     def __call__(
@@ -86,13 +78,13 @@ class _AbstractSampler(AbstractStatefulModule):
     ) -> StatefulModuleOutput:
         del state
         check_draws(self, key)
-        step = self._sample(x, extras, key)
+        action, extras, log_likelihood, entropy, metrics = self._sample(x, extras, key)
         return StatefulModuleOutput(
             next_state=(),
-            output={"action": step.action, "log_likelihood": step.log_likelihood},
-            regularization_loss=-self.entropy_weight * step.entropy,
-            metrics=step.metrics,
-            extras=step.extras,
+            output={"action": action, "log_likelihood": log_likelihood},
+            regularization_loss=-self.entropy_weight * entropy,
+            metrics=metrics,
+            extras=extras,
         )
 
 
@@ -122,7 +114,7 @@ class _AbstractGaussianSampler(_AbstractSampler):
         x: Float[Array, " params"],
         extras: _Vec | None,
         key: Key[Array, ""] | None,
-    ) -> _SamplerStep:
+    ) -> _Step:
         if x.ndim != 1 or x.shape[0] % 2 != 0:
             raise ValueError(
                 f"`{type(self).__name__}` expects one env's concatenated "
@@ -132,8 +124,7 @@ class _AbstractGaussianSampler(_AbstractSampler):
             )
         mean, pre_std = jnp.split(x, 2)
         std = (jax.nn.softplus(pre_std) + self.min_std) * self.std_scale
-        draw = self._draw(mean, std, extras, key)
-        return _SamplerStep(*draw, metrics={"mu": mean, "sigma": std})
+        return *self._draw(mean, std, extras, key), {"mu": mean, "sigma": std}
 
 
 @checked
@@ -218,7 +209,7 @@ class CategoricalSampler(_AbstractSampler):
         x: Float[Array, " logits"],
         extras: Integer[Array, "*subactions"] | None,
         key: Key[Array, ""] | None,
-    ) -> _SamplerStep:
+    ) -> _Step:
         sizes = self._group_sizes()
         if x.shape != (sum(sizes),):
             raise ValueError(
@@ -249,6 +240,4 @@ class CategoricalSampler(_AbstractSampler):
             for lp, a in zip(log_probs, sub_actions, strict=True)
         )
         entropy = sum(_entropy(lp) for lp in log_probs)
-        return _SamplerStep(
-            action, action, log_likelihood, entropy, {"entropy": entropy}
-        )
+        return action, action, log_likelihood, entropy, {"entropy": entropy}

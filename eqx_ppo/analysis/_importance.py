@@ -26,14 +26,8 @@ class _OutputProbe(AbstractLayerWrapper):
         return out._replace(metrics={_PROBE: out.output})
 
 
-def _find(metrics: Any) -> Any:
-    """The probed output in the nested `metrics`, or `None`."""
-    if not isinstance(metrics, Mapping):
-        return None
-    if _PROBE in metrics:
-        return metrics[_PROBE]
-    found = (_find(sub) for sub in metrics.values())
-    return next((f for f in found if f is not None), None)
+def _is_probe(metrics: Any) -> bool:
+    return isinstance(metrics, Mapping) and _PROBE in metrics
 
 
 def _output_units(
@@ -46,7 +40,9 @@ def _output_units(
     obs_shape = jax.eval_shape(env.reset, key).obs
     obs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), obs_shape)
     out = jax.eval_shape(lambda: probed(probed.initial_state(), obs, key=key))
-    return n_units_of(where(network), "output", _find(out.metrics))
+    leaves = jax.tree.leaves(out.metrics, is_leaf=_is_probe)
+    found = next((m[_PROBE] for m in leaves if _is_probe(m)), None)
+    return n_units_of(where(network), "output", found)
 
 
 @eqx.filter_jit
