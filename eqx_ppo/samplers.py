@@ -29,27 +29,22 @@ def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
     return -jnp.sum(jnp.exp(log_probs) * finite)
 
 
-def _normal_logpdf(
-    z: Float[Array, " action"],
-    mean: Float[Array, " action"],
-    std: Float[Array, " action"],
-) -> Float[Array, " action"]:
-    log_unnormalized = -0.5 * jnp.square((z - mean) / std)
-    log_normalization = 0.5 * _LOG_2PI + jnp.log(std)
-    return log_unnormalized - log_normalization
+_Vec = Float[Array, " action"]
+"""One value per action dimension: a mean, a std or a pre-squash action."""
 
 
-def _normal_entropy(std: Float[Array, " action"]) -> Float[Array, " action"]:
+def _normal_logpdf(z: _Vec, mean: _Vec, std: _Vec) -> _Vec:
+    return -0.5 * jnp.square((z - mean) / std) - (0.5 * _LOG_2PI + jnp.log(std))
+
+
+def _normal_entropy(std: _Vec) -> _Vec:
     return 0.5 + 0.5 * _LOG_2PI + jnp.log(std)
 
 
-def _tanh_log_det(z: Float[Array, " action"]) -> Float[Array, " action"]:
+def _tanh_log_det(z: _Vec) -> _Vec:
     """`log(1 - tanh(z)^2)`, written so it neither overflows nor hits `log(0)`."""
     return 2.0 * (_LOG_2 - z - jax.nn.softplus(-2.0 * z))
 
-
-_Vec = Float[Array, " action"]
-"""One value per action dimension: a mean, a std or a pre-squash action."""
 
 _Step = tuple[Array, Array, Float[Array, ""], Float[Array, ""], dict[str, Array]]
 """One sampler call: the action, its extras, log-likelihood, entropy, metrics."""

@@ -113,8 +113,7 @@ class Intervention(AbstractLayerWrapper):
         self, state0: State, xs: Any, *args: Any, **kwargs: Any
     ) -> SequenceOutput:
         if self.site == "carry":
-            # Every step's carry is held: the default replay, a scan of
-            # this module's own `__call__`.
+            # Every step's carry is held: the default replay scans `__call__`.
             return AbstractStatefulModule.replay(self, state0, xs, *args, **kwargs)
         xs = self._at("input", xs)
         return self.wrap_output(self.layer.replay(state0, xs, *args, **kwargs))
