@@ -145,10 +145,8 @@ def _jacobians(
 def _distinct(
     solutions: np.ndarray, residuals: np.ndarray, tol: float, min_distance: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The converged solutions merged into distinct points (each the one with
-    the smallest residual among those within `min_distance`, relative to
-    their size), their relative residuals and how many solutions each took
-    in, the largest count first."""
+    """The converged solutions merged into distinct points (the smallest residual
+    of each cluster), their residuals and counts, the largest count first."""
     converged = np.flatnonzero(residuals <= tol)
     converged = converged[np.argsort(residuals[converged], kind="stable")]
     points: list[int] = []

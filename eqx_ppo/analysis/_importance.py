@@ -33,8 +33,7 @@ def _is_probe(metrics: Any) -> bool:
 def _output_units(
     env: Any, network: AbstractStatefulModule, where: Callable[[PyTree], Any]
 ) -> int:
-    """The number of units of the output of the layer `where` selects, from
-    the shapes of one step; nothing is computed."""
+    """The number of output units of the layer `where` selects, from shapes."""
     probed = eqx.tree_at(where, network, replace_fn=_OutputProbe)
     key = jax.random.key(0)
     obs_shape = jax.eval_shape(env.reset, key).obs

@@ -209,8 +209,7 @@ def selected(
     site: Literal["output", "carry"],
     population: str | None,
 ) -> Any:
-    """The layer (with `population`, the graph) `where` selects, checked to
-    have what `site` acts on."""
+    """The layer (or graph) `where` selects, checked to have what `site` acts on."""
     target = where(network)
     kind = AbstractStatefulModule if population is None else PopulationGraph
     if not isinstance(target, kind):
@@ -232,8 +231,7 @@ def selected(
 
 
 def n_units_of(layer: AbstractStatefulModule, site: Site, y: Any) -> int:
-    """The number of units of `y`, what `layer` has at `site`: the last axis of
-    an array, or of every array of a carry."""
+    """The number of units (the last axis) of `y`, `layer`'s array at `site`."""
     leaves = jax.tree.leaves(y) if site == "carry" else [y]
     arrays = all(eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct) for a in leaves)
     sizes = {a.shape[-1:] for a in leaves} if arrays else set()
