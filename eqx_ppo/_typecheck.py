@@ -1,12 +1,8 @@
-"""Declared types, checked at the public boundary.
+"""Declared types, checked at the public boundary by beartype (`checked`).
 
-Public functions and constructors are annotated, and `checked` makes
-beartype check the annotations at run time. A module's converted field is
-checked against its converter's parameter annotation (Equinox puts that in
-`__init__`'s signature), so a value is checked before it is converted: a
-string where a bool, int or float belongs is refused naming the parameter,
-never parsed. What a type cannot say (ranges, agreement between arguments)
-is checked by hand, once, where the value enters.
+A converted field is checked by its converter's annotation, before it is
+converted: a string where a number belongs is refused, never parsed. What a
+type cannot say (ranges, agreement between arguments) is checked by hand, once.
 """
 
 import functools
@@ -96,10 +92,9 @@ def check_range(
     open_low: bool = False,
     fix: str = "",
 ) -> None:
-    """Raise a `ValueError` unless a concrete scalar `value` is finite and in
-    `[low, high]` (`(low, high]` with `open_low`). `call` is the call to name,
-    e.g. `"PPO(clip_range=-0.1)"`'s `"PPO(clip_range="`; `fix` ends the message
-    (`"Fix: ..."`). Traced values and `None` pass."""
+    """Raise a `ValueError` naming `call` (e.g. `"PPO(clip_range="`) unless a
+    concrete scalar `value` is finite and in `[low, high]` (`(low, high]` with
+    `open_low`); traced values and `None` pass."""
     if value is None or isinstance(value, jax.core.Tracer):
         return
     array = np.asarray(value)

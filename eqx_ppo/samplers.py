@@ -1,16 +1,12 @@
 """Action samplers: distribution parameters in, an action and its log-likelihood out.
 
-The last layer of a [`eqx_ppo.nn.PPOAdapter`][]'s action port. With
-`extras=None` a sampler samples and emits what it sampled as `extras`; given
-`extras` (the loss replay) it scores that stored action, as data. Its
-regularisation loss is `-entropy_weight * entropy`, and in inference mode it
-acts deterministically, without a key. The contract is the guide's "Writing a
-sampler" (docs/guides/custom-layer.md).
+Without `extras` a sampler samples and emits the action as `extras`; given
+them (the loss replay) it scores that stored action. The contract is the
+guide's "Writing a sampler" (docs/guides/custom-layer.md).
 """
 
 import abc
 import math
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -33,37 +29,25 @@ def _entropy(log_probs: Float[Array, " n"]) -> Float[Array, ""]:
     return -jnp.sum(jnp.exp(log_probs) * finite)
 
 
-def _normal_logpdf(
-    z: Float[Array, " action"],
-    mean: Float[Array, " action"],
-    std: Float[Array, " action"],
-) -> Float[Array, " action"]:
-    log_unnormalized = -0.5 * jnp.square((z - mean) / std)
-    log_normalization = 0.5 * _LOG_2PI + jnp.log(std)
-    return log_unnormalized - log_normalization
-
-
-def _normal_entropy(std: Float[Array, " action"]) -> Float[Array, " action"]:
-    return 0.5 + 0.5 * _LOG_2PI + jnp.log(std)
-
-
-def _tanh_log_det(z: Float[Array, " action"]) -> Float[Array, " action"]:
-    """`log(1 - tanh(z)^2)`, written so it neither overflows nor hits `log(0)`."""
-    return 2.0 * (_LOG_2 - z - jax.nn.softplus(-2.0 * z))
-
-
 _Vec = Float[Array, " action"]
 """One value per action dimension: a mean, a std or a pre-squash action."""
 
 
-class _SamplerStep(NamedTuple):
-    """One sampler call before packaging: the action, its extras, their scores."""
+def _normal_logpdf(z: _Vec, mean: _Vec, std: _Vec) -> _Vec:
+    return -0.5 * jnp.square((z - mean) / std) - (0.5 * _LOG_2PI + jnp.log(std))
 
-    action: Array
-    extras: Array
-    log_likelihood: Float[Array, ""]
-    entropy: Float[Array, ""]
-    metrics: dict[str, Array]
+
+def _normal_entropy(std: _Vec) -> _Vec:
+    return 0.5 + 0.5 * _LOG_2PI + jnp.log(std)
+
+
+def _tanh_log_det(z: _Vec) -> _Vec:
+    """`log(1 - tanh(z)^2)`, written so it neither overflows nor hits `log(0)`."""
+    return 2.0 * (_LOG_2 - z - jax.nn.softplus(-2.0 * z))
+
+
+_Step = tuple[Array, Array, Float[Array, ""], Float[Array, ""], dict[str, Array]]
+"""One sampler call: the action, its extras, log-likelihood, entropy, metrics."""
 
 
 class _AbstractSampler(AbstractStatefulModule):
@@ -76,7 +60,7 @@ class _AbstractSampler(AbstractStatefulModule):
     @abc.abstractmethod
     def _sample(
         self, x: Array, extras: Array | None, key: Key[Array, ""] | None
-    ) -> _SamplerStep:
+    ) -> _Step:
         """A fresh action if `extras` is `None`, else the stored one, scored."""
 
     def __call__(
@@ -89,13 +73,13 @@ class _AbstractSampler(AbstractStatefulModule):
     ) -> StatefulModuleOutput:
         del state
         check_draws(self, key)
-        step = self._sample(x, extras, key)
+        action, extras, log_likelihood, entropy, metrics = self._sample(x, extras, key)
         return StatefulModuleOutput(
             next_state=(),
-            output={"action": step.action, "log_likelihood": step.log_likelihood},
-            regularization_loss=-self.entropy_weight * step.entropy,
-            metrics=step.metrics,
-            extras=step.extras,
+            output={"action": action, "log_likelihood": log_likelihood},
+            regularization_loss=-self.entropy_weight * entropy,
+            metrics=metrics,
+            extras=extras,
         )
 
 
@@ -125,7 +109,7 @@ class _AbstractGaussianSampler(_AbstractSampler):
         x: Float[Array, " params"],
         extras: _Vec | None,
         key: Key[Array, ""] | None,
-    ) -> _SamplerStep:
+    ) -> _Step:
         if x.ndim != 1 or x.shape[0] % 2 != 0:
             raise ValueError(
                 f"`{type(self).__name__}` expects one env's concatenated "
@@ -135,36 +119,20 @@ class _AbstractGaussianSampler(_AbstractSampler):
             )
         mean, pre_std = jnp.split(x, 2)
         std = (jax.nn.softplus(pre_std) + self.min_std) * self.std_scale
-        draw = self._draw(mean, std, extras, key)
-        return _SamplerStep(*draw, metrics={"mu": mean, "sigma": std})
+        return *self._draw(mean, std, extras, key), {"mu": mean, "sigma": std}
 
 
 @checked
 class NormalTanhSampler(_AbstractGaussianSampler):
-    """A Gaussian squashed by `tanh`: actions in `(-1, 1)`.
-
-    The input is one env's `[mean, pre_std]` (size `2 * action_size`):
-
-    - `std = (softplus(pre_std) + min_std) * std_scale`;
-    - `raw = mean + std * eps`, `eps ~ N(0, I)`, and `action = tanh(raw)`;
-    - `log_likelihood = sum(log N(raw; mean, std) - log|d tanh(raw)/d raw|)`;
-    - the entropy of the squashed distribution has no closed form, so it is
-      estimated from one fresh sample, `z = mean + std * stop_gradient(eps2)`:
-      `entropy = sum(H[N(mean, std)] + log|d tanh(z)/dz|)`, reparameterised so
-      its gradient reaches `mean` and `std`.
-
-    Both noises come from one draw of shape `[2, action]` from `key`. `extras` is
-    `raw` (pre-`tanh`); in replay the stored `raw` is scored instead of a new
-    sample. Metrics: `mu` (the mean) and `sigma` (the std). In inference mode
-    `raw = mean`, and without a key the entropy estimate uses `z = mean`.
+    """A Gaussian over one env's `[mean, pre_std]`, squashed by `tanh`: actions
+    in `(-1, 1)`, `extras` the pre-`tanh` sample, metrics `mu` and `sigma`.
+    The entropy is a one-sample estimate (see the Samplers section of the API).
 
     **Arguments:**
 
-    - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
-      leaf, so a sweep over it neither recompiles nor trains it.
-    - `min_std`: floor added to the softplus std, finite and `>= 0` (the
-      factories pass 0.1).
-    - `std_scale`: multiplier applied after the floor, finite and `> 0`.
+    - `entropy_weight`: weight of the entropy bonus (traced, never trained).
+    - `min_std`: floor added to `softplus(pre_std)`, `>= 0`.
+    - `std_scale`: multiplier of the std after the floor, `> 0`.
     - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
     """
 
@@ -186,16 +154,9 @@ class NormalTanhSampler(_AbstractGaussianSampler):
 
 @checked
 class NormalSampler(_AbstractGaussianSampler):
-    """An unsquashed Gaussian: `action = mean + std * eps`, unbounded.
-
-    Same input and std parameterisation as [`eqx_ppo.nn.NormalTanhSampler`][]
-    (`std = (softplus(pre_std) + min_std) * std_scale`), with the exact
-    Gaussian log-likelihood and the exact entropy
-    `sum(0.5 + 0.5 * log(2 pi) + log(std))`. `extras` is the action. Metrics:
-    `mu`, `sigma`. In inference mode the action is the mean.
-
-    **Arguments:** as [`eqx_ppo.nn.NormalTanhSampler`][]'s.
-    """
+    """An unsquashed Gaussian, `action = mean + std * eps` (also its `extras`),
+    with the exact entropy; otherwise as [`eqx_ppo.nn.NormalTanhSampler`][],
+    whose arguments it takes."""
 
     def _draw(
         self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
@@ -211,22 +172,15 @@ class NormalSampler(_AbstractGaussianSampler):
 
 @checked
 class CategoricalSampler(_AbstractSampler):
-    """Discrete actions from logits; multi-discrete with a tuple of sizes.
-
-    With `n_actions=n` the input is `n` logits and the action an integer
-    scalar in `[0, n)`. With `n_actions=(n1, n2, ...)` the input is
-    `n1 + n2 + ...` logits, one group per sub-action in that order, and the
-    action an integer vector with one entry per group. The log-likelihood and
-    the (exact) entropy are summed over sub-actions. `extras` is the integer
-    action. Metrics: `entropy`. In inference mode each sub-action is the
-    arg-max of its logits.
+    """Discrete actions from logits: an integer in `[0, n)` for `n_actions=n`;
+    for a tuple `(n1, n2, ...)`, one per group of logits, log-likelihoods and
+    entropies summed. `extras` is the action; metric `entropy`.
 
     **Arguments:**
 
-    - `entropy_weight`: weight of the entropy bonus; a traced, never-trained
-      leaf, so a sweep over it neither recompiles nor trains it.
+    - `entropy_weight`: weight of the entropy bonus (traced, never trained).
     - `n_actions`: the number of categories, or a tuple of them (multi-discrete).
-    - `inference`: act deterministically; set it with `eqx.nn.inference_mode`.
+    - `inference`: act deterministically (arg-max); see `eqx.nn.inference_mode`.
     """
 
     entropy_weight: Float[Array, ""] = coefficient(nonnegative=True)
@@ -250,7 +204,7 @@ class CategoricalSampler(_AbstractSampler):
         x: Float[Array, " logits"],
         extras: Integer[Array, "*subactions"] | None,
         key: Key[Array, ""] | None,
-    ) -> _SamplerStep:
+    ) -> _Step:
         sizes = self._group_sizes()
         if x.shape != (sum(sizes),):
             raise ValueError(
@@ -281,6 +235,4 @@ class CategoricalSampler(_AbstractSampler):
             for lp, a in zip(log_probs, sub_actions, strict=True)
         )
         entropy = sum(_entropy(lp) for lp in log_probs)
-        return _SamplerStep(
-            action, action, log_likelihood, entropy, {"entropy": entropy}
-        )
+        return action, action, log_likelihood, entropy, {"entropy": entropy}

@@ -1,10 +1,6 @@
-"""Look inside a trained policy: lesions (`ablate`, `clamp`, `perturb`,
-`unit_importance`), population analysis of recorded activity (`pca`,
-`linear_probe`), fixed points of a recurrent layer, and their plots.
-
-None changes what it is given. Optimistix (for `fixed_points`) and matplotlib
-(for `plot_*`) are imported only when a function needs them.
-"""
+"""Look inside a trained policy: lesions, population analysis of recorded
+activity, fixed points of a recurrent layer, and their plots. Optimistix and
+matplotlib are imported only when a function needs them."""
 
 from ._fixed_points import FixedPoints as FixedPoints, fixed_points as fixed_points
 from ._importance import unit_importance as unit_importance

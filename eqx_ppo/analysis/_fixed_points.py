@@ -20,11 +20,9 @@ class FixedPoints(NamedTuple):
 
     **Fields:**
 
-    - `states`: the carries `h` with `step(h, x) = h`, in the layer's carry
-        structure with a leading `[k]` axis (an LSTM's `(h, c)`).
+    - `states`: the carries `h = step(h, x)`, each leaf with a leading `[k]` axis.
     - `residuals`: the largest `|step(h, x) - h|`, divided by `1 + |h|`.
-    - `eigenvalues`: of the Jacobian of `h -> step(h, x)` at each point (the
-        carry flattened, `dim` numbers), by decreasing modulus.
+    - `eigenvalues`: of the Jacobian at each point, by decreasing modulus.
     - `stable`: whether every eigenvalue lies inside the unit circle.
     - `counts`: how many starts converged to each point.
     """
@@ -50,17 +48,12 @@ def fixed_points(
 ) -> FixedPoints:
     """The fixed points of a recurrent layer held at the input `x`, with stability.
 
-    `cell` is any layer whose carry is float arrays (a stochastic one in
-    inference mode); its carry, flattened, is the state `h` of the map
-    `F(h) = cell(h, x).next_state`. From `n_starts` starts, the initial carry
-    plus Gaussian noise of standard deviation `spread`, Optimistix's
-    Levenberg-Marquardt solver minimises `|F(h) - h|^2`. A start has
-    converged when its largest residual is at most `tol * (1 + |h|)`, `|h|`
-    the largest magnitude in the carry; converged points closer than
-    `min_distance * (1 + |h|)` in every coordinate are one point (float32
-    places a nearly marginal point only to a fraction of its size). The
-    eigenvalues of the Jacobian of `F` at each point, computed on the host,
-    tell whether it is stable. Needs `pip install "eqx_ppo[analysis]"`.
+    From `n_starts` starts (the initial carry plus Gaussian noise of standard
+    deviation `spread`), Levenberg-Marquardt minimises `|F(h) - h|^2` for
+    `F(h) = cell(h, x).next_state`; the points converged to within `tol`, and
+    apart by more than `min_distance` (both relative to `1 + |h|`), are kept.
+    `cell`'s carry must be float arrays (a stochastic layer in inference mode).
+    Needs `pip install "eqx_ppo[analysis]"`.
     """
     import_optional("optimistix", "fixed_points")
     state0 = cell.initial_state()
@@ -152,10 +145,8 @@ def _jacobians(
 def _distinct(
     solutions: np.ndarray, residuals: np.ndarray, tol: float, min_distance: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The converged solutions merged into distinct points (each the one with
-    the smallest residual among those within `min_distance`, relative to
-    their size), their relative residuals and how many solutions each took
-    in, the largest count first."""
+    """The converged solutions merged into distinct points (the smallest residual
+    of each cluster), their residuals and counts, the largest count first."""
     converged = np.flatnonzero(residuals <= tol)
     converged = converged[np.argsort(residuals[converged], kind="stable")]
     points: list[int] = []

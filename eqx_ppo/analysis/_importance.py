@@ -26,27 +26,22 @@ class _OutputProbe(AbstractLayerWrapper):
         return out._replace(metrics={_PROBE: out.output})
 
 
-def _find(metrics: Any) -> Any:
-    """The probed output in the nested `metrics`, or `None`."""
-    if not isinstance(metrics, Mapping):
-        return None
-    if _PROBE in metrics:
-        return metrics[_PROBE]
-    found = (_find(sub) for sub in metrics.values())
-    return next((f for f in found if f is not None), None)
+def _is_probe(metrics: Any) -> bool:
+    return isinstance(metrics, Mapping) and _PROBE in metrics
 
 
 def _output_units(
     env: Any, network: AbstractStatefulModule, where: Callable[[PyTree], Any]
 ) -> int:
-    """The number of units of the output of the layer `where` selects, from
-    the shapes of one step; nothing is computed."""
+    """The number of output units of the layer `where` selects, from shapes."""
     probed = eqx.tree_at(where, network, replace_fn=_OutputProbe)
     key = jax.random.key(0)
     obs_shape = jax.eval_shape(env.reset, key).obs
     obs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), obs_shape)
     out = jax.eval_shape(lambda: probed(probed.initial_state(), obs, key=key))
-    return n_units_of(where(network), "output", _find(out.metrics))
+    leaves = jax.tree.leaves(out.metrics, is_leaf=_is_probe)
+    found = next((m[_PROBE] for m in leaves if _is_probe(m)), None)
+    return n_units_of(where(network), "output", found)
 
 
 @eqx.filter_jit
@@ -65,16 +60,10 @@ def unit_importance(
     """How much the mean deterministic return drops when each unit alone is ablated.
 
     For each unit `i` of the layer `where` selects (as in
-    [`eqx_ppo.analysis.ablate`][], `site=` and `population=` included), the
-    return of `network` minus that of `ablate(network, where, [i])`, both
-    evaluated with [`eqx_ppo.eval_rollout`][] in inference mode on the same
-    `n_envs` episodes (the same `key`: the differences are paired). Positive
-    means the unit helps.
-
-    The intact network and every single-unit lesion are **one compiled
-    program**, a `jax.vmap` over a stack of boolean masks, holding `units + 1`
-    evaluations in memory. For multi-seed networks, `eqx.filter_vmap` it over
-    the seeds.
+    [`eqx_ppo.analysis.ablate`][]), the return of `network` minus that of
+    `ablate(network, where, [i])` on the same episodes of
+    [`eqx_ppo.eval_rollout`][]: positive means the unit helps. All `units + 1`
+    evaluations are one `jax.vmap` over masks, held in memory at once.
     """
 
     def mean_return(mask: Bool[Array, " units"]) -> Float[Array, ""]:

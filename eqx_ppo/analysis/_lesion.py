@@ -36,17 +36,8 @@ Values = Float[ArrayLike, "..."] | Sequence[float]
 
 class Intervention(AbstractLayerWrapper):
     """Runs `layer` with some units held at `values` (`mode="clamp"`) or shifted
-    by them (`mode="add"`); the other units pass through bit for bit.
-
-    The units are those of the layer's output (`site="output"`; its entry
-    `entry` for a dict), which the rest of the network reads but the layer's
-    own recurrence does not; of every array of the carry it starts each step
-    from (`site="carry"`; its replay then scans the steps); or of its input
-    (`site="input"`: a graph's population, in every connection reading it).
-    Everything else is the layer's (carry, resets, statistics, key, and its
-    replay, whose outputs get the same intervention), so a lesioned network
-    also trains as one. A `Recorder` inside the wrapper records the layer's
-    own output, before the intervention. Build it with
+    by them (`mode="add"`), at its output, carry or input (`site`); the rest is
+    the layer's, so a lesioned network also trains as one. Build it with
     [`eqx_ppo.analysis.ablate`][], [`eqx_ppo.analysis.clamp`][] or
     [`eqx_ppo.analysis.perturb`][].
 
@@ -54,10 +45,9 @@ class Intervention(AbstractLayerWrapper):
 
     - `layer`: the wrapped layer.
     - `units`: an integer index array, or a boolean mask over all units.
-    - `values`: a scalar, one value per index, or one per unit for a mask;
-        never trained (a [`coefficient`][eqx_ppo.nn.coefficient] field).
+    - `values`: a scalar, one per index, or one per unit for a mask (never trained).
     - `mode`: `"clamp"` or `"add"`.
-    - `site`: `"output"`, `"carry"` or `"input"`.
+    - `site`: `"output"`, `"carry"` or `"input"` (a graph population's readers).
     - `entry`: the key of a dict output (or input) to act on, or `None`.
     """
 
@@ -123,8 +113,7 @@ class Intervention(AbstractLayerWrapper):
         self, state0: State, xs: Any, *args: Any, **kwargs: Any
     ) -> SequenceOutput:
         if self.site == "carry":
-            # Every step's carry is held: the default replay, a scan of
-            # this module's own `__call__`.
+            # Every step's carry is held: the default replay scans `__call__`.
             return AbstractStatefulModule.replay(self, state0, xs, *args, **kwargs)
         xs = self._at("input", xs)
         return self.wrap_output(self.layer.replay(state0, xs, *args, **kwargs))
@@ -144,19 +133,10 @@ def ablate(
     **Arguments:**
 
     - `network`: any network (or a tree holding one); it is left untouched.
-    - `where`: a function from `network` to the layer, as for `eqx.tree_at`,
-        e.g. `lambda net: net.layers[1].action.layers[0]` for the actor LSTM
-        of [`eqx_ppo.nn.make_lstm_actor_critic`][].
-    - `units`: unit indices, or a boolean mask over all the units; an empty
-        selection gives outputs bit-identical to `network`'s.
-    - `site`: `"output"` holds units of the layer's output, as the rest of
-        the network reads it; `"carry"` holds the same units of every array
-        of the carry the layer starts each step from, which removes their
-        memory but not their response to the input.
-    - `population`: when `where` selects a
-        [`eqx_ppo.graph.PopulationGraph`][], the population whose units to
-        hold, in every connection reading it and in the graph's output
-        (only with `site="output"`).
+    - `where`: a function from `network` to the layer, as for `eqx.tree_at`.
+    - `units`: unit indices, or a boolean mask over all the units.
+    - `site`: `"output"` (what the rest of the network reads) or `"carry"`.
+    - `population`: with a [`eqx_ppo.graph.PopulationGraph`][], the population.
 
     ```python
     actor_lstm = lambda net: net.layers[1].action.layers[0]
@@ -177,12 +157,8 @@ def clamp(
     site: Literal["output", "carry"] = "output",
     population: str | None = None,
 ) -> PyTree:
-    """A copy of `network` whose selected units of one layer are held at `values`.
-
-    As [`eqx_ppo.analysis.ablate`][], with `values` a scalar, one value per
-    index in `units`, or, for a boolean mask, one value per unit of the layer
-    (read only where the mask is set).
-    """
+    """As [`eqx_ppo.analysis.ablate`][], the units held at `values`: one, or one
+    per entry of `units`."""
     return _intervene(network, where, units, values, "clamp", site, population)
 
 
@@ -196,13 +172,8 @@ def perturb(
     site: Literal["output", "carry"] = "output",
     population: str | None = None,
 ) -> PyTree:
-    """A copy of `network` that adds `delta` to the selected units of one layer.
-
-    A constant push at every step, e.g. along a direction a
-    [`eqx_ppo.analysis.linear_probe`][] or [`eqx_ppo.analysis.pca`][] found.
-    `delta` is laid out as `values` in [`eqx_ppo.analysis.clamp`][]; the other
-    arguments are [`eqx_ppo.analysis.ablate`][]'s.
-    """
+    """As [`eqx_ppo.analysis.clamp`][], `delta` added to the units at every step
+    (e.g. along a direction [`eqx_ppo.analysis.pca`][] found)."""
     return _intervene(network, where, units, delta, "add", site, population)
 
 
@@ -238,8 +209,7 @@ def selected(
     site: Literal["output", "carry"],
     population: str | None,
 ) -> Any:
-    """The layer (with `population`, the graph) `where` selects, checked to
-    have what `site` acts on."""
+    """The layer (or graph) `where` selects, checked to have what `site` acts on."""
     target = where(network)
     kind = AbstractStatefulModule if population is None else PopulationGraph
     if not isinstance(target, kind):
@@ -261,8 +231,7 @@ def selected(
 
 
 def n_units_of(layer: AbstractStatefulModule, site: Site, y: Any) -> int:
-    """The number of units of `y`, what `layer` has at `site`: the last axis of
-    an array, or of every array of a carry."""
+    """The number of units (the last axis) of `y`, `layer`'s array at `site`."""
     leaves = jax.tree.leaves(y) if site == "carry" else [y]
     arrays = all(eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct) for a in leaves)
     sizes = {a.shape[-1:] for a in leaves} if arrays else set()

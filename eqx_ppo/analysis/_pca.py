@@ -13,12 +13,9 @@ class PCA(NamedTuple):
 
     **Fields:**
 
-    - `components`: orthonormal rows, by decreasing variance, each signed so
-        that its largest-magnitude entry is positive.
-    - `explained_variance_ratio`: each component's share of the live steps'
-        total variance.
-    - `projections`: every step's `(activity - mean) @ components.T`, the
-        masked steps' too (they took no part in the fit).
+    - `components`: orthonormal rows by decreasing variance, largest entry positive.
+    - `explained_variance_ratio`: each component's share of the total variance.
+    - `projections`: every step's `(activity - mean) @ components.T`, masked too.
     - `mean`: the mean activity over the live steps.
     """
 
@@ -34,13 +31,11 @@ def pca(
     dones: Bool[ArrayLike, "*batch"],
     n_components: int,
 ) -> PCA:
-    """Principal component analysis of one layer's activity over the live steps.
+    """Principal component analysis of one recorded layer's live steps.
 
-    `activations` is one recorded layer, e.g. `[T, N, units]` from
-    [`eqx_ppo.record_activations_rollout`][], and `dones` its pre-step flags:
-    steps after the episode ended are left out of the fit, whatever they hold
-    (NaN included), so the components match an SVD of the centred live steps
-    alone. Jittable with `n_components` static.
+    `activations` and `dones` are as [`eqx_ppo.record_activations_rollout`][]
+    returns them; the steps after an episode ended take no part in the fit,
+    whatever they hold (NaN included). Jittable with `n_components` static.
     """
     activations = jnp.asarray(activations, jnp.float32)
     n_units = activations.shape[-1]

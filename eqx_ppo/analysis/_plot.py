@@ -51,10 +51,9 @@ def plot_trajectories(
     ax: Any = None,
     cmap: str = "coolwarm",
 ) -> Any:
-    """Each env's live steps in the plane of two principal components of
-    [`eqx_ppo.analysis.pca`][] on `[time, env, units]` activity, the line
-    coloured by a task variable per env (e.g. the cue), a dot at its first
-    step. Returns the matplotlib axes."""
+    """Each env's live steps on two components of [`eqx_ppo.analysis.pca`][] of
+    `[time, env, units]` activity, coloured by a task variable per env (e.g.
+    the cue). Returns the matplotlib axes."""
     ax = _axes(ax)
     import matplotlib as mpl
 
@@ -85,11 +84,9 @@ def plot_fixed_points(
     components: tuple[int, int] = (0, 1),
     ax: Any = None,
 ) -> Any:
-    """The points of [`eqx_ppo.analysis.fixed_points`][]: stable ones filled,
-    unstable ones as open circles, in two coordinates of `select(states)`
-    (default the flattened carry) or, given `pca`, on two of its components,
-    so they can be drawn over [`eqx_ppo.analysis.plot_trajectories`][]
-    (e.g. `select=lambda s: s[0]` for an LSTM's `h`, the recorded output).
+    """The points of [`eqx_ppo.analysis.fixed_points`][] (stable ones filled) on two
+    coordinates of `select(states)` (default the flattened carry), or on two
+    components of `pca`, to draw over [`eqx_ppo.analysis.plot_trajectories`][].
     Returns the matplotlib axes."""
     ax = _axes(ax)
     if select is None:

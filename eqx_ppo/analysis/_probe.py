@@ -22,20 +22,11 @@ def linear_probe(
 ) -> Float[Array, ""]:
     """The held-out score of a ridge-regression read-out of `labels` from `features`.
 
-    The samples are shuffled with `key`; a `test_fraction` share is held out
-    for scoring and the probe is fitted on the rest.
-
-    - **Integer or boolean labels** (classes): one-vs-rest least squares on
-      one-hot targets (as scikit-learn's `RidgeClassifier`); the score is the
-      held-out accuracy (chance: the share of the most frequent class).
-    - **Float labels** `[samples]` or `[samples, targets]`: the score is the
-      held-out R^2, averaged over targets (0 for predicting the mean).
-
-    The features are standardised with the training samples' statistics, and
-    the probe minimises the mean squared error plus `ridge` (> 0, as constant
-    features make the unpenalised problem singular) times the squared norm of
-    its weights, the intercept's excepted. The class labels are read on the
-    host, so call it outside `jit`.
+    A `test_fraction` share of the samples, shuffled with `key`, is held out;
+    the score is the held-out accuracy for integer or boolean labels (classes),
+    else the R^2 averaged over targets. `ridge` weighs the squared norm of the
+    weights, the intercept's excepted. Call it outside `jit` (the classes are
+    read on the host).
     """
     features = jnp.asarray(features, jnp.float32)
     labels = jnp.asarray(labels)
