@@ -6,7 +6,6 @@ grows with a run stays on the device; sinks get plain dicts on the host.
 
 import csv
 import enum
-import importlib
 import io
 import json
 import math
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree
 
+from ._optional import import_optional
 from ._typecheck import checked
 from .checkpoint import register_config
 
@@ -211,22 +211,12 @@ class CSVLogger:
                 csv.DictWriter(f, fieldnames=self._fields).writerow(row)
 
 
-def _import(module: str, sink: str) -> Any:
-    """The optional `module` a sink writes with, or an error naming the extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(
-            f"{sink} needs {module}: `pip install 'eqx_ppo[logging]'`."
-        ) from e
-
-
 @checked
 class TensorBoardLogger:
     """Writes scalars with tensorboardX (`pip install eqx_ppo[logging]`)."""
 
     def __init__(self, logdir: str | pathlib.Path):
-        tensorboardx = _import("tensorboardX", "TensorBoardLogger")
+        tensorboardx = import_optional("tensorboardX", "TensorBoardLogger", "logging")
         self.writer = tensorboardx.SummaryWriter(str(logdir))
 
     def __call__(self, metrics: Metrics, step: int) -> None:
@@ -241,7 +231,9 @@ class WandbLogger:
     `wandb.init`."""
 
     def __init__(self, **init_kwargs: Any):
-        self.run = _import("wandb", "WandbLogger").init(**init_kwargs)
+        self.run = import_optional("wandb", "WandbLogger", "logging").init(
+            **init_kwargs
+        )
 
     def __call__(self, metrics: Metrics, step: int) -> None:
         self.run.log(per_seed_columns(metrics), step=step)

@@ -346,3 +346,22 @@ def test_combine_loggers_refuses_what_cannot_log(tmp_path):
     path = tmp_path / "log.jsonl"
     with pytest.raises(TypeError, match="log_fns"):
         combine_loggers(JSONLLogger(tmp_path / "a.jsonl"), str(path))
+
+
+@pytest.mark.parametrize(
+    ("module", "make"),
+    [
+        ("tensorboardX", lambda path: eqx_ppo.TensorBoardLogger(path)),
+        ("wandb", lambda path: eqx_ppo.WandbLogger(project="p", dir=str(path))),
+    ],
+)
+def test_a_logger_without_its_package_names_the_extra(
+    module, make, tmp_path, monkeypatch
+):
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(
+        ImportError, match=rf"needs {module}\. Fix: .*eqx_ppo\[logging\]"
+    ):
+        make(tmp_path)

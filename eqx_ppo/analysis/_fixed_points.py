@@ -1,6 +1,5 @@
 """Fixed points of a recurrent layer under a constant input, and their stability."""
 
-import importlib
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -10,6 +9,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Complex, Float, Int, PRNGKeyArray, PyTree
 
+from .._optional import import_optional
 from .._typecheck import check_range, checked
 from ..nn._module import AbstractStatefulModule
 
@@ -55,7 +55,7 @@ def fixed_points(
     `cell`'s carry must be float arrays (a stochastic layer in inference mode).
     Needs `pip install "eqx_ppo[analysis]"`.
     """
-    import_optional("optimistix", "fixed_points")
+    import_optional("optimistix", "eqx_ppo.analysis.fixed_points", "analysis")
     state0 = cell.initial_state()
     if not all(
         jnp.issubdtype(jnp.result_type(s), jnp.floating)
@@ -90,17 +90,6 @@ def fixed_points(
     )
 
 
-def import_optional(module: str, needed_by: str) -> Any:
-    """`module`, an optional dependency, imported when `needed_by` runs."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        raise ImportError(
-            f"eqx_ppo.analysis.{needed_by} needs {module}. Fix: "
-            f'pip install "eqx_ppo[analysis]" (or pip install {module}).'
-        ) from error
-
-
 def _flat_step(cell: AbstractStatefulModule, x: Any) -> Any:
     """`F(h) = step(h, x)` on the flattened carry."""
     _, unravel = ravel_pytree(cell.initial_state())
@@ -121,7 +110,7 @@ def _solve(
 ) -> tuple[Float[Array, "starts dim"], Float[Array, " starts"]]:
     """Every start's solution of `min |F(h) - h|^2` and its largest residual,
     relative to `1 + |h|`."""
-    optx = import_optional("optimistix", "fixed_points")
+    optx = import_optional("optimistix", "eqx_ppo.analysis.fixed_points", "analysis")
     step = _flat_step(cell, x)
     solver = optx.LevenbergMarquardt(rtol=1e-2 * tol, atol=1e-2 * tol)
 

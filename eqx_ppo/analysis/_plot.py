@@ -8,14 +8,15 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
-from ._fixed_points import FixedPoints, import_optional
+from .._optional import import_optional
+from ._fixed_points import FixedPoints
 from ._pca import PCA
 
 
 def _axes(ax: Any) -> Any:
     if ax is not None:
         return ax
-    import_optional("matplotlib", "plot_*")
+    import_optional("matplotlib", "eqx_ppo.analysis.plot_*", "analysis")
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=(6, 4))[1]
