@@ -234,6 +234,36 @@ def test_fusion_forms_compute_the_same_gradients():
     assert "| stacked |" in text and "NO" not in text
 
 
+def test_compile_ab_pairs_each_repetition():
+    from benchmarks.compile_ab import markdown
+
+    runs = {
+        "this": [
+            {"trace_s": 1.0, "lower_s": 1.0, "xla_s": 2.0, "compile_s": 4.0},
+            {"trace_s": 3.0, "lower_s": 1.0, "xla_s": 2.0, "compile_s": 6.0},
+        ],
+        "baseline": [
+            {"trace_s": 2.0, "lower_s": 1.0, "xla_s": 2.0, "compile_s": 5.0},
+            {"trace_s": 3.0, "lower_s": 1.0, "xla_s": 2.0, "compile_s": 5.0},
+        ],
+    }
+    ratios = {
+        f: [a[f] / b[f] for a, b in zip(runs["this"], runs["baseline"], strict=True)]
+        for f in runs["this"][0]
+    }
+    text = markdown(
+        {
+            "policy": "mlp",
+            "baseline": "/x/base",
+            "runs": runs,
+            "ratios": ratios,
+            "machine": {"backend": "cpu", "cpu_count": 2},
+        }
+    )
+    assert "| tracing | 2.00 [1.00, 3.00] | 2.50 [2.00, 3.00] | 0.75 |" in text
+    assert "| compile + first chunk | 5.00 [4.00, 6.00] | 5.00 [5.00, 5.00] | 1.00 |" in text
+
+
 def test_init_compile_compiles_each_part_alone():
     from benchmarks.init_compile import markdown, run
 
@@ -450,7 +480,7 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "lesions", "memory", "multiseed"]
     + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"]
-    + ["init_compile"],
+    + ["init_compile", "compile_ab"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):
     # Rerunning a benchmark from a checkout must not have to overwrite the
