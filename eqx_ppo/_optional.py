@@ -10,6 +10,5 @@ def import_optional(module: str, needed_by: str, extra: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as error:
         raise ImportError(
-            f"{needed_by} needs {module}. Fix: pip install "
-            f'"eqx_ppo[{extra}]" (or pip install {module}).'
+            f"{needed_by} needs {module}. Fix: pip install 'eqx_ppo[{extra}]'."
         ) from error

@@ -163,12 +163,12 @@ def test_registry():
     ],
 )
 def test_a_missing_simulator_names_its_extra(prefix, extra, monkeypatch):
-    from eqx_ppo.envs import _registry
+    import importlib
 
     def missing(name):
         raise ModuleNotFoundError(f"No module named {name!r}")
 
-    monkeypatch.setattr(_registry.importlib, "import_module", missing)
+    monkeypatch.setattr(importlib, "import_module", missing)
     with pytest.raises(ImportError, match=rf"pip install 'eqx_ppo\[{extra}\]'"):
         make(f"{prefix}:Anything")
 

@@ -4,13 +4,13 @@ or popgym-arcade."""
 import dataclasses
 import difflib
 import functools
-import importlib
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, NamedTuple
 
 import jax
 
+from .._optional import import_optional
 from .._typecheck import checked
 from ._cartpole import CartPole
 from ._counter import Counter
@@ -160,13 +160,7 @@ def _from_source(
     prefix: str, name: str, kwargs: dict[str, Any]
 ) -> tuple[Any, int | None]:
     source = _SOURCES[prefix]
-    try:
-        module = importlib.import_module(source.package)
-    except ImportError as e:
-        raise ImportError(
-            f"This env needs {source.title}, which is not installed. Install it "
-            f"with `pip install 'eqx_ppo[{source.extra}]'`."
-        ) from e
+    module = import_optional(source.package, f"make('{prefix}:{name}')", source.extra)
     known = source.names(module)
     if name not in known:
         # The closest known name, by spelling and ignoring case.
