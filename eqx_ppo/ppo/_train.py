@@ -261,11 +261,11 @@ def train(
     learner = config.learner
     if mesh is not None:
         check_mesh(mesh, learner.n_envs, learner.n_minibatches)
-    init_keys, train_keys, eval_keys = _seed_keys(key, config)
     if initial_state is None:
         with seed_axis_hint(networks, "networks"):
-            states = _init_seeds(env, networks, learner, init_keys, train_keys)
+            states, eval_keys = _on_host(_fresh_states, env, networks, key, config)
     else:
+        eval_keys = _seed_keys(key, config)[2]
         states = _resume(env, networks, config, initial_state)
     if mesh is not None:
         states = shard_state(states, mesh)
@@ -281,6 +281,40 @@ def train(
         local=(lambda tree: tree) if mesh is None else to_local,
     )
     return driver.run(states)
+
+
+def _fresh_states(env, networks, key, config):
+    init_keys, train_keys, eval_keys = _seed_keys(key, config)
+    states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
+    return states, eval_keys
+
+
+HOST_INIT_BACKENDS = ("tpu",)
+"""The backends on which `train` initialises on the host's CPU (see `_on_host`)."""
+
+
+def _on_host(fn: Callable, *args: Any) -> Any:
+    """`fn(*args)`, on the host's CPU when JAX's default backend is in
+    `HOST_INIT_BACKENDS`, its result then moved to the default device.
+
+    For the initialisation, which runs once: XLA:TPU unrolls every random
+    draw's hash and compiles it slowly (`benchmarks/README.md`), XLA:CPU does
+    not. The draws' bits are the same on every backend."""
+    if jax.default_backend() not in HOST_INIT_BACKENDS:
+        return fn(*args)
+    try:
+        host = jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS leaves the CPU out
+        return fn(*args)
+    (device,) = jax.device_put(0).devices()
+    with jax.default_device(host):
+        out = fn(*_put(args, host))
+    return _put(out, device)
+
+
+def _put(tree: Any, device: Any) -> Any:
+    dynamic, static = eqx.partition(tree, eqx.is_array)
+    return eqx.combine(jax.device_put(dynamic, device), static)
 
 
 def _resume(env, networks, config, state):
