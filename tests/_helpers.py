@@ -28,6 +28,30 @@ TPU v5e, JAX 0.10.2); at the default precision, by 6e4. 64 keeps a 2x margin.
 """
 
 
+TPU_RTOL = 5e-4
+"""The relative tolerance on a TPU of a float32 value computed through `exp`,
+`log`, `tanh`, `softplus` and the like against its exact value.
+
+XLA:TPU approximates these functions; against float64 NumPy over [-20, 20]
+(`python -m benchmarks.accuracy`, TPU v5e, JAX 0.10.2) their largest relative
+errors are 3.5e-4 (`log`), 2.6e-4 (`softplus`, `log1p`), 1.2e-4 (`expm1`),
+8.1e-5 (`tanh`) and 5.5e-6 (`exp`, `sigmoid`); XLA:CPU's are at most 5.2 ulps
+(3.7e-7). Two programs on one backend still agree to `N_ULP`.
+"""
+
+
+def rtol(cpu: float) -> float:
+    """`cpu`, a test's relative tolerance against exact values, widened to
+    `TPU_RTOL` on a TPU."""
+    return max(cpu, TPU_RTOL) if jax.default_backend() == "tpu" else cpu
+
+
+def cpu_child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts: this one's on the CPU
+    (only one process can hold a TPU, and the suite's does), plus `extra`."""
+    return {**os.environ, "JAX_PLATFORMS": "cpu", **extra}
+
+
 def _host(x):
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)

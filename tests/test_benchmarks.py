@@ -276,6 +276,22 @@ def test_init_compile_compiles_each_part_alone():
     assert "| env reset, 4 envs |" in text
 
 
+def test_accuracy_measures_ulps_against_float64():
+    # On a CPU XLA's exp and log are within about one ulp: a wrong error
+    # measure (relative error for ulps, float32 references) would not be.
+    from benchmarks.accuracy import markdown, run
+
+    result = run()
+    rows = result["functions"]
+    assert set(rows) >= {"exp", "log", "tanh", "softplus"}
+    if result["backend"] == "cpu":
+        assert 0.5 <= rows["exp"]["max_ulp"] <= 2 and 0.5 <= rows["log"]["max_ulp"] <= 2
+        assert all(row["max_rel"] < 1e-6 for row in rows.values())
+    machine = {"backend": "cpu", "cpu_count": 2}
+    text = markdown({**result, "machine": machine, "versions": {}})
+    assert "| `log` |" in text
+
+
 def test_memory_kind_names_the_lru_state_size():
     from benchmarks.memory import _label, _replay_path, make_network
     from eqx_ppo import envs, nn
@@ -481,7 +497,7 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "lesions", "memory", "multiseed"]
     + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"]
-    + ["init_compile", "compile_ab"],
+    + ["init_compile", "compile_ab", "accuracy"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):
     # Rerunning a benchmark from a checkout must not have to overwrite the

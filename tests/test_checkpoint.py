@@ -30,6 +30,7 @@ from eqx_ppo.ppo import (
     train,
 )
 from eqx_ppo.ppo._train import _initial_states as init_state
+from tests._helpers import cpu_child_env
 
 TESTS = pathlib.Path(__file__).parent
 ITERATION = 4 * 8  # env steps per iteration in `ppo_setup`
@@ -198,6 +199,7 @@ def test_resume_in_new_process_is_bit_identical(tmp_path):
         check=True,
         timeout=600,
         cwd=tmp_path,
+        env=cpu_child_env(),
     )
     resumed = ckpt.load_checkpoint(out, like=full.training_state)
     assert_identical(resumed, full.training_state)
@@ -750,6 +752,7 @@ def test_process_killed_mid_save_leaves_previous_checkpoint_loadable(saved, tmp_
         [sys.executable, "-c", _KILL_SCRIPT.format(tests=str(TESTS)), str(directory)],
         timeout=600,
         cwd=tmp_path,
+        env=cpu_child_env(),
     )
     assert proc.returncode == 3
     leftovers = [p.name for p in directory.iterdir() if p.name != path.name]
@@ -824,6 +827,7 @@ def test_process_killed_while_replacing_a_step_loses_neither_copy(
         [sys.executable, "-c", script, str(directory), kill_at],
         timeout=600,
         cwd=tmp_path,
+        env=cpu_child_env(),
     )
     assert proc.returncode == 3
     leftovers = sorted(p.name for p in directory.iterdir() if p.name != path.name)

@@ -45,6 +45,7 @@ import io
 import itertools
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -238,6 +239,8 @@ def _run(page: Path, sources: list[dict], tmp_path: Path) -> dict:
     proc = subprocess.run(
         [sys.executable, "-P", str(Path(__file__).resolve()), str(spec)],
         cwd=work,
+        # The printed values are the CPU's; one process can hold a TPU.
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

@@ -17,6 +17,7 @@ from eqx_ppo.nn import (
 )
 from eqx_ppo.nn._linear_recurrent import LRU, MinGRU, _log_of_draw
 from eqx_ppo.nn._recurrence import linear_recurrence
+from tests._helpers import rtol
 
 T = 64
 # float32: the associative scan sums the same terms as the step loop in
@@ -153,16 +154,18 @@ def test_mingru_hand_worked():
         np.testing.assert_array_equal(out.output, out.next_state)
         h = out.next_state
         outs.append(h)
-    np.testing.assert_allclose(jnp.stack(outs), expected, rtol=1e-6)
+    np.testing.assert_allclose(jnp.stack(outs), expected, rtol=rtol(1e-6))
     replay = _replay(gru, h0, xs, jnp.zeros(3, bool))
-    np.testing.assert_allclose(replay.output, expected, rtol=1e-6)
-    np.testing.assert_allclose(replay.last_state, [-0.415625], rtol=1e-6)
+    np.testing.assert_allclose(replay.output, expected, rtol=rtol(1e-6))
+    np.testing.assert_allclose(replay.last_state, [-0.415625], rtol=rtol(1e-6))
     # Done after step 2: step 3 starts from zeros, h3 = 0.75 * (-1) = -0.75.
     replay = _replay(gru, h0, xs, jnp.array([False, True, False]))
-    np.testing.assert_allclose(replay.output, [[2.35], [1.3375], [-0.75]], rtol=1e-6)
+    np.testing.assert_allclose(
+        replay.output, [[2.35], [1.3375], [-0.75]], rtol=rtol(1e-6)
+    )
     # Done after the last step: the outputs stand, the carry is reset.
     replay = _replay(gru, h0, xs, jnp.array([False, False, True]))
-    np.testing.assert_allclose(replay.output, expected, rtol=1e-6)
+    np.testing.assert_allclose(replay.output, expected, rtol=rtol(1e-6))
     np.testing.assert_array_equal(replay.last_state, [0.0])
 
 
@@ -190,12 +193,12 @@ def test_lru_hand_worked():
         out = _step(lru, state, x)
         state = out.next_state
         ys.append(out.output)
-    np.testing.assert_allclose(jnp.stack(ys), [[2.0], [3.75]], rtol=1e-6)
-    np.testing.assert_allclose(state[0], [0.75], rtol=1e-6)
-    np.testing.assert_allclose(state[1], [1.25], rtol=1e-6)
+    np.testing.assert_allclose(jnp.stack(ys), [[2.0], [3.75]], rtol=rtol(1e-6))
+    np.testing.assert_allclose(state[0], [0.75], rtol=rtol(1e-6))
+    np.testing.assert_allclose(state[1], [1.25], rtol=rtol(1e-6))
     replay = _replay(lru, lru.initial_state(), xs, jnp.zeros(2, bool))
-    np.testing.assert_allclose(replay.output, [[2.0], [3.75]], rtol=1e-6)
-    _assert_tree_close(replay.last_state, state, rtol=1e-6)
+    np.testing.assert_allclose(replay.output, [[2.0], [3.75]], rtol=rtol(1e-6))
+    _assert_tree_close(replay.last_state, state, rtol=rtol(1e-6))
 
 
 def test_lru_matches_numpy_complex_reference(getkey):
@@ -238,7 +241,7 @@ def test_lru_init_and_real_parameters(getkey):
     assert modulus.min() >= 0.4 - 1e-6 and modulus.max() <= 0.9 + 1e-6
     assert phase.min() >= 0.0 and phase.max() <= 1.0 + 1e-6
     np.testing.assert_allclose(
-        np.exp(lru.gamma_log), np.sqrt(1 - modulus**2), rtol=1e-5
+        np.exp(lru.gamma_log), np.sqrt(1 - modulus**2), rtol=rtol(1e-5)
     )
     assert lru.out_size == 3 and lru.D.shape == (3,)
     assert LAYERS["lru_out"](getkey()).D.shape == (3, 2)

@@ -87,7 +87,11 @@ def _env(devices: int) -> dict[str, str]:
     compilation cache (`conftest.py`): the two processes of one distributed
     run would read entries while the other writes them."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    return {**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return {
+        **env,
+        "JAX_PLATFORMS": "cpu",  # one process can hold a TPU, and the suite's does
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    }
 
 
 def run(script: str, *, devices: int = 4, timeout: int = 600, args=()) -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from eqx_ppo.nn import GRU, LSTM, trainable
 from eqx_ppo.nn._module import reset_where
-from tests._helpers import assert_ulp_close
+from tests._helpers import assert_ulp_close, rtol
 
 normal_init = jax.nn.initializers.normal(0.5)
 
@@ -73,9 +73,9 @@ def test_lstm_matches_numpy_reference(getkey):
     h0, c0 = jax.random.normal(getkey(), (2, 4))
     outs, (h, c) = _run(lstm, (h0, c0), xs)
     ref_outs, ref_h, ref_c = _numpy_lstm(lstm, xs, h0, c0)
-    np.testing.assert_allclose(outs, ref_outs, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(h, ref_h, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(c, ref_c, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs, ref_outs, rtol=rtol(1e-5), atol=1e-6)
+    np.testing.assert_allclose(h, ref_h, rtol=rtol(1e-5), atol=1e-6)
+    np.testing.assert_allclose(c, ref_c, rtol=rtol(1e-5), atol=1e-6)
 
 
 def test_gru_matches_numpy_reference(getkey):
@@ -84,8 +84,8 @@ def test_gru_matches_numpy_reference(getkey):
     h0 = jax.random.normal(getkey(), (4,))
     outs, h = _run(gru, h0, xs)
     ref_outs, ref_h = _numpy_gru(gru, xs, h0)
-    np.testing.assert_allclose(outs, ref_outs, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(h, ref_h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs, ref_outs, rtol=rtol(1e-5), atol=1e-6)
+    np.testing.assert_allclose(h, ref_h, rtol=rtol(1e-5), atol=1e-6)
 
 
 def _zero_lstm(getkey, bias=(0.0, 0.0, 0.0, 0.0)):
@@ -101,7 +101,7 @@ def test_lstm_carry_is_h_then_c(getkey):
     # c' = 0.5 * 2 + 0.5 * 0 = 1;  h' = 0.5 * tanh(1).
     h, c = out.next_state
     np.testing.assert_allclose(c, [1.0])
-    np.testing.assert_allclose(h, [0.5 * np.tanh(1.0)], rtol=1e-6)
+    np.testing.assert_allclose(h, [0.5 * np.tanh(1.0)], rtol=rtol(1e-6))
     np.testing.assert_array_equal(out.output, h)
 
 
@@ -111,7 +111,7 @@ def test_lstm_gate_order_is_ifgo(getkey):
     out = lstm((jnp.array([0.0]), jnp.array([2.0])), jnp.array([1.0]))
     # c' = 1 * 2 + 0 * tanh(5) = 2;  h' = 1 * tanh(2).
     np.testing.assert_allclose(out.next_state[1], [2.0])
-    np.testing.assert_allclose(out.output, [np.tanh(2.0)], rtol=1e-6)
+    np.testing.assert_allclose(out.output, [np.tanh(2.0)], rtol=rtol(1e-6))
 
 
 def test_gru_gate_order_is_rzn(getkey):
@@ -121,12 +121,12 @@ def test_gru_gate_order_is_rzn(getkey):
     gru = eqx.tree_at(lambda m: m.bias, gru, jnp.array([3.0, 0.0, 1.0]))
     out = gru(jnp.array([0.4]), jnp.array([1.0]))
     # h' = 0.5 * tanh(1) + 0.5 * 0.4.
-    np.testing.assert_allclose(out.output, [0.5 * np.tanh(1.0) + 0.2], rtol=1e-6)
+    np.testing.assert_allclose(out.output, [0.5 * np.tanh(1.0) + 0.2], rtol=rtol(1e-6))
     # r multiplies only the recurrent candidate term h U_n + recurrent_bias.
     gru = eqx.tree_at(lambda m: m.recurrent_bias, gru, jnp.array([2.0]))
     gru = eqx.tree_at(lambda m: m.bias, gru, jnp.array([-100.0, 0.0, 1.0]))
     out = gru(jnp.array([0.4]), jnp.array([1.0]))
-    np.testing.assert_allclose(out.output, [0.5 * np.tanh(1.0) + 0.2], rtol=1e-6)
+    np.testing.assert_allclose(out.output, [0.5 * np.tanh(1.0) + 0.2], rtol=rtol(1e-6))
 
 
 @pytest.mark.parametrize("cls, n_gates", [(LSTM, 4), (GRU, 3)])
