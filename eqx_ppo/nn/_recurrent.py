@@ -126,12 +126,9 @@ class LSTM(_AbstractGated):
         - `recurrent_init`: initialiser of each gate's recurrent kernel.
         - `bias_init`: initialiser of each gate's bias.
         """
+        keys = jax.random.split(key, 3)
         self.kernel, self.recurrent_kernel, self.bias = _gated_weights(
-            in_size,
-            hidden_size,
-            4,
-            jax.random.split(key, 3),
-            (kernel_init, recurrent_init, bias_init),
+            in_size, hidden_size, 4, keys, (kernel_init, recurrent_init, bias_init)
         )
         self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
         self.initial_c = initial_parameter(trainable_initial_state, hidden_size)
