@@ -46,7 +46,7 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
 
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
-    parallel_replay: bool | None = eqx.field(static=True)
+    parallel_replay: eqx.AbstractVar[bool | None]
     pairs: ClassVar[bool] = False
 
     @abc.abstractmethod
@@ -150,6 +150,7 @@ class LRU(_AbstractLinearRecurrence):
     initial_re: Float[Array, " hidden_size"] | None
     initial_im: Float[Array, " hidden_size"] | None
     out_size: int = eqx.field(static=True)
+    parallel_replay: bool | None = eqx.field(static=True)
     pairs: ClassVar[bool] = True
 
     def __init__(
@@ -278,6 +279,7 @@ class MinGRU(_AbstractLinearRecurrence):
     kernel: Float[Array, "in_size gates"]
     bias: Float[Array, " gates"]
     initial_h: Float[Array, " hidden_size"] | None
+    parallel_replay: bool | None = eqx.field(static=True)
 
     def __init__(
         self,
