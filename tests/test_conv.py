@@ -248,7 +248,7 @@ def test_wrong_input_at_call_time(getkey):
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
 def test_pixel_scale_must_be_finite_and_positive(getkey, scale):
-    message = rf"PixelScale\(factor={scale}\): the factor must be a finite number > 0"
+    message = rf"PixelScale\(factor={scale}\): must be finite and > 0\. Fix:"
     with pytest.raises(ValueError, match=message):
         PixelScale(scale)
     with pytest.raises(ValueError, match=message):

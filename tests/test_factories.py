@@ -248,7 +248,7 @@ def test_filter_grad_through_a_factory_network(getkey):
             (
                 {"obs_size": (8, 8, 3), "encoder": ((4, 3, 2),), "pixel_scale": v},
                 ValueError,
-                rf"^PixelScale\(factor={v}\): the factor must be a finite number",
+                rf"^PixelScale\(factor={v}\): must be finite and > 0",
             )
             for v in (0.0, -1.0, float("nan"))
         ),

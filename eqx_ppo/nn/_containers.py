@@ -288,10 +288,6 @@ class Map(_AbstractNamedContainer):
         return {name: run(name, inputs[name]) for name in self.modules}
 
 
-def _concatenate(outputs: dict[str, Array]) -> Array:
-    return jnp.concatenate(list(outputs.values()), axis=-1)
-
-
 @checked
 class Concat(_AbstractNamedContainer):
     """Per-key dispatch, then concatenation along the last axis.
@@ -308,7 +304,7 @@ class Concat(_AbstractNamedContainer):
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Array:
         inputs = _dispatch(self, x)
         outputs = {name: run(name, inputs[name]) for name in self.modules}
-        return per_step(_concatenate)(outputs)
+        return per_step(lambda out: jnp.concatenate(list(out.values()), -1))(outputs)
 
 
 def _merge(outputs: dict[str, Any]) -> dict[Any, Any]:

@@ -1,7 +1,6 @@
 """Convolutions for channels-last `[H, W, C]` pixel observations (as gymnax
 and popgym-arcade give them), and the standard CNN encoders."""
 
-import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -10,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key, Shaped
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 from ._containers import Sequential
 from ._dense import Activation, Dense, Initializer, get_activation, kernel_and_bias
 from ._module import AbstractStatefulModule, AbstractStatelessLayer
@@ -165,11 +164,8 @@ class PixelScale(AbstractStatelessLayer):
     factor: float = eqx.field(static=True, converter=float)
 
     def __check_init__(self):
-        if not 0 < self.factor < math.inf:
-            raise ValueError(
-                f"PixelScale(factor={self.factor}): the factor must be a finite "
-                "number > 0, e.g. 1 / 255 for uint8 pixels."
-            )
+        fix = "pass e.g. 1 / 255 for uint8 pixels."
+        check_range("PixelScale(factor=", self.factor, 0, open_low=True, fix=fix)
 
     def forward(self, x: Shaped[Array, "*shape"]) -> Float[Array, "*shape"]:
         return x.astype(jnp.float32) * self.factor

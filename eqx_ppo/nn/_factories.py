@@ -208,13 +208,6 @@ def actor_critic(
     return Sequential([*preprocessing, adapter])
 
 
-def _no_trunk(
-    port: str, features: int, key: Key[Array, ""]
-) -> tuple[list[AbstractStatefulModule], int]:
-    del port, key
-    return [], features
-
-
 @checked
 def make_mlp_actor_critic(
     obs_size: ObsSize,
@@ -264,4 +257,4 @@ def make_mlp_actor_critic(
       ([`eqx_ppo.nn.make_cnn_encoder`][]) in place of the normaliser.
     - `pixel_scale`: with `encoder`, multiply the pixels by this, e.g. `1 / 255`.
     """
-    return actor_critic(_no_trunk, **locals())
+    return actor_critic(lambda port, features, key: ([], features), **locals())

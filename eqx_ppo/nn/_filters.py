@@ -14,10 +14,6 @@ class AbstractStatistics(eqx.Module):
     moments): [`eqx_ppo.nn.trainable`][] excludes every array inside one."""
 
 
-def _is_statistics(node: Any) -> bool:
-    return isinstance(node, AbstractStatistics)
-
-
 def coefficient(*, nonnegative: bool = False, **kwargs: Any) -> Any:
     """A field for a layer's coefficient, e.g. an entropy or KL weight.
 
@@ -58,10 +54,10 @@ def trainable(model: PyTree) -> PyTree[bool]:
     """
 
     def special(node: Any) -> bool:
-        return _is_statistics(node) or bool(coefficient_names(node))
+        return isinstance(node, AbstractStatistics) or bool(coefficient_names(node))
 
     def mark(node: Any) -> Any:
-        if _is_statistics(node):
+        if isinstance(node, AbstractStatistics):
             return jax.tree.map(lambda _: False, node)
         names = coefficient_names(node)
         if names:

@@ -20,7 +20,7 @@ from ._module import (
     zero_loss,
 )
 from ._recurrence import linear_recurrence, product, use_associative_scan
-from ._recurrent import init_gates, initial_parameter, initial_part
+from ._recurrent import init_gates, initial_carry, initial_parameter
 
 LRUState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
 """An LRU carry `(re, im)`: the real and imaginary parts of the complex state."""
@@ -44,9 +44,10 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
     state as its real and imaginary parts, `[2, hidden_size]`), and its
     output from the new state."""
 
-    in_size: eqx.AbstractVar[int]
+    in_size: int = eqx.field(static=True)
+    hidden_size: int = eqx.field(static=True)
     parallel_replay: eqx.AbstractVar[bool | None]
-    pairs: eqx.AbstractClassVar[bool]
+    pairs: ClassVar[bool] = False
 
     @abc.abstractmethod
     def _coefficients(
@@ -148,8 +149,6 @@ class LRU(_AbstractLinearRecurrence):
     D: Float[Array, " in_size"] | Float[Array, "in_size out_size"]
     initial_re: Float[Array, " hidden_size"] | None
     initial_im: Float[Array, " hidden_size"] | None
-    in_size: int = eqx.field(static=True)
-    hidden_size: int = eqx.field(static=True)
     out_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
     pairs: ClassVar[bool] = True
@@ -226,10 +225,7 @@ class LRU(_AbstractLinearRecurrence):
 
     def initial_state(self) -> LRUState:
         """`(re, im)`: the learned initial state, or zeros."""
-        return (
-            initial_part(self.initial_re, self.hidden_size),
-            initial_part(self.initial_im, self.hidden_size),
-        )
+        return initial_carry(self.hidden_size, self.initial_re, self.initial_im)
 
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]
@@ -283,10 +279,7 @@ class MinGRU(_AbstractLinearRecurrence):
     kernel: Float[Array, "in_size gates"]
     bias: Float[Array, " gates"]
     initial_h: Float[Array, " hidden_size"] | None
-    in_size: int = eqx.field(static=True)
-    hidden_size: int = eqx.field(static=True)
     parallel_replay: bool | None = eqx.field(static=True)
-    pairs: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -316,7 +309,7 @@ class MinGRU(_AbstractLinearRecurrence):
 
     def initial_state(self) -> Float[Array, " hidden_size"]:
         """`h0`: the learned initial state, or zeros."""
-        return initial_part(self.initial_h, self.hidden_size)
+        return initial_carry(self.hidden_size, self.initial_h)
 
     def _coefficients(
         self, xs: Float[Array, "*time in_size"]

@@ -1,6 +1,7 @@
 """Recurrent layers: LSTM (carry `(h, c)`) and GRU (carry `h`)."""
 
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -58,15 +59,30 @@ def initial_parameter(
     return jnp.zeros(hidden_size, jnp.float32) if trainable else None
 
 
-def initial_part(
-    parameter: Float[Array, " hidden_size"] | None, hidden_size: int
-) -> Float[Array, " hidden_size"]:
-    """A carry part at an episode start: its learned value, or zeros."""
-    return jnp.zeros(hidden_size, jnp.float32) if parameter is None else parameter
+def initial_carry(hidden_size: int, *parts: Float[Array, " hidden_size"] | None) -> Any:
+    """A carry at an episode start from its parts' learned values (`None`:
+    zeros): the part itself if there is one, else their tuple."""
+    carry = tuple(
+        jnp.zeros(hidden_size, jnp.float32) if p is None else p for p in parts
+    )
+    return carry if len(carry) > 1 else carry[0]
+
+
+class _AbstractGated(AbstractStatefulModule):
+    """The fields of LSTM and GRU: gates stacked along the last axis of
+    `kernel`, `recurrent_kernel` and `bias`, and the functions squashing them."""
+
+    kernel: Float[Array, "in_size gates"]
+    recurrent_kernel: Float[Array, "hidden_size gates"]
+    bias: Float[Array, " gates"]
+    gate_fn: Callable[[Array], Array] = eqx.field(static=True)
+    activation_fn: Callable[[Array], Array] = eqx.field(static=True)
+    in_size: int = eqx.field(static=True)
+    hidden_size: int = eqx.field(static=True)
 
 
 @checked
-class LSTM(AbstractStatefulModule):
+class LSTM(_AbstractGated):
     """A long short-term memory layer for one env: carry `(h, c)`, output `h`.
 
     With the gates stacked `i, f, g, o` along the last axis of `kernel`,
@@ -82,15 +98,8 @@ class LSTM(AbstractStatefulModule):
     kernels (one per gate), zero biases (the forget gate's too).
     """
 
-    kernel: Float[Array, "in_size gates"]
-    recurrent_kernel: Float[Array, "hidden_size gates"]
-    bias: Float[Array, " gates"]
     initial_h: Float[Array, " hidden_size"] | None
     initial_c: Float[Array, " hidden_size"] | None
-    gate_fn: Callable[[Array], Array] = eqx.field(static=True)
-    activation_fn: Callable[[Array], Array] = eqx.field(static=True)
-    in_size: int = eqx.field(static=True)
-    hidden_size: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -117,12 +126,9 @@ class LSTM(AbstractStatefulModule):
         - `recurrent_init`: initialiser of each gate's recurrent kernel.
         - `bias_init`: initialiser of each gate's bias.
         """
+        keys = jax.random.split(key, 3)
         self.kernel, self.recurrent_kernel, self.bias = _gated_weights(
-            in_size,
-            hidden_size,
-            4,
-            jax.random.split(key, 3),
-            (kernel_init, recurrent_init, bias_init),
+            in_size, hidden_size, 4, keys, (kernel_init, recurrent_init, bias_init)
         )
         self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
         self.initial_c = initial_parameter(trainable_initial_state, hidden_size)
@@ -133,10 +139,7 @@ class LSTM(AbstractStatefulModule):
 
     def initial_state(self) -> LSTMState:
         """`(h0, c0)`: the learned initial state, or zeros."""
-        return (
-            initial_part(self.initial_h, self.hidden_size),
-            initial_part(self.initial_c, self.hidden_size),
-        )
+        return initial_carry(self.hidden_size, self.initial_h, self.initial_c)
 
     def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras, key
@@ -150,7 +153,7 @@ class LSTM(AbstractStatefulModule):
 
 
 @checked
-class GRU(AbstractStatefulModule):
+class GRU(_AbstractGated):
     """A gated recurrent unit layer for one env; the carry and output are `h`.
 
     As flax's `GRUCell` (and cuDNN), with the gates stacked `r, z, n` along
@@ -166,15 +169,8 @@ class GRU(AbstractStatefulModule):
     Initialised as [`eqx_ppo.nn.LSTM`][].
     """
 
-    kernel: Float[Array, "in_size gates"]
-    recurrent_kernel: Float[Array, "hidden_size gates"]
-    bias: Float[Array, " gates"]
     recurrent_bias: Float[Array, " hidden_size"]
     initial_h: Float[Array, " hidden_size"] | None
-    gate_fn: Callable[[Array], Array] = eqx.field(static=True)
-    activation_fn: Callable[[Array], Array] = eqx.field(static=True)
-    in_size: int = eqx.field(static=True)
-    hidden_size: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -207,7 +203,7 @@ class GRU(AbstractStatefulModule):
 
     def initial_state(self) -> Float[Array, " hidden_size"]:
         """`h0`: the learned initial state, or zeros."""
-        return initial_part(self.initial_h, self.hidden_size)
+        return initial_carry(self.hidden_size, self.initial_h)
 
     def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras, key

@@ -1,6 +1,5 @@
 """Small stateless layers that reshape, select and scale pytrees."""
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -9,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 from ._module import AbstractStatelessLayer
 
 FilterSpec = str | int | tuple[str | int, ...] | Callable[[Any], Any]
@@ -29,11 +28,8 @@ class Splitter(AbstractStatelessLayer):
 
     def __init__(self, **sizes: int):
         for name, size in sizes.items():
-            if size < 1:
-                raise ValueError(
-                    f"`Splitter({name}={size!r})`: slice sizes must be positive "
-                    "integers; give every slice at least one feature."
-                )
+            fix = "give every slice at least one feature."
+            check_range(f"Splitter({name}=", size, 1, fix=fix)
         self.sizes = tuple(sizes.items())
 
     def forward(self, x: Float[Array, "*batch features"]) -> Any:
@@ -74,11 +70,8 @@ class Flattener(AbstractStatelessLayer):
     preserve_levels: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
-        if self.preserve_levels < 0:
-            raise ValueError(
-                f"`Flattener(preserve_levels={self.preserve_levels})`: "
-                "preserve_levels must be >= 0."
-            )
+        fix = "pass 0 to flatten the whole input."
+        check_range("Flattener(preserve_levels=", self.preserve_levels, 0, fix=fix)
 
     def forward(self, x: PyTree[Array]) -> Any:
         return _flatten(x, self.preserve_levels)
@@ -144,11 +137,8 @@ class Scale(AbstractStatelessLayer):
     factor: float = eqx.field(static=True, converter=float)
 
     def __check_init__(self):
-        if not math.isfinite(self.factor):
-            raise ValueError(
-                f"Scale(factor={self.factor}): the factor must be finite; a NaN or "
-                "infinite one makes every output non-finite."
-            )
+        fix = "pass a finite one; a NaN or inf makes every output non-finite."
+        check_range("Scale(factor=", self.factor, fix=fix)
 
     def forward(self, x: PyTree[Array]) -> Any:
         return jax.tree.map(lambda leaf: leaf * self.factor, x)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
 from .._typecheck import checked
-from ._dense import Dense
+from ._dense import kernel_and_bias
 from ._errors import check_input
 from ._filters import coefficient
 from ._keys import check_draws
@@ -38,20 +38,22 @@ class GaussianHead(eqx.Module):
             raise ValueError(
                 f"min_std={min_std} must be > 0, so that log(std) stays finite."
             )
-        dense = Dense(in_size, 2 * latent_size, key=key)
-        self.kernel = dense.kernel
-        self.bias = dense.bias
+        shape = (in_size, 2 * latent_size)
+        self.kernel, self.bias = kernel_and_bias(key, shape, True, None, None)
         self.min_std = float(min_std)
         self.in_size = in_size
         self.latent_size = latent_size
 
     def __call__(
-        self, x: Float[Array, " in_size"], key: Key[Array, ""] | None, inference: bool
+        self, layer: Any, x: Any, key: Key[Array, ""] | None
     ) -> tuple[Float[Array, " latent"], dict[str, Float[Array, "..."]]]:
-        """The sample (or `mu` in inference) and the metrics `mu`, `sigma`, `kl`."""
+        """The sample of the bottleneck `layer` (`mu` if `layer.inference`)
+        and the metrics `mu`, `sigma`, `kl`; errors name `layer`."""
+        check_input(layer, x, (self.in_size,))
+        check_draws(layer, key)
         mu, pre_std = jnp.split(x @ self.kernel + self.bias, 2)
         std = jax.nn.softplus(pre_std) + self.min_std
-        if inference:
+        if layer.inference:
             z = mu
         else:
             z = mu + std * jax.random.normal(key, mu.shape, mu.dtype)
@@ -100,9 +102,7 @@ class VariationalBottleneck(AbstractStatefulModule):
 
     def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del state, extras
-        check_input(self, x, (self.head.in_size,))
-        check_draws(self, key)
-        z, metrics = self.head(x, key, self.inference)
+        z, metrics = self.head(self, x, key)
         loss = self.kl_weight * metrics["kl"]
         return StatefulModuleOutput((), z, loss, metrics, None)
 
@@ -159,9 +159,7 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
 
     def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras
-        check_input(self, x, (self.head.in_size,))
-        check_draws(self, key)
-        z, metrics = self.head(x, key, self.inference)
+        z, metrics = self.head(self, x, key)
         prev, valid = state["prev"], state["valid"]
         if not self.backprop_through_time:
             prev = jax.lax.stop_gradient(prev)
