@@ -20,15 +20,13 @@ from typing import Any
 import equinox as eqx
 from jaxtyping import Array, Int
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 from ._codec import (
     CheckpointError as CheckpointError,
     config_differences,
     config_from_dict as config_from_dict,
     config_to_dict as config_to_dict,
     register_config as register_config,
-    register_template as register_template,
-    template_builder,
 )
 from ._files import (
     HEADER,
@@ -49,13 +47,15 @@ from ._leaves import (
     check_saveable,
     check_structure,
     deserialise,
-    saved_structure,
     serialise,
     spec_problem,
+    structure,
 )
 
 FORMAT_VERSION = 1
 """The checkpoint layout version; a release that changes the layout bumps it."""
+
+_KEEP_FIX = "pass the number of checkpoints to keep, or None to keep all."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,15 +112,11 @@ def save_checkpoint(
     - `keep`: keep only the newest `keep` checkpoints up to `step`; `None`: all.
     - `metadata`: JSON information (how to rebuild the network), for [`read_header`][].
     """
-    _check_keep(keep)
+    check_range("save_checkpoint(keep=", keep, 1, fix=_KEEP_FIX)
     step = int(step)
-    if step < 0:
-        raise ValueError(
-            f"save_checkpoint(step={step}): the env step must be >= 0. Fix: pass "
-            "`int(state.steps)`."
-        )
+    check_range("save_checkpoint(step=", step, 0, fix="pass `int(state.steps)`.")
     check_saveable(state)
-    leaves, treedef = saved_structure(state)
+    leaves, treedef = structure(state, saved=True)
     header = {
         "format_version": FORMAT_VERSION,
         "library_version": _library_version(),
@@ -146,14 +142,6 @@ def save_checkpoint(
     return write_atomically(pathlib.Path(directory), step, fill, keep=keep)
 
 
-def _check_keep(keep: int | None) -> None:
-    if keep is not None and keep < 1:
-        raise ValueError(
-            f"keep={keep!r}: the number of checkpoints to keep must be >= 1. "
-            "Fix: pass a positive int, or None to keep all."
-        )
-
-
 @checked
 def make_checkpoint_fn(
     directory: str | os.PathLike,
@@ -171,7 +159,7 @@ def make_checkpoint_fn(
     ```
     """
 
-    _check_keep(keep)
+    check_range("make_checkpoint_fn(keep=", keep, 1, fix=_KEEP_FIX)
 
     def checkpoint_fn(state: Any, step: int) -> None:
         save_checkpoint(
@@ -222,7 +210,19 @@ def read_header(path: str | os.PathLike | None) -> CheckpointHeader:
     problem = _header_problem(raw)
     if problem is not None:
         raise CheckpointError(f"{path / HEADER}: {problem}; it is malformed.")
-    _check_versions(path, raw["format_version"], raw["library_version"])
+    written_by, ours = raw["library_version"], _library_version()
+    if raw["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {raw['format_version']}; this eqx_ppo "
+            f"({ours}) reads formats up to {FORMAT_VERSION}. "
+            f"Upgrade eqx_ppo (the checkpoint was written by {written_by})."
+        )
+    if written_by.split(".")[0] != ours.split(".")[0]:
+        raise CheckpointError(
+            f"{path} was written by eqx_ppo {written_by}; this is eqx_ppo {ours}, a "
+            "different major version whose states are not compatible. Load it "
+            f"with eqx_ppo {written_by.split('.')[0]}.x."
+        )
     named = named_step(path)
     if named is not None and named != raw["step"]:
         raise CheckpointError(
@@ -241,20 +241,14 @@ def read_header(path: str | os.PathLike | None) -> CheckpointHeader:
     )
 
 
-def _check_versions(path: pathlib.Path, format_version: int, library: str) -> None:
-    if format_version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has checkpoint format {format_version}; this eqx_ppo "
-            f"({_library_version()}) reads formats up to {FORMAT_VERSION}. "
-            f"Upgrade eqx_ppo (the checkpoint was written by {library})."
-        )
-    ours = _library_version()
-    if library.split(".")[0] != ours.split(".")[0]:
-        raise CheckpointError(
-            f"{path} was written by eqx_ppo {library}; this is eqx_ppo {ours}, a "
-            "different major version whose states are not compatible. Load it "
-            f"with eqx_ppo {library.split('.')[0]}.x."
-        )
+_TEMPLATES: dict[type, Callable[[Any, Any, Any], Any]] = {}
+
+
+def register_template(config_type: type, build: Callable[[Any, Any, Any], Any]) -> None:
+    """Let `load_checkpoint(env=..., networks=...)` build the template of a
+    checkpoint saved with a `config_type` config, as `build(config, env,
+    networks)`."""
+    _TEMPLATES[config_type] = build
 
 
 def _template(
@@ -276,13 +270,16 @@ def _template(
             f"{header.path} saved no config, so the template cannot be built from "
             "it: pass a template state as `like=`."
         )
-    if not by_like:
-        build = template_builder(config)
-
-        def like(config):
-            return build(config, env, networks)
-
-    return eqx.filter_eval_shape(like, config)
+    if by_like:
+        return eqx.filter_eval_shape(like, config)
+    build = _TEMPLATES.get(type(config))
+    if build is None:
+        raise TypeError(
+            f"load_checkpoint: `env=` / `networks=` cannot build the template of "
+            f"a checkpoint saved with a {type(config).__name__}; pass `like=` (a "
+            "template state, or a function config -> state)."
+        )
+    return eqx.filter_eval_shape(lambda config: build(config, env, networks), config)
 
 
 @checked

@@ -1,14 +1,10 @@
-"""The header codec: configs to JSON and back, and what may change on resume.
-
-Configs and flag enums join with [`register_config`][]; a config's
-`free_on_resume()` names the fields a resumed run may change.
-"""
+"""The header codec: configs to JSON and back, and what may change on resume
+(the fields a config's `free_on_resume()` names)."""
 
 import dataclasses
 import enum
 import hashlib
 import re
-from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 import equinox as eqx
@@ -21,7 +17,6 @@ class CheckpointError(ValueError):
 
 
 _TYPES: dict[str, type] = {}
-_TEMPLATES: dict[type, Callable[..., Any]] = {}
 T = TypeVar("T", bound=type)
 
 
@@ -43,24 +38,6 @@ def register_config(cls: T) -> T:
             f"registered ({known.__module__}.{known.__qualname__}); rename one."
         )
     return cls
-
-
-def register_template(config_type: type, build: Callable[[Any, Any, Any], Any]) -> None:
-    """Let `load_checkpoint(env=..., networks=...)` build the template of a
-    checkpoint saved with a `config_type` config, as `build(config, env,
-    networks)`."""
-    _TEMPLATES[config_type] = build
-
-
-def template_builder(config: Any) -> Callable[[Any, Any, Any], Any]:
-    build = _TEMPLATES.get(type(config))
-    if build is None:
-        raise TypeError(
-            f"load_checkpoint: `env=` / `networks=` cannot build the template of "
-            f"a checkpoint saved with a {type(config).__name__}; pass `like=` (a "
-            "template state, or a function config -> state)."
-        )
-    return build
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -199,8 +176,7 @@ def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:
             f"{prefix or 'config '}type: saved {type(saved).__name__}, given "
             f"{type(given).__name__}"
         ]
-    free_on_resume = getattr(saved, "free_on_resume", None)
-    free = frozenset() if free_on_resume is None else free_on_resume()
+    free = saved.free_on_resume() if hasattr(saved, "free_on_resume") else ()
     diffs = []
     for field in dataclasses.fields(saved):
         if field.name in free:

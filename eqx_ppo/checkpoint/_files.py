@@ -1,18 +1,12 @@
-"""Checkpoint folders on disk: atomic writes, retention, checksums.
-
-A checkpoint is written into a temporary sibling and renamed into place;
-`header.json`, written last, ends with its own SHA-256 and records that of
-`state.eqx`. Deletions rename before removing, and a replaced checkpoint is
-set aside until its successor is in place (loading finds it there if a crash
-comes between the two renames; the next save puts it back).
-"""
+"""Checkpoint folders on disk: atomic writes, retention, checksums (the
+checkpointing guide says what a crash at any point leaves). `header.json`,
+written last, ends with its own SHA-256 and records that of `state.eqx`."""
 
 import hashlib
 import json
 import os
 import pathlib
 import shutil
-import tempfile
 import uuid
 import warnings
 from collections.abc import Callable
@@ -84,10 +78,8 @@ def read_header_json(folder: pathlib.Path) -> dict[str, Any]:
 
 
 def step_of(path: pathlib.Path) -> int | None:
-    name = path.name
-    if not name.startswith(PREFIX) or not name[len(PREFIX) :].isdigit():
-        return None
-    return int(name[len(PREFIX) :])
+    digits = path.name.removeprefix(PREFIX)
+    return int(digits) if path.name.startswith(PREFIX) and digits.isdigit() else None
 
 
 def _replaced_name(aside: pathlib.Path) -> str:
@@ -179,20 +171,6 @@ def _remove_leftovers(directory: pathlib.Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def _check_retention(directory: pathlib.Path, step: int) -> list[pathlib.Path]:
-    """The checkpoints up to `step`, oldest first; warns of any after it."""
-    found = _complete(directory)
-    later = [p.name for s, p in found if s > step]
-    if later:
-        warnings.warn(
-            f"{directory} holds checkpoints after step {step}: {later}. Loading "
-            "the folder (`latest_checkpoint`, `--resume`) picks the highest step, "
-            "not this one; save each run to its own folder, or delete them.",
-            stacklevel=4,
-        )
-    return [p for s, p in found if s <= step]
-
-
 def write_atomically(
     directory: pathlib.Path,
     step: int,
@@ -207,14 +185,9 @@ def write_atomically(
     tmp = replaced = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = pathlib.Path(
-            tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=directory)
-        )
-        # mkdtemp makes a private (0700) folder; a checkpoint gets the usual
-        # permissions, as `mkdir` would give it under the current umask.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
+        # Not `tempfile.mkdtemp`: a checkpoint gets the umask's permissions.
+        tmp = directory / f"{_TMP}{final.name}-{uuid.uuid4().hex}"
+        tmp.mkdir()
         fill(tmp)
         _fsync_dir(tmp)
         if final.exists():
@@ -236,8 +209,17 @@ def write_atomically(
             "intact. Free space or fix the folder, then save again."
         ) from e
     _remove_leftovers(directory)
-    up_to_step = _check_retention(directory, step)
+    found = _complete(directory)
+    later = [p.name for s, p in found if s > step]
+    if later:
+        warnings.warn(
+            f"{directory} holds checkpoints after step {step}: {later}. Loading "
+            "the folder (`latest_checkpoint`, `--resume`) picks the highest step, "
+            "not this one; save each run to its own folder, or delete them.",
+            stacklevel=5,
+        )
     if keep is not None:
+        up_to_step = [p for s, p in found if s <= step]
         for old in up_to_step[:-keep]:  # renamed first: never half a checkpoint
             shutil.rmtree(_aside(old, _TRASH), ignore_errors=True)
     return final

@@ -18,32 +18,23 @@ def _is_key(x: Any) -> bool:
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _leaf_spec(path: tuple, x: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"path": jax.tree_util.keystr(path)}
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        spec["shape"] = list(x.shape)
-        spec["dtype"] = str(x.dtype)
-    else:
-        spec["type"] = type(x).__name__
-    return spec
-
-
-def structure(tree: Any) -> tuple[list[dict[str, Any]], str]:
-    """Every leaf's spec, and the pytree definition without memory addresses."""
+def structure(tree: Any, saved: bool = False) -> tuple[list[dict[str, Any]], str]:
+    """Every leaf's spec (of a `saved` state, with each PRNG key's
+    implementation), and the pytree definition without memory addresses."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    leaves = [_leaf_spec(path, x) for path, x in flat]
+    leaves = []
+    for path, x in flat:
+        spec: dict[str, Any] = {"path": jax.tree_util.keystr(path)}
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            spec.update(shape=list(x.shape), dtype=str(x.dtype))
+            if saved and _is_key(x):
+                spec["key_impl"] = str(jax.random.key_impl(x))
+        else:
+            spec["type"] = type(x).__name__
+        leaves.append(spec)
     # Static fields holding functions print their address, which differs
     # between processes; the rest of the definition is stable.
     return leaves, re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef))
-
-
-def saved_structure(state: Any) -> tuple[list[dict[str, Any]], str]:
-    """`structure(state)`, with each PRNG key's implementation recorded."""
-    leaves, treedef = structure(state)
-    for spec, x in zip(leaves, jax.tree.leaves(state), strict=True):
-        if _is_key(x):
-            spec["key_impl"] = str(jax.random.key_impl(x))
-    return leaves, treedef
 
 
 _ARRAY = {"path": str, "shape": list, "dtype": str}
@@ -53,7 +44,7 @@ _OTHER = {"path": str, "type": str}
 
 def spec_problem(spec: Any) -> str | None:
     """What is wrong with `spec`, a leaf spec read from a header (exactly the
-    fields `saved_structure` writes, each of its type), or `None`."""
+    fields `structure(state, saved=True)` writes, each of its type), or `None`."""
     if not isinstance(spec, dict):
         return f"is not an object ({type(spec).__name__})"
     fields = _OTHER if "type" in spec else _KEY if "key_impl" in spec else _ARRAY
@@ -128,18 +119,13 @@ def check_structure(
     expected, treedef = structure(like)
     saved = [{k: v for k, v in s.items() if k != "key_impl"} for s in saved_leaves]
     if saved != expected:
-        by_path = {s["path"]: s for s in saved}
-        lines = []
-        for spec in expected:
-            got = by_path.pop(spec["path"], None)
-            if got != spec:
-                lines.append(
-                    f"  {spec['path']}: saved {_describe(got)}, expected "
-                    f"{_describe(spec)}"
-                )
-        lines += [
-            f"  {p}: saved {_describe(s)}, expected (absent)"
-            for p, s in by_path.items()
+        by_saved = {s["path"]: s for s in saved}
+        by_expected = {s["path"]: s for s in expected}
+        lines = [
+            f"  {p}: saved {_describe(by_saved.get(p))}, expected "
+            f"{_describe(by_expected.get(p))}"
+            for p in {**by_expected, **by_saved}  # the template's order first
+            if by_saved.get(p) != by_expected.get(p)
         ]
         if not lines:
             lines = ["  the leaves are the same but in a different order"]

@@ -24,7 +24,7 @@ from ..checkpoint import (
     read_header,
 )
 from ..logging import JSONLLogger, replace_file
-from ..ppo import select_seed, train
+from ..ppo import eval_rollout, record_activations_rollout, select_seed, train
 from ._args import CONFIG_FLAGS, EVAL_ENVS, CLIError, _parser, default_compile_cache
 from ._settings import (
     _make_env,
@@ -89,7 +89,58 @@ def _train(args: argparse.Namespace) -> int:
     if jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir:
         print(f"compiled programs are cached in {jax.config.jax_compilation_cache_dir}")
     try:
-        return _run(out, run, env, config, initial_state, logged, resuming)
+        # Written once the checkpoint loaded: a failed resume changes nothing.
+        # Each JSON file is replaced whole, so a run killed while writing keeps
+        # the old.
+        out.mkdir(parents=True, exist_ok=True)
+        replace_file(out / "run.json", json.dumps(run, indent=2))
+        metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
+        # Written as the evaluations run, so a killed run keeps its curve.
+        eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
+        # Cut back to the rows up to the checkpoint resumed from: the run logs
+        # the later steps again.
+        for path in (metrics_log.path, eval_log.path):
+            lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
+            kept = [line for line in lines if json.loads(line)["step"] <= logged]
+            if len(kept) < len(lines):
+                replace_file(path, "".join(kept))
+
+        def log(metrics: dict[str, Any], step: int) -> None:
+            if step <= logged:  # resumed at step 0, the driver evaluates it again
+                return
+            metrics_log(metrics, step)
+            evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+            if evals:
+                eval_log(evals, step)
+
+        save = make_checkpoint_fn(out / "checkpoints", config, metadata=run)
+        try:
+            result = train(
+                env,
+                lambda key: build_network(run, env, key),
+                config,
+                log_fn=log,
+                checkpoint_fn=save,
+                initial_state=initial_state,
+            )
+        except KeyboardInterrupt:
+            print(
+                f"\ninterrupted; continue from the last checkpoint with: eqx-ppo "
+                f"train --resume {out}",
+                file=sys.stderr,
+            )
+            return 130
+        history = [json.loads(line) for line in eval_log.path.read_text().splitlines()]
+        final = history[-1]["eval/episode_reward/mean"]
+        summary = {
+            "env": run["env"],
+            "total_steps": result.total_steps,
+            "final_eval_return": final,
+            "final_eval_return_mean_over_seeds": float(np.mean(final)),
+            "eval_episodes": EVAL_ENVS,
+        }
+        replace_file(out / "summary.json", json.dumps(summary, indent=2))
+        _plot(history, out / "learning_curve.png", run)
     except FloatingPointError as e:
         raise CLIError(
             f"training stopped: {e} On the command line: start a new run with a "
@@ -101,65 +152,6 @@ def _train(args: argparse.Namespace) -> int:
             f"writing {out} failed: {e} Fix: free space or fix the folder, then "
             f"continue with: eqx-ppo train --resume {out}; {_kept(out)}"
         ) from e
-
-
-def _kept(out: pathlib.Path) -> str:
-    """What a stopped run keeps, for its one-line error."""
-    saved = list_checkpoints(out / "checkpoints")
-    if not saved:
-        return "it had saved no checkpoint yet."
-    return f"its checkpoints up to {saved[-1].name} are kept."
-
-
-def _run(out, run, env, config, initial_state, logged, resuming) -> int:
-    """Train, logging the steps after `logged`, and write the run folder."""
-    # Written once the checkpoint loaded: a failed resume changes nothing. Each
-    # JSON file is replaced whole, so a run killed while writing keeps the old.
-    out.mkdir(parents=True, exist_ok=True)
-    replace_file(out / "run.json", json.dumps(run, indent=2))
-    metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
-    # Written as the evaluations run, so a killed run keeps its curve.
-    eval_log = JSONLLogger(out / "eval.jsonl", append=resuming)
-    for path in (metrics_log.path, eval_log.path):
-        _drop_rows_after(path, logged)
-
-    def log(metrics: dict[str, Any], step: int) -> None:
-        if step <= logged:  # resumed at step 0, the driver evaluates it again
-            return
-        metrics_log(metrics, step)
-        evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-        if evals:
-            eval_log(evals, step)
-
-    try:
-        result = train(
-            env,
-            lambda key: build_network(run, env, key),
-            config,
-            log_fn=log,
-            checkpoint_fn=make_checkpoint_fn(out / "checkpoints", config, metadata=run),
-            initial_state=initial_state,
-        )
-    except KeyboardInterrupt:
-        print(
-            f"\ninterrupted; continue from the last checkpoint with: eqx-ppo "
-            f"train --resume {out}",
-            file=sys.stderr,
-        )
-        return 130
-    history = [
-        json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()
-    ]
-    final = history[-1]["eval/episode_reward/mean"]
-    summary = {
-        "env": run["env"],
-        "total_steps": result.total_steps,
-        "final_eval_return": final,
-        "final_eval_return_mean_over_seeds": float(np.mean(final)),
-        "eval_episodes": EVAL_ENVS,
-    }
-    replace_file(out / "summary.json", json.dumps(summary, indent=2))
-    _plot(history, out / "learning_curve.png", run)
     print(
         f"final eval return: {float(np.mean(final)):.3f}"
         + (f" (mean of {run['seeds']} seeds)" if run["seeds"] > 1 else "")
@@ -169,13 +161,12 @@ def _run(out, run, env, config, initial_state, logged, resuming) -> int:
     return 0
 
 
-def _drop_rows_after(path: pathlib.Path, step: int) -> None:
-    """Cut a JSONL log back to its rows up to `step`: a run resumed from the
-    checkpoint at `step` logs the later steps again."""
-    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
-    if len(kept) < len(lines):
-        replace_file(path, "".join(kept))
+def _kept(out: pathlib.Path) -> str:
+    """What a stopped run keeps, for its one-line error."""
+    saved = list_checkpoints(out / "checkpoints")
+    if not saved:
+        return "it had saved no checkpoint yet."
+    return f"its checkpoints up to {saved[-1].name} are kept."
 
 
 def _plot(history: list[dict[str, Any]], path: pathlib.Path, run: dict) -> None:
@@ -263,8 +254,6 @@ def _load_for_analysis(path: pathlib.Path, seed: int):
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ..ppo import eval_rollout
-
     _, run, env, network, checkpoint = _load_for_analysis(args.checkpoint, args.seed)
     metrics = eqx.filter_jit(eval_rollout)(
         env,
@@ -285,8 +274,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from ..ppo import record_activations_rollout
-
     run_dir, run, env, network, checkpoint = _load_for_analysis(
         args.checkpoint, args.seed
     )

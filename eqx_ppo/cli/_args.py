@@ -9,16 +9,13 @@ from typing import Any
 
 from .. import envs
 
-DEFAULT_ENV = "move_to_center"
-
 EVAL_ENVS = 32
 """Episodes of an evaluation: training's (and so `summary.json`'s) and, by
 default, `eqx-ppo eval`'s."""
 
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    # The flags' defaults do not solve it, and with advantage normalisation
-    # a solved seed can fall (the FAQ's "Why did my run collapse?"); the
-    # getting-started guide gives the measurements.
+    # With advantage normalisation a solved seed can fall (the FAQ's "Why did
+    # my run collapse?"); the getting-started guide gives the measurements.
     "gymnax:CartPole-v1": {
         "--steps": 500_000,
         "--lr": 3e-3,
@@ -128,7 +125,7 @@ _TRAIN_FLAGS: tuple[tuple[str, Any, str, dict[str, Any]], ...] = (
     # (flag, default, help, argparse's other keywords)
     (
         "--env",
-        DEFAULT_ENV,
+        "move_to_center",
         f"built-in env ({', '.join(envs.registered_names())}) or "
         "brax:<name> / playground:<name> / gymnax:<name> / popgym_arcade:<name> "
         "(each needs its extra)",

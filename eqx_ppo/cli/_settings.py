@@ -125,10 +125,8 @@ def blamed_on(
         named = []
         for flag in [f for f in flags if f in args.given] or [fallback]:
             value = getattr(args, flag[2:].replace("-", "_"))
-            if isinstance(value, list):  # a repeated flag
-                named += [f"{flag} {v}" for v in value]
-            else:
-                text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            for v in value if isinstance(value, list) else [value]:  # repeatable
+                text = ",".join(map(str, v)) if isinstance(v, tuple) else v
                 named.append(f"{flag} {text}")
         raise CLIError(f"{' '.join(named)}: {e}") from e
 
