@@ -44,6 +44,8 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
     state as its real and imaginary parts, `[2, hidden_size]`), and its
     output from the new state."""
 
+    ignores_key = True
+
     in_size: eqx.AbstractVar[int]
     parallel_replay: eqx.AbstractVar[bool | None]
     pairs: eqx.AbstractClassVar[bool]

@@ -82,6 +82,8 @@ class LSTM(AbstractStatefulModule):
     kernels (one per gate), zero biases (the forget gate's too).
     """
 
+    ignores_key = True
+
     kernel: Float[Array, "in_size gates"]
     recurrent_kernel: Float[Array, "hidden_size gates"]
     bias: Float[Array, " gates"]
@@ -165,6 +167,8 @@ class GRU(AbstractStatefulModule):
 
     Initialised as [`eqx_ppo.nn.LSTM`][].
     """
+
+    ignores_key = True
 
     kernel: Float[Array, "in_size gates"]
     recurrent_kernel: Float[Array, "hidden_size gates"]
