@@ -159,7 +159,9 @@ def _at(child: AbstractStatefulModule, path: tuple[Hashable, ...], key: Any):
     """What runs `child` at `path`, and its key(s): a container (or a wrapper
     of one) takes its parent's and routes the path on; a layer gets its own."""
     routed = _routed(child, path)
-    return (child, child_key(key, path)) if routed is None else (routed, key)
+    if routed is not None:
+        return routed, key
+    return child, None if child.ignores_key else child_key(key, path)
 
 
 def _routed(child: AbstractStatefulModule, path: tuple[Hashable, ...]) -> Any:

@@ -27,6 +27,8 @@ class Delay(AbstractStatefulModule):
     the slot to read and overwrite. Inputs are cast to `sample_input`'s dtypes.
     """
 
+    ignores_key = True
+
     k_steps: int = eqx.field(static=True)
     initial_value: float = eqx.field(static=True)
     treedef: Any = eqx.field(static=True)

@@ -44,6 +44,8 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
     state as its real and imaginary parts, `[2, hidden_size]`), and its
     output from the new state."""
 
+    ignores_key = True
+
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
     parallel_replay: eqx.AbstractVar[bool | None]

@@ -3,7 +3,7 @@ Equinox; `docs/concepts.md` says how the library batches and routes keys."""
 
 import abc
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -63,6 +63,11 @@ class AbstractStatefulModule(eqx.Module):
     refuses a concrete `coefficient(nonnegative=True)` field that is
     negative, infinite or NaN.
     """
+
+    ignores_key: ClassVar[bool] = False
+    """Whether `__call__` and `replay` never use their key: a container then
+    passes `None` instead of deriving one (less to trace and compile; no other
+    layer's key changes)."""
 
     def __check_init__(self):
         for name in coefficient_names(self, "nonnegative"):
@@ -175,6 +180,8 @@ class AbstractStatelessLayer(AbstractStatefulModule):
     `__call__` ignores `state`, `extras` and `key` and returns `forward(x)`
     with carry `()`, zero regularisation and no metrics.
     """
+
+    ignores_key = True
 
     @abc.abstractmethod
     def forward(self, x: Any) -> Any:

@@ -60,6 +60,8 @@ class Normalizer(AbstractStatefulModule):
     identity (nnx-ppo divides by 10). Inputs may be any pytree of arrays.
     """
 
+    ignores_key = True
+
     statistics: NormalizerStatistics
     std_min: float = eqx.field(static=True)
     clip: float | None = eqx.field(static=True)

@@ -72,6 +72,8 @@ class _AbstractGated(AbstractStatefulModule):
     """The fields of LSTM and GRU: gates stacked along the last axis of
     `kernel`, `recurrent_kernel` and `bias`, and the functions squashing them."""
 
+    ignores_key = True
+
     kernel: Float[Array, "in_size gates"]
     recurrent_kernel: Float[Array, "hidden_size gates"]
     bias: Float[Array, " gates"]
