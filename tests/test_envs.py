@@ -449,6 +449,8 @@ def test_render_frames(getkey):
     # column 30, and is drawn red.
     assert tuple(frames[0][7, 30]) == (200, 40, 40)
     assert tuple(frames[0][33, 30]) == (255, 255, 255)
+    with pytest.raises(ValueError, match=r"render\(width=0\): must be >= 1"):
+        env.render([state], height=40, width=0)
 
     pendulum = Pendulum()
     upright = pendulum.reset(getkey()).replace(
