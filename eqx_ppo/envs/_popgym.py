@@ -99,13 +99,8 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
 
 @checked
 class RepeatPrevious(_AbstractCardEnv):
-    """Output the card shown `k` steps ago.
-
-    **Arguments:**
-
-    - `n_cards`: the number of distinct cards, at least 2.
-    - `k`: how many steps back the answer lies, at least 1.
-    - `length`: the episode length in steps, more than `k`.
+    """Output the card shown `k` steps ago (`k` at least 1): episodes of `length`
+    steps (more than `k`) deal one of `n_cards` distinct cards (at least 2) a step.
     """
 
     n_cards: Int = eqx.field(static=True, default=4)
