@@ -196,9 +196,7 @@ class PopulationGraphBuilder:
         input_from: str | None,
         output_to: str | None,
     ) -> "PopulationGraphBuilder":
-        method = {"input": "add_input", "hidden": "add_population"}.get(
-            role, "add_output"
-        )
+        method = "add_population" if role == "hidden" else f"add_{role}"
         self._check_open()
         if name in self._populations:
             raise ValueError(
