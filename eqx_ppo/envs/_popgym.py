@@ -145,9 +145,10 @@ class CountRecall(_AbstractChoiceEnv):
     length: Int = eqx.field(static=True, default=16)
 
     def __check_init__(self):
-        why = "two or more: with one there is nothing to count."
-        check_range("CountRecall(n_values=", self.n_values, 2, fix=why)
-        check_range("CountRecall(length=", self.length, 2, fix=why)
+        fix = "two or more: with one value the count is the step number."
+        check_range("CountRecall(n_values=", self.n_values, 2, fix=fix)
+        fix = "two or more: with one step there is nothing to count."
+        check_range("CountRecall(length=", self.length, 2, fix=fix)
 
     def reset(self, key: PRNGKeyArray) -> State:
         dealt_key, query_key = jax.random.split(key)
