@@ -37,14 +37,9 @@ class PopulationGraphBuilder:
     def add_population(
         self, name: str, size: int, *, activation: Activation | None = None
     ) -> "PopulationGraphBuilder":
-        """Add a hidden population.
-
-        **Arguments:**
-
-        - `name`: a unique name.
-        - `size`: number of units; every incoming transform must output this size.
-        - `activation`: applied to the summed input: `None`, a callable or a name.
-        """
+        """Add a hidden population of `size` units (the size every incoming
+        transform must output) under a unique `name`; `activation` (`None`, a
+        callable or a name) is applied to its summed input."""
         return self._add(name, size, activation, "hidden", None, None)
 
     @checked
