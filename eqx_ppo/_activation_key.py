@@ -1,9 +1,5 @@
-"""The reserved metrics key under which recorded activations travel.
-
-It lives in its own module so that both [`eqx_ppo.recording`][] and the
-population graph (which records its populations itself) can import it without
-importing each other.
-"""
+"""The reserved metrics key of recorded activations, in a module of its own so
+that `recording` and the population graph import it without importing each other."""
 
 ACTIVATION_KEY = "__activation__"
 """Metrics key holding a recorded layer's forward output; see `extract_activations`."""

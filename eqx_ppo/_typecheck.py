@@ -53,21 +53,17 @@ def checked(obj: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (TypeError, ValueError) as error:
-            _name_the_call(error, obj.__name__)
+            # A note naming the public call; the outermost (the user's) call
+            # names itself last, replacing an inner call's note.
+            note = f"(raised in eqx_ppo.{obj.__name__})"
+            notes = getattr(error, "__notes__", [])
+            if notes and notes[-1].startswith("(raised in eqx_ppo."):
+                notes[-1] = note
+            else:
+                error.add_note(note)
             raise
 
     return call  # type: ignore[return-value]
-
-
-def _name_the_call(error: Exception, name: str) -> None:
-    """Note on `error` which public call raised it; the outermost call (the
-    one the user made) names itself last, replacing an inner call's note."""
-    note = f"(raised in eqx_ppo.{name})"
-    notes = getattr(error, "__notes__", [])
-    if notes and notes[-1].startswith("(raised in eqx_ppo."):
-        notes[-1] = note
-    else:
-        error.add_note(note)
 
 
 def float32(value: Scalar) -> Float[Array, ""]:

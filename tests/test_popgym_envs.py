@@ -321,19 +321,28 @@ def test_categorical_policy_runs_episodes(getkey):
 @pytest.mark.parametrize(
     "make_env, match",
     [
-        (lambda: RepeatPrevious(n_cards=1), r"RepeatPrevious\(n_cards=1.*n_cards must"),
-        (lambda: RepeatPrevious(k=0), r"k=0, .*k must be an int >= 1"),
-        (lambda: RepeatPrevious(k=4, length=4), r"length must be an int >= 5"),
-        (lambda: RepeatFirst(n_cards=0), r"RepeatFirst\(n_cards=0.*n_cards must"),
-        (lambda: RepeatFirst(length=1), r"length must be an int >= 2"),
-        (lambda: CountRecall(n_values=1), r"CountRecall\(n_values=1.*n_values must"),
-        (lambda: CountRecall(length=True), r"length must be an int >= 2"),
-        (lambda: make("count_recall", length=0), r"length must be an int >= 2"),
+        (
+            lambda: RepeatPrevious(n_cards=1),
+            r"RepeatPrevious\(n_cards=1\): must be >= 2",
+        ),
+        (lambda: RepeatPrevious(k=0), r"RepeatPrevious\(k=0\): must be >= 1. Fix"),
+        (lambda: RepeatPrevious(k=4, length=4), r"\(length=4\): must be >= 5. Fix"),
+        (lambda: RepeatFirst(n_cards=0), r"RepeatFirst\(n_cards=0\): must be >= 2"),
+        (lambda: RepeatFirst(length=1), r"RepeatFirst\(length=1\): must be >= 2"),
+        (lambda: CountRecall(n_values=1), r"CountRecall\(n_values=1\): must be >= 2"),
+        (lambda: make("count_recall", length=0), r"\(length=0\): must be >= 2. Fix"),
     ],
 )
 def test_bad_constructor_arguments(make_env, match):
     with pytest.raises(ValueError, match=match):
         make_env()
+
+
+def test_counts_must_be_ints(unchecked):
+    with pytest.raises(TypeError, match=r"length=True violates type hint"):
+        CountRecall(length=True)
+    with pytest.raises(TypeError, match=r"k=1.5 violates type hint"):
+        RepeatPrevious(k=1.5)
 
 
 @pytest.mark.parametrize(

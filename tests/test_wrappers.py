@@ -132,9 +132,18 @@ def test_under_jit_vmap_scan(getkey):
     np.testing.assert_array_equal(truncation, expected)
 
 
-@pytest.mark.parametrize("max_len", [0, -3, True, 2.5])
-def test_bad_max_len(unchecked, max_len):
-    with pytest.raises(ValueError, match="max_len must be a positive int"):
+@pytest.mark.parametrize(
+    "max_len, error, match",
+    [
+        (0, ValueError, r"EpisodeWrapper\(max_len=0\): must be >= 1. Fix"),
+        (-3, ValueError, r"EpisodeWrapper\(max_len=-3\): must be >= 1. Fix"),
+        # Refused by the declared type (a bool is not a count).
+        (True, TypeError, r"max_len"),
+        (2.5, TypeError, r"max_len"),
+    ],
+)
+def test_bad_max_len(max_len, error, match):
+    with pytest.raises(error, match=match):
         EpisodeWrapper(Parrot(), max_len)
 
 

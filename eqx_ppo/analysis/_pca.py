@@ -5,7 +5,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._typecheck import checked
+from .._typecheck import check_range, checked
 
 
 class PCA(NamedTuple):
@@ -39,11 +39,8 @@ def pca(
     """
     activations = jnp.asarray(activations, jnp.float32)
     n_units = activations.shape[-1]
-    if not 1 <= n_components <= n_units:
-        raise ValueError(
-            f"pca(n_components={n_components}): the activity has {n_units} units. "
-            f"Fix: ask for 1 to {n_units} components."
-        )
+    fix = f"ask for 1 to {n_units} components (the activity has {n_units} units)."
+    check_range("pca(n_components=", n_components, 1, n_units, fix=fix)
     rows = activations.reshape(-1, n_units)
     live = ~jnp.asarray(dones).reshape(-1, 1)
     n_live = jnp.sum(live).astype(jnp.float32)

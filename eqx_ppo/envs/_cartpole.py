@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._typecheck import Number, checked
+from .._typecheck import Number, check_range, checked
 from ._draw import Canvas, frames
-from ._env import AbstractEnv, check_action, check_positive
+from ._env import AbstractEnv, check_action
 from ._state import State
 
 _GRAVITY = 9.8
@@ -41,7 +41,7 @@ class CartPole(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_positive(self, "max_force")
+        check_range("CartPole(max_force=", self.max_force, 0, open_low=True)
 
     def _state(self, physics: Float[Array, "4"], reward, done) -> State:
         obs = physics[jnp.array([0, 2])] if self.hide_velocity else physics

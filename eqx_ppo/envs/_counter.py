@@ -7,29 +7,27 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action, check_int
+from .._typecheck import Int, check_range, checked
+from ._env import AbstractEnv, check_action
 from ._state import State, ongoing
 
 
+@checked
 class Counter(AbstractEnv):
-    """Say which step of the episode this is; episodes have random lengths.
+    """Say which step of the episode this is; episodes last from `min_length` to
+    `max_length` steps, at random. A probe for reset logic: the observation is
+    constant, so only a carry that counts steps and is reset exactly with the env
+    scores."""
 
-    A probe for reset logic: the observation is constant, so only a carry that
-    counts steps and is reset exactly with the env scores.
-
-    **Arguments:**
-
-    - `min_length`, `max_length`: the range of episode lengths, inclusive.
-    """
-
-    min_length: int = eqx.field(static=True, default=3)
-    max_length: int = eqx.field(static=True, default=9)
+    min_length: Int = eqx.field(static=True, default=3)
+    max_length: Int = eqx.field(static=True, default=9)
     observation_size: ClassVar[int] = 1
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_int(self, "min_length", 1, "an episode lasts at least one step")
-        check_int(self, "max_length", self.min_length, "it bounds min_length")
+        fix = "1 <= min_length <= max_length, the range of episode lengths."
+        check_range("Counter(min_length=", self.min_length, 1, fix=fix)
+        check_range("Counter(max_length=", self.max_length, self.min_length, fix=fix)
 
     @property
     def max_len(self) -> int:

@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 
+from .._typecheck import check_range
 from ._state import State
 
 
@@ -30,10 +31,8 @@ class Canvas:
     `[-extent, extent]^2` fits the shorter side, `y` pointing up."""
 
     def __init__(self, height: int, width: int, extent: float):
-        if height < 1 or width < 1:
-            raise ValueError(
-                f"render: height and width must be positive, got {height}x{width}."
-            )
+        check_range("render(height=", height, 1)
+        check_range("render(width=", width, 1)
         scale = 2 * extent / min(height, width)
         cols = (np.arange(width) - width / 2 + 0.5) * scale
         rows = (height / 2 - np.arange(height) - 0.5) * scale

@@ -1,13 +1,12 @@
 """The environment protocol: what the library needs from an env."""
 
 import abc
-import dataclasses
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, PRNGKeyArray, PyTree
 
 from ._state import State
 
@@ -70,50 +69,26 @@ def reported_truncation(state: Any) -> Bool[Array, "*env"]:
     return jnp.zeros(jnp.shape(state.done), bool)
 
 
-def check_positive(env: Any, *names: str) -> None:
-    """A `ValueError` naming each field among `names` that is not positive."""
-    bad = {name: getattr(env, name) for name in names}
-    args = ", ".join(f"{name}={v!r}" for name, v in bad.items() if not v > 0)
-    if args:
-        raise ValueError(f"`{type(env).__name__}({args})`: must be positive.")
-
-
-def check_int(env: Any, name: str, minimum: int, why: str) -> None:
-    """A `ValueError` quoting `env`'s call unless `name` is an int >= `minimum`."""
-    value = getattr(env, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        fields = dataclasses.fields(env)
-        call = ", ".join(f"{f.name}={getattr(env, f.name)!r}" for f in fields)
-        raise ValueError(
-            f"`{type(env).__name__}({call})`: {name} must be an int >= {minimum} "
-            f"({why})."
-        )
-
-
-def check_action(env: Any, action: Any, shape: tuple[int, ...]) -> Array:
-    """`action` as a float array of `shape`, or a `ValueError`."""
+def check_action(
+    env: Any, action: Any, shape: tuple[int, ...], n: int | None = None
+) -> Array:
+    """`action` as a float array of `shape`, or as an integer scalar for `n`
+    discrete choices; else a `ValueError`."""
     action = jnp.asarray(action)
-    if action.shape != shape or not jnp.issubdtype(action.dtype, jnp.floating):
-        raise ValueError(
-            f"`{type(env).__name__}.step`: expected a float action of shape "
-            f"{shape}, got dtype {action.dtype} and shape {action.shape}. Build "
-            f"the policy with action_size={shape[0] if len(shape) == 1 else shape} "
-            "(the env's `action_size`)."
-        )
-    return action
-
-
-def check_choice(env: Any, action: Any, n: int) -> Int[Array, ""]:
-    """`action` as an integer scalar, or a `ValueError`."""
-    action = jnp.asarray(action)
-    if action.shape != () or not jnp.issubdtype(action.dtype, jnp.integer):
-        raise ValueError(
-            f"`{type(env).__name__}.step`: expected an integer scalar action in "
-            f"[0, {n}), got dtype {action.dtype} and shape {action.shape}. Build "
-            f"the policy with discrete=True and action_size={n} (the env's "
-            "`n_actions`)."
-        )
-    return action
+    kind = jnp.floating if n is None else jnp.integer
+    if action.shape == shape and jnp.issubdtype(action.dtype, kind):
+        return action
+    if n is None:
+        wanted = f"a float action of shape {shape}"
+        size = shape[0] if len(shape) == 1 else shape
+        fix = f"action_size={size} (the env's `action_size`)"
+    else:
+        wanted = f"an integer scalar action in [0, {n})"
+        fix = f"discrete=True and action_size={n} (the env's `n_actions`)"
+    raise ValueError(
+        f"`{type(env).__name__}.step`: expected {wanted}, got dtype "
+        f"{action.dtype} and shape {action.shape}. Build the policy with {fix}."
+    )
 
 
 def check_action_tree(env: Any, action: Any, shapes: dict[str, Any]) -> Any:

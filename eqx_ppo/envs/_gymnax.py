@@ -14,7 +14,7 @@ from beartype.door import is_bearable
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._typecheck import checked
-from ._env import AbstractEnv, check_action, check_choice
+from ._env import AbstractEnv, check_action
 from ._state import State
 
 
@@ -149,7 +149,7 @@ class GymnaxAdapter(AbstractEnv):
     def _action(self, action: Any) -> Array:
         space = self._action_space()
         if self.n_actions is not None:
-            return check_choice(self, action, space.n).astype(space.dtype)
+            return check_action(self, action, (), space.n).astype(space.dtype)
         action = check_action(self, action, (math.prod(space.shape),))
         if self.rescale_actions:
             low = jnp.broadcast_to(jnp.asarray(space.low, jnp.float32), space.shape)

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._typecheck import check_range
 from ._draw import Canvas, frames
-from ._env import AbstractEnv, check_action, check_positive
+from ._env import AbstractEnv, check_action
 from ._state import State, ongoing
 
 
@@ -41,7 +42,10 @@ class AbstractCenterTask(AbstractEnv):
     speed: float = eqx.field(static=True, default=0.2)
 
     def __check_init__(self):
-        check_positive(self, "start_radius", "speed")
+        for name in ("start_radius", "speed"):
+            check_range(
+                f"{type(self).__name__}({name}=", getattr(self, name), 0, open_low=True
+            )
 
 
 class MoveToCenter(AbstractCenterTask):

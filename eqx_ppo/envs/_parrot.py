@@ -5,25 +5,24 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action, check_int, check_positive
+from .._typecheck import Int, Number, check_range, checked
+from ._env import AbstractEnv, check_action
 from ._state import State, ongoing
 
 
+@checked
 class Parrot(AbstractEnv):
-    """Echo the observation: the simplest feed-forward probe.
+    """Echo the observation, a vector of `obs_size` values: the simplest
+    feed-forward probe. The reward falls to `exp(-1/2)` at the distance
+    `reward_falloff`."""
 
-    **Arguments:**
-
-    - `obs_size`: the length of the observation and action vectors.
-    - `reward_falloff`: the distance at which the reward falls to `exp(-1/2)`.
-    """
-
-    obs_size: int = eqx.field(static=True, default=3)
-    reward_falloff: float = eqx.field(static=True, default=0.5)
+    obs_size: Int = eqx.field(static=True, default=3)
+    reward_falloff: Number = eqx.field(static=True, default=0.5)
 
     def __check_init__(self):
-        check_int(self, "obs_size", 1, "the length of the observation")
-        check_positive(self, "reward_falloff")
+        fix = "a length of 1 or more for the observation (and the action)."
+        check_range("Parrot(obs_size=", self.obs_size, 1, fix=fix)
+        check_range("Parrot(reward_falloff=", self.reward_falloff, 0, open_low=True)
 
     def _state(self, key: PRNGKeyArray, reward: Float[Array, ""]) -> State:
         obs_key, next_key = jax.random.split(key)

@@ -1,6 +1,5 @@
 """Pendulum: the classic swing-up (gym's Pendulum-v1), optionally without velocity."""
 
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -10,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._typecheck import Number, checked
+from .._typecheck import Number, check_range, checked
 from ._draw import Canvas, frames
-from ._env import AbstractEnv, check_action, check_positive
+from ._env import AbstractEnv, check_action
 from ._state import State, ongoing
 
 
@@ -39,11 +38,9 @@ class Pendulum(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_positive(self, "max_torque", "max_speed", "mass", "length", "step_dt")
-        if not (self.gravity >= 0 and math.isfinite(self.gravity)):
-            raise ValueError(
-                f"`Pendulum(gravity={self.gravity!r})`: must be finite and >= 0."
-            )
+        for name in ("max_torque", "max_speed", "mass", "length", "step_dt"):
+            check_range(f"Pendulum({name}=", getattr(self, name), 0, open_low=True)
+        check_range("Pendulum(gravity=", self.gravity, 0)
 
     def _state(
         self, theta: Float[Array, ""], theta_dot: Float[Array, ""], reward

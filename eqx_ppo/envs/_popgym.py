@@ -9,13 +9,14 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
-from ._env import AbstractEnv, check_choice, check_int
+from .._typecheck import Int, check_range, checked
+from ._env import AbstractEnv, check_action
 from ._state import State
 
 
-def _card(cards: Int[Array, " length"], t: Int[Array, ""], n: int) -> Array:
+def _card(cards: Integer[Array, " length"], t: Integer[Array, ""], n: int) -> Array:
     """One-hot of `cards[t]`; all zeros once the episode is over (`t == length`)."""
     length = cards.shape[0]
     index = jnp.where(t < length, cards[jnp.minimum(t, length - 1)], n)
@@ -64,8 +65,10 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
     n_cards: eqx.AbstractVar[int]
 
     def __check_init__(self):
-        check_int(self, "n_cards", 2, "one card leaves nothing to recall")
-        check_int(self, "length", 2, "with one step there is nothing to remember")
+        name = type(self).__name__
+        why = "two or more: with one there is nothing to recall."
+        check_range(f"{name}(n_cards=", self.n_cards, 2, fix=why)
+        check_range(f"{name}(length=", self.length, 2, fix=why)
 
     def reset(self, key: PRNGKeyArray) -> State:
         cards = jax.random.randint(key, (self.length,), 0, self.n_cards, jnp.int32)
@@ -78,7 +81,7 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
         """The reward for answering `action` at step `t`."""
 
     def step(self, state: State, action: Array) -> State:
-        action = check_choice(self, action, self.n_actions)
+        action = check_action(self, action, (), self.n_actions)
         cards, t = state.pipeline_state["cards"], state.pipeline_state["t"]
         reward = self._reward(cards, t, action)
         done = (t + 1 >= self.length).astype(jnp.float32)
@@ -94,23 +97,24 @@ class _AbstractCardEnv(_AbstractChoiceEnv):
         return self.n_cards
 
 
+@checked
 class RepeatPrevious(_AbstractCardEnv):
-    """Output the card shown `k` steps ago.
-
-    **Arguments:**
-
-    - `n_cards`: the number of distinct cards, at least 2.
-    - `k`: how many steps back the answer lies, at least 1.
-    - `length`: the episode length in steps, more than `k`.
+    """Output the card shown `k` steps ago (`k` at least 1): episodes of `length`
+    steps (more than `k`) deal one of `n_cards` distinct cards (at least 2) a step.
     """
 
-    n_cards: int = eqx.field(static=True, default=4)
-    k: int = eqx.field(static=True, default=2)
-    length: int = eqx.field(static=True, default=16)
+    n_cards: Int = eqx.field(static=True, default=4)
+    k: Int = eqx.field(static=True, default=2)
+    length: Int = eqx.field(static=True, default=16)
 
     def __check_init__(self):
-        check_int(self, "k", 1, "k=0 needs no memory")
-        check_int(self, "length", self.k + 1, "length > k, so some step is scored")
+        check_range("RepeatPrevious(k=", self.k, 1, fix="k >= 1: k=0 needs no memory.")
+        check_range(
+            "RepeatPrevious(length=",
+            self.length,
+            self.k + 1,
+            fix="a length above k, so that some step is scored.",
+        )
 
     def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
         score = _score(
@@ -119,37 +123,32 @@ class RepeatPrevious(_AbstractCardEnv):
         return jnp.where(t >= self.k, score, jnp.zeros_like(score))
 
 
+@checked
 class RepeatFirst(_AbstractCardEnv):
-    """Output the episode's first card on every step.
+    """Output the episode's first card on every step: episodes of `length` steps
+    deal one of `n_cards` distinct cards a step (both at least 2)."""
 
-    **Arguments:**
-
-    - `n_cards`: the number of distinct cards, at least 2.
-    - `length`: the episode length in steps, at least 2.
-    """
-
-    n_cards: int = eqx.field(static=True, default=4)
-    length: int = eqx.field(static=True, default=16)
+    n_cards: Int = eqx.field(static=True, default=4)
+    length: Int = eqx.field(static=True, default=16)
 
     def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
         return _score(action == cards[0], self.length)
 
 
+@checked
 class CountRecall(_AbstractChoiceEnv):
-    """Say how many times the queried value has been dealt so far.
-
-    **Arguments:**
-
-    - `n_values`: the number of distinct values, at least 2.
-    - `length`: the episode length in steps, at least 2.
+    """Say how many times the queried value has been dealt so far: episodes of
+    `length` steps deal one of `n_values` distinct values a step (both at least 2).
     """
 
-    n_values: int = eqx.field(static=True, default=4)
-    length: int = eqx.field(static=True, default=16)
+    n_values: Int = eqx.field(static=True, default=4)
+    length: Int = eqx.field(static=True, default=16)
 
     def __check_init__(self):
-        check_int(self, "n_values", 2, "with one value the count is t + 1")
-        check_int(self, "length", 2, "with one step there is nothing to count")
+        fix = "two or more: with one value the count is the step number."
+        check_range("CountRecall(n_values=", self.n_values, 2, fix=fix)
+        fix = "two or more: with one step there is nothing to count."
+        check_range("CountRecall(length=", self.length, 2, fix=fix)
 
     def reset(self, key: PRNGKeyArray) -> State:
         dealt_key, query_key = jax.random.split(key)
@@ -163,7 +162,7 @@ class CountRecall(_AbstractChoiceEnv):
         return self._state(ps, ("dealt", "queries"), self.n_values, zero, zero)
 
     def step(self, state: State, action: Array) -> State:
-        action = check_choice(self, action, self.n_actions)
+        action = check_action(self, action, (), self.n_actions)
         ps = state.pipeline_state
         dealt, counts, t = ps["dealt"], ps["counts"], ps["t"]
         reward = _score(action == counts[ps["queries"][t]], self.length)

@@ -7,24 +7,27 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action, check_int
+from .._typecheck import Int, check_range, checked
+from ._env import AbstractEnv, check_action
 from ._state import State
 
 
+@checked
 class Recall(AbstractEnv):
-    """Remember a cue shown once and act on it for the rest of the episode.
+    """Remember a cue shown once and act on it for the rest of the episode, of
+    `length` steps (at least 2)."""
 
-    **Arguments:**
-
-    - `length`: the episode length in steps, at least 2.
-    """
-
-    length: int = eqx.field(static=True, default=5)
+    length: Int = eqx.field(static=True, default=5)
     observation_size: ClassVar[int] = 2
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_int(self, "length", 2, "with one step there is nothing to remember")
+        check_range(
+            "Recall(length=",
+            self.length,
+            2,
+            fix="two or more: with one there is nothing to recall.",
+        )
 
     @property
     def max_len(self) -> int:

@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 import jax
 
 from .._optional import import_optional
-from .._typecheck import checked
+from .._typecheck import Int, check_range, checked
 from ._cartpole import CartPole
 from ._counter import Counter
 from ._dict_env import DictObsAct
@@ -178,7 +178,7 @@ def _from_source(
 def make(
     name: str,
     *,
-    episode_length: int | Literal["default"] | None = "default",
+    episode_length: Int | Literal["default"] | None = "default",
     **kwargs: Any,
 ) -> Any:
     """A ready-to-train env by name.
@@ -213,11 +213,10 @@ def make(
         episode_length = default_length
     if episode_length is None:
         return env
-    try:
-        return EpisodeWrapper(env, episode_length)
-    except ValueError as e:
-        raise ValueError(
-            f"make({name!r}, episode_length={episode_length!r}): expected a "
-            "positive int, 'default' for the env's own limit, or None for no "
-            "limit."
-        ) from e
+    check_range(
+        f"make({name!r}, episode_length=",
+        episode_length,
+        1,
+        fix="a positive int, 'default' for the env's own limit, or None for none.",
+    )
+    return EpisodeWrapper(env, episode_length)

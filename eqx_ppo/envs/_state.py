@@ -9,11 +9,8 @@ from jaxtyping import Array, Float, PyTree
 
 
 class State(eqx.Module):
-    """One env's state, field-compatible with `brax.envs.State`.
-
-    Brax and Playground envs return their own state class with the same
-    fields; the library only reads `obs`, `reward`, `done`, `info` and
-    `metrics`, and writes through `replace`.
+    """One env's state, field-compatible with `brax.envs.State` (see the
+    environments guide for the protocol).
 
     **Fields:**
 

@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._env import AbstractEnv, check_action_tree, check_positive
+from .._typecheck import check_range
+from ._env import AbstractEnv, check_action_tree
 from ._move_to_center import distance, push, start_on_circle
 from ._state import State, ongoing
 
@@ -27,7 +28,8 @@ class TwoArm(AbstractEnv):
     speed: float = eqx.field(static=True, default=0.2)
 
     def __check_init__(self):
-        check_positive(self, "arm1_radius", "arm2_radius", "speed")
+        for name in ("arm1_radius", "arm2_radius", "speed"):
+            check_range(f"TwoArm({name}=", getattr(self, name), 0, open_low=True)
 
     def reset(self, key: PRNGKeyArray) -> State:
         keys = dict(zip(_ARMS, jax.random.split(key), strict=True))

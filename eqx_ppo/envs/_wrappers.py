@@ -9,7 +9,7 @@ import numpy as np
 from beartype.door import is_bearable
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._typecheck import Int, Scalar, checked
+from .._typecheck import Int, Scalar, check_range, checked
 from ._env import AbstractEnv, Size, check_env, reported_truncation
 
 
@@ -75,15 +75,12 @@ class EpisodeWrapper(AbstractWrapper):
     def __init__(
         self,
         env: Any,
-        max_len: int | np.integer,
+        max_len: Int | np.integer,
         *,
         random_initial_steps: bool = False,
     ):
-        if not is_bearable(max_len, Int | np.integer) or max_len < 1:
-            raise ValueError(
-                f"`EpisodeWrapper(max_len={max_len!r})`: max_len must be a positive "
-                "int (the number of steps after which an episode is truncated)."
-            )
+        fix = "a positive int, the number of steps after which episodes end."
+        check_range("EpisodeWrapper(max_len=", max_len, 1, fix=fix)
         self.env = env
         self.max_len = int(max_len)
         self.random_initial_steps = random_initial_steps

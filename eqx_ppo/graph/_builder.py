@@ -16,12 +16,6 @@ from ..nn._module import AbstractStatefulModule
 from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
 
 
-@dataclasses.dataclass(frozen=True)
-class _PendingConnection:
-    spec: ConnectionSpec
-    transform: AbstractStatefulModule | None
-
-
 @checked
 class PopulationGraphBuilder:
     """Describe a population graph step by step, then `finalize` it.
@@ -34,21 +28,18 @@ class PopulationGraphBuilder:
 
     def __init__(self):
         self._populations: dict[str, PopulationSpec] = {}
-        self._connections: list[_PendingConnection] = []
+        self._connections: list[ConnectionSpec] = []
+        # Each connection's transform by name, `None` for a default (Dense) one.
+        self._transforms: dict[str, AbstractStatefulModule | None] = {}
         self._finalized = False
 
     @checked
     def add_population(
         self, name: str, size: int, *, activation: Activation | None = None
     ) -> "PopulationGraphBuilder":
-        """Add a hidden population.
-
-        **Arguments:**
-
-        - `name`: a unique name.
-        - `size`: number of units; every incoming transform must output this size.
-        - `activation`: applied to the summed input: `None`, a callable or a name.
-        """
+        """Add a hidden population of `size` units (the size every incoming
+        transform must output) under a unique `name`; `activation` (`None`, a
+        callable or a name) is applied to its summed input."""
         return self._add(name, size, activation, "hidden", None, None)
 
     @checked
@@ -60,14 +51,9 @@ class PopulationGraphBuilder:
         input_from: str | None = None,
         activation: Activation | None = None,
     ) -> "PopulationGraphBuilder":
-        """Add a population that sums an observation into its input.
-
-        **Arguments:**
-
-        - `name`, `size`, `activation`: as in `add_population`.
-        - `input_from`: the key of a dict observation to read; `None` reads the
-            whole (array) observation.
-        """
+        """Add a population that sums the observation into its input: the key
+        `input_from` of a dict observation, or with `None` the whole (array)
+        observation. `name`, `size` and `activation` are as in `add_population`."""
         return self._add(name, size, activation, "input", input_from, None)
 
     @checked
@@ -79,13 +65,9 @@ class PopulationGraphBuilder:
         output_to: str | None = None,
         activation: Activation | None = None,
     ) -> "PopulationGraphBuilder":
-        """Add a population whose activity appears in the graph's output dict.
-
-        **Arguments:**
-
-        - `name`, `size`, `activation`: as in `add_population`.
-        - `output_to`: its key in the output dict; defaults to `name`.
-        """
+        """Add a population whose activity appears in the graph's output dict,
+        under the key `output_to` (by default `name`). `name`, `size` and
+        `activation` are as in `add_population`."""
         key = name if output_to is None else output_to
         taken = [p.name for p in self._populations.values() if p.output_to == key]
         if taken:
@@ -126,19 +108,16 @@ class PopulationGraphBuilder:
             )
         # Checked in full before either is added: a failed call adds nothing.
         self._connections.extend(pending)
+        self._transforms.update({spec.name: transform for spec in pending})
         return self
 
     @checked
     def finalize(self, *, key: Key[Array, ""]) -> PopulationGraph:
-        """Validate the description and build the immutable graph.
-
-        **Arguments:**
-
-        - `key`: PRNG key for the default (learned linear) transforms.
-        """
+        """Validate the description and build the immutable graph; `key`
+        initialises the default (learned linear) transforms."""
         self._check_open()
         pops = self._populations
-        names = [*pops, *(c.spec.name for c in self._connections)]
+        names = [*pops, *self._transforms]
         inputs = [p for p in pops.values() if p.role == "input"]
         whole = [p.name for p in inputs if p.input_from is None]
         keyed = [p.name for p in inputs if p.input_from is not None]
@@ -164,7 +143,7 @@ class PopulationGraphBuilder:
         for found, problem in problems:
             if found:
                 raise ValueError(f"PopulationGraphBuilder.finalize(): {problem}")
-        specs = [c.spec for c in self._connections]
+        specs = self._connections
         order = _topological_order(pops, specs)
         unreached = _unreached_outputs(pops, specs)
         if unreached:
@@ -180,10 +159,10 @@ class PopulationGraphBuilder:
                 f"never affects {it}; connect an input{first} to {it}, directly or "
                 "through other populations."
             )
-        keys = jax.random.split(key, len(self._connections))
+        keys = jax.random.split(key, len(specs))
         transforms = {
-            conn.spec.name: self._build_transform(conn, k)
-            for conn, k in zip(self._connections, keys, strict=True)
+            spec.name: self._build_transform(spec, k)
+            for spec, k in zip(specs, keys, strict=True)
         }
         # Sorted by name, the order JAX flattens dicts in: the graph iterates
         # its transforms the same way before and after `jit` or `tree_map`.
@@ -212,9 +191,7 @@ class PopulationGraphBuilder:
         input_from: str | None,
         output_to: str | None,
     ) -> "PopulationGraphBuilder":
-        method = {"input": "add_input", "hidden": "add_population"}.get(
-            role, "add_output"
-        )
+        method = "add_population" if role == "hidden" else f"add_{role}"
         self._check_open()
         if name in self._populations:
             raise ValueError(
@@ -241,8 +218,8 @@ class PopulationGraphBuilder:
         delay: int,
         name: str | None,
         reciprocal: bool,
-        pending: list[_PendingConnection],
-    ) -> _PendingConnection:
+        pending: list[ConnectionSpec],
+    ) -> ConnectionSpec:
         """The connection `src -> dst`, checked against the builder's and the
         `pending` ones of the same call, not added."""
         self._check_open()
@@ -271,7 +248,7 @@ class PopulationGraphBuilder:
                 f"delay must be >= 0 (0 = same step, k = k steps ago); got {delay}.",
             ),
             (
-                any(c.spec.name == name for c in [*self._connections, *pending]),
+                any(c.name == name for c in [*self._connections, *pending]),
                 f"a connection named {name!r} already exists; pass name=... to "
                 "tell parallel connections apart, or connect each direction with "
                 "a call of its own.",
@@ -280,28 +257,29 @@ class PopulationGraphBuilder:
         for found, problem in problems:
             if found:
                 raise ValueError(f"connect({src!r}, {dst!r}): {problem}")
-        return _PendingConnection(ConnectionSpec(name, src, dst, delay), transform)
+        return ConnectionSpec(name, src, dst, delay)
 
     def _build_transform(
-        self, conn: _PendingConnection, key: Key[Array, ""]
+        self, spec: ConnectionSpec, key: Key[Array, ""]
     ) -> AbstractStatefulModule:
-        src = self._populations[conn.spec.src]
-        dst = self._populations[conn.spec.dst]
-        if conn.transform is None:
+        src = self._populations[spec.src]
+        dst = self._populations[spec.dst]
+        transform = self._transforms[spec.name]
+        if transform is None:
             return Dense(src.size, dst.size, key=key)
         out = eqx.filter_eval_shape(
             lambda t: t(t.initial_state(), jnp.zeros(src.size), key=jax.random.key(0)),
-            conn.transform,
+            transform,
         ).output
         if not isinstance(out, jax.ShapeDtypeStruct) or out.shape != (dst.size,):
             got = out.shape if isinstance(out, jax.ShapeDtypeStruct) else out
             raise ValueError(
-                f"PopulationGraphBuilder.finalize(): connection {conn.spec.name!r} "
+                f"PopulationGraphBuilder.finalize(): connection {spec.name!r} "
                 f"({src.name!r}, size {src.size} -> {dst.name!r}, size {dst.size}): "
                 f"its transform must output shape ({dst.size},) for one env, but "
                 f"outputs {got}. Use a transform sized {src.size} -> {dst.size}."
             )
-        return conn.transform
+        return transform
 
     def _check_open(self) -> None:
         if self._finalized:
