@@ -8,6 +8,7 @@ events run on process 0 only.
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -136,7 +137,8 @@ def _scan_steps(chunk: _Chunk, state: TrainingState, n_active: Array):
     def body(i, carry):
         d, buffers = carry
         d, metrics = run(d)
-        return d, jax.tree.map(lambda b, m: b.at[i].set(m), buffers, metrics)
+        write = functools.partial(jax.lax.dynamic_update_index_in_dim, index=i, axis=0)
+        return d, jax.tree.map(write, buffers, metrics)
 
     dynamic, metrics = jax.lax.fori_loop(0, n_active, body, (dynamic, buffers))
     return eqx.combine(dynamic, static), metrics
