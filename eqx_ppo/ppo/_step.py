@@ -381,10 +381,8 @@ def _iteration_metrics(
     if LoggingLevel.ROLLOUT_STATS in level:
         reduce_metric(out, "rollout_batch/reward", data.reward, pct)
         reduce_metric(out, "rollout_batch/action", data.output.actions, pct)
-        out["rollout_batch/done_rate"] = jnp.mean(data.done.astype(jnp.float32))
-        out["rollout_batch/truncation_rate"] = jnp.mean(
-            data.truncated.astype(jnp.float32)
-        )
+        reduce_metric(out, "rollout_batch/done_rate", data.done)
+        reduce_metric(out, "rollout_batch/truncation_rate", data.truncated)
     if LoggingLevel.ROLLOUT_OBS in level:
         reduce_metric(out, "rollout_batch/obs", data.obs, pct)
     if learner.logs_rollout_outputs and LoggingLevel.ACTOR_EXTRA in level:
