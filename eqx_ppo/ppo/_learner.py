@@ -36,11 +36,7 @@ def _percentiles(levels: Sequence[Percentile] | None) -> tuple[Number, ...] | No
 
 def _weight_decay(value: Number | bool | None) -> Number | None:
     # nnx-ppo reads `True` as optax's default AdamW decay and `False` as none.
-    return (
-        {True: 1e-4, False: None}.get(value, value)
-        if isinstance(value, bool)
-        else value
-    )
+    return {True: 1e-4, False: None}[value] if isinstance(value, bool) else value
 
 
 def setting(

@@ -23,12 +23,8 @@ ENV_AXIS = "env"
 
 @checked
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh over `devices` with the axis `"env"`, for `train(mesh=...)`.
-
-    **Arguments:**
-
-    - `devices`: the devices to spread the envs over (default: `jax.devices()`).
-    """
+    """A 1-D mesh with the axis `"env"` over the `devices` to spread the envs
+    over (default: `jax.devices()`), for `train(mesh=...)`."""
     devices = jax.devices() if devices is None else list(devices)
     if not devices or len(set(devices)) < len(devices):
         raise ValueError(
@@ -201,11 +197,7 @@ def shard_step(step: Callable[..., tuple[Any, Any]], mesh: Mesh) -> Callable:
     the result maps a state placed with `eqx_ppo.shard_state` to `(state,
     metrics)`, metrics replicated.
     """
-
-    def sharded(state):
-        return on_mesh(_call_on_axis, mesh, state, step)
-
-    return sharded
+    return lambda state: on_mesh(_call_on_axis, mesh, state, step)
 
 
 def _call_on_axis(state: Any, step: Callable) -> tuple[Any, Any]:
