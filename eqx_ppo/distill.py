@@ -45,17 +45,13 @@ class _SamplerProbe(AbstractLayerWrapper):
     layer: AbstractStatefulModule
 
     def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
-        if _is_sampler_dict(out.output):
-            marked = _SamplerExtras(out.extras, _sampler_kind(self.layer))
-            return out._replace(extras=marked)
-        return out
-
-
-def _sampler_kind(sampler: AbstractStatefulModule) -> str:
-    """The sampler's class, with its number of actions if it has one."""
-    kind = type(sampler).__name__
-    n_actions = getattr(sampler, "n_actions", None)
-    return kind if n_actions is None else f"{kind}(n_actions={n_actions!r})"
+        if not _is_sampler_dict(out.output):
+            return out
+        kind = type(self.layer).__name__
+        n_actions = getattr(self.layer, "n_actions", None)
+        if n_actions is not None:
+            kind = f"{kind}(n_actions={n_actions!r})"
+        return out._replace(extras=_SamplerExtras(out.extras, kind))
 
 
 def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
