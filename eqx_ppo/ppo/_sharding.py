@@ -45,12 +45,11 @@ def check_mesh(mesh: Mesh, n_envs: int, n_minibatches: int) -> None:
             "eqx_ppo.make_mesh(devices), or jax.make_mesh(..., "
             "axis_types=(jax.sharding.AxisType.Auto,))."
         )
-    n_devices = mesh.size
-    if n_envs % (n_devices * n_minibatches):
-        per_step = n_devices * n_minibatches
+    per_step = mesh.size * n_minibatches
+    if n_envs % per_step:
         raise ValueError(
             f"train(mesh=...): n_envs={n_envs} must be divisible by n_devices * "
-            f"n_minibatches = {n_devices} * {n_minibatches} = {per_step}, because "
+            f"n_minibatches = {mesh.size} * {n_minibatches} = {per_step}, because "
             "each device holds n_envs / n_devices envs and splits them into "
             f"n_minibatches local minibatches. Fix: use n_envs="
             f"{per_step * max(1, round(n_envs / per_step))}, fewer minibatches or "

@@ -86,11 +86,10 @@ class _Horizon(NamedTuple):
 
 
 def _horizon(n_updates: int) -> optax.GradientTransformation:
-    def init(params):
-        del params
-        return _Horizon(jnp.asarray(n_updates, jnp.int32))
-
-    return optax.GradientTransformation(init, lambda u, state, params=None: (u, state))
+    return optax.GradientTransformation(
+        lambda params: _Horizon(jnp.asarray(n_updates, jnp.int32)),
+        lambda updates, state, params=None: (updates, state),
+    )
 
 
 def schedule_horizon(opt_state: PyTree) -> Array | None:
