@@ -45,17 +45,13 @@ class _SamplerProbe(AbstractLayerWrapper):
     layer: AbstractStatefulModule
 
     def wrap_output(self, out: StatefulModuleOutput) -> StatefulModuleOutput:
-        if _is_sampler_dict(out.output):
-            marked = _SamplerExtras(out.extras, _sampler_kind(self.layer))
-            return out._replace(extras=marked)
-        return out
-
-
-def _sampler_kind(sampler: AbstractStatefulModule) -> str:
-    """The sampler's class, with its number of actions if it has one."""
-    kind = type(sampler).__name__
-    n_actions = getattr(sampler, "n_actions", None)
-    return kind if n_actions is None else f"{kind}(n_actions={n_actions!r})"
+        if not _is_sampler_dict(out.output):
+            return out
+        kind = type(self.layer).__name__
+        n_actions = getattr(self.layer, "n_actions", None)
+        if n_actions is not None:
+            kind = f"{kind}(n_actions={n_actions!r})"
+        return out._replace(extras=_SamplerExtras(out.extras, kind))
 
 
 def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
@@ -132,10 +128,6 @@ def _sampler_paths(
     )
 
 
-def _under(path: tuple, prefix: tuple) -> bool:
-    return path[: len(prefix)] == prefix
-
-
 def _swap(extras: Any, paths: tuple, source: Any, source_paths: tuple) -> Any:
     """`extras` with the leaves below each of `paths` replaced by those below
     the matching one of `source_paths` in `source`, in order."""
@@ -143,8 +135,8 @@ def _swap(extras: Any, paths: tuple, source: Any, source_paths: tuple) -> Any:
     source_flat = jax.tree_util.tree_flatten_with_path(source)[0]
     leaves = [x for _, x in flat]
     for prefix, source_prefix in zip(paths, source_paths, strict=True):
-        positions = [i for i, (p, _) in enumerate(flat) if _under(p, prefix)]
-        new = [x for p, x in source_flat if _under(p, source_prefix)]
+        positions = [i for i, (p, _) in enumerate(flat) if p[: len(prefix)] == prefix]
+        new = [x for p, x in source_flat if p[: len(source_prefix)] == source_prefix]
         for i, x in zip(positions, new, strict=True):
             leaves[i] = x
     return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -24,11 +24,7 @@ from .nn._module import (
 class Recorder(AbstractLayerWrapper):
     """Runs `layer` unchanged and adds its output to its metrics under
     `ACTIVATION_KEY`; a replay returns no metrics, so the layer's own replay
-    runs unchanged.
-
-    **Arguments:**
-
-    - `layer`: the layer to record ([`eqx_ppo.with_recording`][] wraps them all).
+    runs unchanged. [`eqx_ppo.with_recording`][] wraps every leaf layer in one.
     """
 
     layer: AbstractStatefulModule

@@ -47,10 +47,6 @@ class VideoConfig:
             check_range(f"VideoConfig({name}=", getattr(self, name), 1)
 
 
-_SEEDS = 2**32
-"""PRNG seeds are 32-bit: `jax.random.key(2**32)` is `jax.random.key(0)`."""
-
-
 @register_config
 @checked
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,7 +75,8 @@ class TrainConfig:
 
     def __post_init__(self):
         check_range("TrainConfig(n_seeds=", self.n_seeds, 1)
-        check_range("TrainConfig(seed=", self.seed, 0, _SEEDS - self.n_seeds)
+        # PRNG seeds are 32-bit: `jax.random.key(2**32)` is `jax.random.key(0)`.
+        check_range("TrainConfig(seed=", self.seed, 0, 2**32 - self.n_seeds)
         check_range(
             "TrainConfig(checkpoint_every_steps=", self.checkpoint_every_steps, 1
         )

@@ -36,11 +36,7 @@ def _percentiles(levels: Sequence[Percentile] | None) -> tuple[Number, ...] | No
 
 def _weight_decay(value: Number | bool | None) -> Number | None:
     # nnx-ppo reads `True` as optax's default AdamW decay and `False` as none.
-    return (
-        {True: 1e-4, False: None}.get(value, value)
-        if isinstance(value, bool)
-        else value
-    )
+    return {True: 1e-4, False: None}[value] if isinstance(value, bool) else value
 
 
 def setting(
@@ -53,7 +49,8 @@ def setting(
     **kwargs: Any,
 ) -> Any:
     """A static, keyword-only learner field, range-checked at construction."""
-    bounds = {} if low is None and high is None else {"bounds": (low, high, open_low)}
+    limits = {"low": low, "high": high, "open_low": open_low}
+    bounds = {} if low is None and high is None else {"bounds": limits}
     return eqx.field(
         static=static, kw_only=True, default=default, metadata=bounds, **kwargs
     )
@@ -128,13 +125,8 @@ class AbstractLearner(eqx.Module):
         for field in dataclasses.fields(self):
             bounds = field.metadata.get("bounds")
             if bounds is not None:
-                low, high, open_low = bounds
                 check_range(
-                    f"{name}({field.name}=",
-                    getattr(self, field.name),
-                    low,
-                    high,
-                    open_low=open_low,
+                    f"{name}({field.name}=", getattr(self, field.name), **bounds
                 )
         if self.n_envs % self.n_minibatches:
             raise ValueError(

@@ -154,13 +154,8 @@ def ppo_loss(
     `jax.shard_map`, `total` is this device's loss; advantages are normalised
     and metrics computed over the whole minibatch.
     """
-    rep = replay(
-        network,
-        state0,
-        data,
-        final_obs,
-        bootstrap_truncation=learner.truncation == "bootstrap",
-    )
+    bootstrap = learner.truncation == "bootstrap"
+    rep = replay(network, state0, data, final_obs, bootstrap_truncation=bootstrap)
     values = rep.output.value_estimates
     rewards = jax.tree.map(lambda r: r * learner.reward_scaling, data.reward)
     advantages = jax.tree.map(
@@ -172,7 +167,7 @@ def ppo_loss(
             data.truncated,
             gamma=learner.discounting_factor,
             lambda_=learner.gae_lambda,
-            bootstrap_truncation=learner.truncation == "bootstrap",
+            bootstrap_truncation=bootstrap,
         ),
         rewards,
         values,

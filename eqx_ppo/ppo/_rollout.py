@@ -1,5 +1,6 @@
 """Stepping a batch of envs with a network: auto-reset, rollouts and evaluation."""
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -13,6 +14,7 @@ from ..envs._env import check_env, reported_truncation
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, checked_output, reset_where
+from ..recording import extract_activations, with_recording
 from ._sharding import shard_env_keys
 from ._validate import (
     check_actions,
@@ -81,10 +83,6 @@ def reset_carry(
 class StepCarry(NamedTuple):
     env_state: Any
     net_state: State
-
-
-TRAINING_FIELDS = tuple(f for f in Transition._fields if f != "terminal_obs")
-"""The `Transition` fields a training rollout keeps."""
 
 
 class SaveAt(eqx.Module):
@@ -168,10 +166,7 @@ def run_episodes(
     """
     check_samplers(env, network)
     n_envs = jnp.shape(carry.env_state.done)[0]
-
-    def keys_of(k):
-        return shard_env_keys(k, n_envs, axis_name)
-
+    keys_of = functools.partial(shard_env_keys, n_local=n_envs, axis_name=axis_name)
     cache_key, keys_key, fresh_key = jax.random.split(key, 3)
     step_keys = jax.random.split(keys_key, length)
     start_states = (
@@ -207,7 +202,7 @@ def run_episodes(
                 **{k: v if k in keep else None for k, v in transition._asdict().items()}
             ),
             env_states=env_state if save.env_states else None,
-            activations=_activations(out.metrics) if save.activations else None,
+            activations=extract_activations(out.metrics) if save.activations else None,
             finished=finished,
         )
         next_net = out.next_state
@@ -228,12 +223,6 @@ def run_episodes(
     return carry, steps
 
 
-def _activations(metrics: Any) -> Any:
-    from ..recording import extract_activations
-
-    return extract_activations(metrics)
-
-
 def rollout(
     env: Any,
     network: AbstractStatefulModule,
@@ -247,7 +236,8 @@ def rollout(
 ) -> tuple[StepCarry, Transition]:
     """A training rollout: `run_episodes` with auto-reset, keeping the training
     transitions (and `terminal_obs` when `keep_terminal_obs`)."""
-    fields = TRAINING_FIELDS + (("terminal_obs",) if keep_terminal_obs else ())
+    fields = tuple(f for f in Transition._fields if f != "terminal_obs")
+    fields += ("terminal_obs",) if keep_terminal_obs else ()
     carry, steps = run_episodes(
         env,
         network,
@@ -306,12 +296,9 @@ def eval_rollout(
     lifespan = jnp.sum(alive.astype(jnp.float32), axis=0)
     metrics: dict[str, Array] = {}
     total = sum(jax.tree.leaves(returns))
-    metrics["eval/episode_reward/mean"] = jnp.mean(total)
-    metrics["eval/episode_reward/std"] = jnp.std(total)
+    reduce_metric(metrics, "eval/episode_reward", total)  # mean and std, always
     if logging_percentiles:
-        ps = jnp.percentile(total, jnp.asarray(logging_percentiles, jnp.float32))
-        for level, p in zip(logging_percentiles, ps, strict=True):
-            metrics[f"eval/episode_reward/p{level:g}"] = p
+        reduce_metric(metrics, "eval/episode_reward", total, logging_percentiles)
     if isinstance(returns, Mapping):
         reduce_metric(metrics, "eval/episode_reward", returns, logging_percentiles)
     reduce_metric(metrics, "eval/lifespan", lifespan, logging_percentiles)
@@ -341,8 +328,6 @@ def record_activations_rollout(
     are not reset: `dones[t, i]` says env `i` ended before step `t`, so mask
     those steps out (the recording guide).
     """
-    from ..recording import with_recording
-
     recorder = eqx.nn.inference_mode(with_recording(network))
     save = SaveAt(activations=True)
     steps = _single_episodes(env, recorder, key, n_envs, max_episode_length, save)

@@ -23,12 +23,8 @@ ENV_AXIS = "env"
 
 @checked
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh over `devices` with the axis `"env"`, for `train(mesh=...)`.
-
-    **Arguments:**
-
-    - `devices`: the devices to spread the envs over (default: `jax.devices()`).
-    """
+    """A 1-D mesh with the axis `"env"` over the `devices` to spread the envs
+    over (default: `jax.devices()`), for `train(mesh=...)`."""
     devices = jax.devices() if devices is None else list(devices)
     if not devices or len(set(devices)) < len(devices):
         raise ValueError(
@@ -49,12 +45,11 @@ def check_mesh(mesh: Mesh, n_envs: int, n_minibatches: int) -> None:
             "eqx_ppo.make_mesh(devices), or jax.make_mesh(..., "
             "axis_types=(jax.sharding.AxisType.Auto,))."
         )
-    n_devices = mesh.size
-    if n_envs % (n_devices * n_minibatches):
-        per_step = n_devices * n_minibatches
+    per_step = mesh.size * n_minibatches
+    if n_envs % per_step:
         raise ValueError(
             f"train(mesh=...): n_envs={n_envs} must be divisible by n_devices * "
-            f"n_minibatches = {n_devices} * {n_minibatches} = {per_step}, because "
+            f"n_minibatches = {mesh.size} * {n_minibatches} = {per_step}, because "
             "each device holds n_envs / n_devices envs and splits them into "
             f"n_minibatches local minibatches. Fix: use n_envs="
             f"{per_step * max(1, round(n_envs / per_step))}, fewer minibatches or "
@@ -201,11 +196,7 @@ def shard_step(step: Callable[..., tuple[Any, Any]], mesh: Mesh) -> Callable:
     the result maps a state placed with `eqx_ppo.shard_state` to `(state,
     metrics)`, metrics replicated.
     """
-
-    def sharded(state):
-        return on_mesh(_call_on_axis, mesh, state, step)
-
-    return sharded
+    return lambda state: on_mesh(_call_on_axis, mesh, state, step)
 
 
 def _call_on_axis(state: Any, step: Callable) -> tuple[Any, Any]:

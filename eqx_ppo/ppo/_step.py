@@ -86,11 +86,10 @@ class _Horizon(NamedTuple):
 
 
 def _horizon(n_updates: int) -> optax.GradientTransformation:
-    def init(params):
-        del params
-        return _Horizon(jnp.asarray(n_updates, jnp.int32))
-
-    return optax.GradientTransformation(init, lambda u, state, params=None: (u, state))
+    return optax.GradientTransformation(
+        lambda params: _Horizon(jnp.asarray(n_updates, jnp.int32)),
+        lambda updates, state, params=None: (updates, state),
+    )
 
 
 def schedule_horizon(opt_state: PyTree) -> Array | None:
@@ -381,10 +380,8 @@ def _iteration_metrics(
     if LoggingLevel.ROLLOUT_STATS in level:
         reduce_metric(out, "rollout_batch/reward", data.reward, pct)
         reduce_metric(out, "rollout_batch/action", data.output.actions, pct)
-        out["rollout_batch/done_rate"] = jnp.mean(data.done.astype(jnp.float32))
-        out["rollout_batch/truncation_rate"] = jnp.mean(
-            data.truncated.astype(jnp.float32)
-        )
+        reduce_metric(out, "rollout_batch/done_rate", data.done)
+        reduce_metric(out, "rollout_batch/truncation_rate", data.truncated)
     if LoggingLevel.ROLLOUT_OBS in level:
         reduce_metric(out, "rollout_batch/obs", data.obs, pct)
     if learner.logs_rollout_outputs and LoggingLevel.ACTOR_EXTRA in level:
