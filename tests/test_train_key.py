@@ -64,6 +64,17 @@ def test_a_batch_of_keys_gives_one_per_seed():
     assert same(by_seed.training_state, by_keys.training_state)
 
 
+@pytest.mark.parametrize("seed", [0, 2**31 - 1, 2**32 - 3])
+def test_the_seeds_keys_are_those_of_each_seed(seed):
+    # `train` without a key derives seed i's keys from jax.random.key(seed + i),
+    # in one vmapped program; up to the top of the 32-bit range.
+    from eqx_ppo.ppo._train import _seed_keys
+
+    got = _seed_keys(None, config(seed=seed, n_seeds=3))
+    each = jax.numpy.stack([jax.random.key(seed + i) for i in range(3)])
+    assert same(got, _seed_keys(each, config(n_seeds=3)))
+
+
 def test_one_key_is_split_over_seeds():
     key = jax.random.key(3)
     result = eqx_ppo.train(ENV, networks, config(n_seeds=2), key=key)

@@ -45,7 +45,9 @@ def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainCo
     they are split (see `train`'s `key`)."""
     n = config.n_seeds
     if key is None:
-        keys = jnp.stack([jax.random.key(config.seed + i) for i in range(n)])
+        # `jax.random.key(seed + i)` for each seed, in one program.
+        seeds = jnp.arange(n, dtype=jnp.uint32) + np.uint32(config.seed)
+        keys = jax.vmap(jax.random.key)(seeds)
     elif key.ndim == 0:
         keys = key[None] if n == 1 else jax.random.split(key, n)
     elif key.shape[0] != n:
