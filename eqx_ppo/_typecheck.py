@@ -13,15 +13,12 @@ from typing import Annotated, Any, TypeVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from beartype import BeartypeConf, BeartypeStrategy, beartype
-from beartype.vale import IsInstance
+from beartype import BeartypeConf, beartype
+from beartype.door import is_bearable
+from beartype.vale import Is, IsInstance
 from jaxtyping import Array, ArrayLike, Float, Integer, Real
 
-# Every item of a container is checked (beartype samples one by default): the
-# containers at the boundary are small settings such as percentile levels.
-_CONF = BeartypeConf(
-    is_color=False, strategy=BeartypeStrategy.On, violation_type=TypeError
-)
+_CONF = BeartypeConf(is_color=False, violation_type=TypeError)
 
 Int = Annotated[int, ~IsInstance[bool]]
 """An int, not a bool (`isinstance(True, int)` holds in Python)."""
@@ -32,6 +29,16 @@ Number = Annotated[int | float, ~IsInstance[bool]]
 Scalar = Annotated[Real[ArrayLike, ""], ~IsInstance[bool]]
 """A real number: an `int` or `float` (not a `bool`), or a scalar array, traced
 ones included (a learner built inside `jax.vmap`)."""
+
+
+def each(container: Any, item: Any) -> Any:
+    """`container[item]` (`tuple[item, ...]` for `tuple`) with every item
+    checked: beartype checks one random item of a container per call (its
+    linear-time strategy is not implemented), so a bool among ints would
+    pass half the time."""
+    hint = container[item, ...] if container is tuple else container[item]
+    return Annotated[hint, Is[lambda xs: all(is_bearable(x, item) for x in xs)]]
+
 
 Index = Int | np.integer | Integer[Array, ""] | Integer[np.ndarray, ""]
 """An integer index: an `int`, or an integer scalar array (NumPy's, JAX's)."""

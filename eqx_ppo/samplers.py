@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Integer, Key
 
-from ._typecheck import Int, check_range, checked
+from ._typecheck import Int, check_range, checked, each
 from .nn._filters import coefficient
 from .nn._keys import check_draws
 from .nn._module import AbstractStatefulModule, StatefulModuleOutput
@@ -184,7 +184,7 @@ class CategoricalSampler(_AbstractSampler):
     """
 
     entropy_weight: Float[Array, ""] = coefficient(nonnegative=True)
-    n_actions: Int | tuple[Int, ...] = eqx.field(static=True)
+    n_actions: Int | each(tuple, Int) = eqx.field(static=True)
     inference: bool = False
 
     def __check_init__(self):

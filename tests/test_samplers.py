@@ -487,3 +487,17 @@ def test_only_nonnegative_coefficients_are_range_checked():
     assert not any(jax.tree.leaves(eqx_ppo.nn.trainable(layer)))
     with pytest.raises(ValueError, match=r"Shift\(weights=\[ 1\. -2\.\]\)`: weights"):
         Shift(jnp.zeros(2), jnp.array([1.0, -2.0]))
+
+
+def test_every_item_of_a_size_tuple_is_checked():
+    # beartype checks one random item of a container per call; `each` checks
+    # them all, so the bool is refused on every call, wherever it sits.
+    for i in range(8):
+        sizes = [3] * 8
+        sizes[i] = True
+        with pytest.raises(TypeError, match="n_actions"):
+            CategoricalSampler(entropy_weight=0.0, n_actions=tuple(sizes))
+        with pytest.raises(TypeError, match="actor_hidden_sizes"):
+            eqx_ppo.make_mlp_actor_critic(2, 2, sizes, [4], key=jax.random.key(0))
+        with pytest.raises(TypeError, match="logging_percentiles"):
+            eqx_ppo.PPO(logging_percentiles=tuple(sizes))

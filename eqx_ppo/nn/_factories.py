@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jaxtyping import Array, Key
 
-from .._typecheck import checked
+from .._typecheck import Int, checked, each
 from ..samplers import CategoricalSampler, NormalTanhSampler
 from ._adapter import PPOAdapter
 from ._containers import Map, Sequential
@@ -36,7 +36,7 @@ def scaled_kernel_init(initializer_scale: float) -> Callable[..., Array]:
 
 
 def _dense_stack(
-    sizes: Sequence[int],
+    sizes: each(Sequence, Int),
     *,
     key: Key[Array, ""],
     activation: Activation,
@@ -60,7 +60,7 @@ def _dense_stack(
 @checked
 def make_mlp(
     in_size: int,
-    hidden_sizes: Sequence[int],
+    hidden_sizes: each(Sequence, Int),
     out_size: int,
     *,
     key: Key[Array, ""],
@@ -168,8 +168,8 @@ def actor_critic(
     ],
     obs_size: ObsSize,
     action_size: ActionSize,
-    actor_hidden_sizes: Sequence[int],
-    critic_hidden_sizes: Sequence[int],
+    actor_hidden_sizes: each(Sequence, Int),
+    critic_hidden_sizes: each(Sequence, Int),
     *,
     key: Key[Array, ""],
     activation: Activation,
@@ -212,8 +212,8 @@ def actor_critic(
 def make_mlp_actor_critic(
     obs_size: ObsSize,
     action_size: ActionSize,
-    actor_hidden_sizes: Sequence[int],
-    critic_hidden_sizes: Sequence[int],
+    actor_hidden_sizes: each(Sequence, Int),
+    critic_hidden_sizes: each(Sequence, Int),
     *,
     key: Key[Array, ""],
     activation: Activation = "swish",

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import jax
 from jaxtyping import Array, Key
 
-from .._typecheck import check_range, checked
+from .._typecheck import Int, check_range, checked, each
 from ._containers import Sequential
 from ._dense import Activation, Dense
 from ._factories import (
@@ -40,8 +40,8 @@ def make_recurrent_actor_critic(
     key: Key[Array, ""],
     cell: Cell = "lstm",
     recurrent_critic: bool = True,
-    actor_hidden_sizes: Sequence[int] = (),
-    critic_hidden_sizes: Sequence[int] = (),
+    actor_hidden_sizes: each(Sequence, Int) = (),
+    critic_hidden_sizes: each(Sequence, Int) = (),
     activation: Activation = "swish",
     normalize_obs: bool = True,
     initializer_scale: float = 1.0,

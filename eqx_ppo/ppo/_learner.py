@@ -15,7 +15,15 @@ import equinox as eqx
 from beartype.vale import Is
 from jaxtyping import Array, Float, PyTree
 
-from .._typecheck import Int, Number, check_range, checked, float32, optional_float32
+from .._typecheck import (
+    Int,
+    Number,
+    check_range,
+    checked,
+    each,
+    float32,
+    optional_float32,
+)
 from ..checkpoint import register_config
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule, State
@@ -30,7 +38,9 @@ Loss = tuple[Float[Array, ""], dict[str, Any]]
 Percentile = Annotated[Number, Is[lambda p: 0 <= p <= 100]]
 
 
-def _percentiles(levels: Sequence[Percentile] | None) -> tuple[Number, ...] | None:
+def _percentiles(
+    levels: each(Sequence, Percentile) | None,
+) -> tuple[Number, ...] | None:
     return None if levels is None else tuple(levels)
 
 
