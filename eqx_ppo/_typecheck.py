@@ -7,7 +7,7 @@ type cannot say (ranges, agreement between arguments) is checked by hand, once.
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
 import jax
@@ -32,12 +32,16 @@ ones included (a learner built inside `jax.vmap`)."""
 
 
 def each(container: Any, item: Any) -> Any:
-    """`container[item]` (`tuple[item, ...]` for `tuple`) with every item
-    checked: beartype checks one random item of a container per call (its
-    linear-time strategy is not implemented), so a bool among ints would
-    pass half the time."""
-    hint = container[item, ...] if container is tuple else container[item]
-    return Annotated[hint, Is[lambda xs: all(is_bearable(x, item) for x in xs)]]
+    """`container[item]` (`tuple[item, ...]`, `Mapping[str, item]`) with every
+    item (a mapping's every value) checked: beartype checks one random item of
+    a container per call (its linear-time strategy is not implemented), so a
+    bool among ints would pass half the time."""
+    if container is Mapping:
+        hint, items = Mapping[str, item], lambda xs: xs.values()
+    else:
+        hint = container[item, ...] if container is tuple else container[item]
+        items = iter
+    return Annotated[hint, Is[lambda xs: all(is_bearable(x, item) for x in items(xs))]]
 
 
 Index = Int | np.integer | Integer[Array, ""] | Integer[np.ndarray, ""]

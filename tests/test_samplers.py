@@ -489,7 +489,7 @@ def test_only_nonnegative_coefficients_are_range_checked():
         Shift(jnp.zeros(2), jnp.array([1.0, -2.0]))
 
 
-def test_every_item_of_a_size_tuple_is_checked():
+def test_every_item_of_a_size_list_is_checked():
     # beartype checks one random item of a container per call; `each` checks
     # them all, so the bool is refused on every call, wherever it sits.
     for i in range(8):
@@ -501,3 +501,8 @@ def test_every_item_of_a_size_tuple_is_checked():
             eqx_ppo.make_mlp_actor_critic(2, 2, sizes, [4], key=jax.random.key(0))
         with pytest.raises(TypeError, match="logging_percentiles"):
             eqx_ppo.PPO(logging_percentiles=tuple(sizes))
+        named = {f"k{j}": size for j, size in enumerate(sizes)}
+        with pytest.raises(TypeError, match="action_size"):
+            eqx_ppo.make_mlp_actor_critic(2, named, [4], [4], key=jax.random.key(0))
+        with pytest.raises(TypeError, match="obs_size"):
+            eqx_ppo.make_mlp_actor_critic(named, 2, [4], [4], key=jax.random.key(0))

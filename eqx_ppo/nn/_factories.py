@@ -21,9 +21,10 @@ from ._module import AbstractStatefulModule
 from ._normalizer import Normalizer
 from ._utils import Flattener, Splitter
 
-ObsSize = int | tuple[int, int, int] | Mapping[str, int | tuple[int, ...]]
+Shape = Int | each(tuple, Int)
+ObsSize = Int | tuple[Int, Int, Int] | each(Mapping, Shape)
 Encoder = Kind | ConvSpec
-ActionSize = int | tuple[int, ...] | Mapping[str, int | tuple[int, ...]]
+ActionSize = Shape | each(Mapping, Shape)
 
 
 def scaled_kernel_init(initializer_scale: float) -> Callable[..., Array]:
