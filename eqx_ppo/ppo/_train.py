@@ -95,13 +95,18 @@ def _seed_zero(tree: Any) -> Any:
 _first_seed = eqx.filter_jit(_seed_zero)  # One program, not one per leaf.
 
 
+def _fresh_states(env, networks, key, config):
+    init_keys, train_keys, eval_keys = _seed_keys(key, config)
+    states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
+    return states, eval_keys
+
+
 def _initial_states(
     env: Any, networks: NetworkOrFactory, config: TrainConfig
 ) -> TrainingState:
     """The fresh states of `train` with `key=None`, as the user sees them:
     `load_checkpoint(env=, networks=)`'s template."""
-    init_keys, train_keys, _ = _seed_keys(None, config)
-    states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
+    states, _ = _fresh_states(env, networks, None, config)
     return states if config.n_seeds > 1 else _first_seed(states)
 
 
@@ -285,12 +290,6 @@ def train(
         local=(lambda tree: tree) if mesh is None else to_local,
     )
     return driver.run(states)
-
-
-def _fresh_states(env, networks, key, config):
-    init_keys, train_keys, eval_keys = _seed_keys(key, config)
-    states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
-    return states, eval_keys
 
 
 HOST_INIT_BACKENDS = ("tpu",)
