@@ -2,7 +2,6 @@
 
 import errno
 import json
-import os
 import pathlib
 import re
 import shutil
@@ -14,6 +13,7 @@ import pytest
 
 from eqx_ppo import cli, envs, latest_checkpoint
 from eqx_ppo.cli import main
+from tests._helpers import cpu_child_env
 
 TINY = ["--n-envs", "4", "--rollout-length", "4", "--hidden", "4", "--eval-every", "32"]
 
@@ -758,7 +758,7 @@ def test_the_compile_cache_makes_a_second_run_load_its_programs(tmp_path):
             [sys.executable, "-c", script, "train", *flags, "--out", str(out), *extra],
             capture_output=True,
             text=True,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            env=cpu_child_env(),
         )
         assert done.returncode == 0, done.stderr
         return done.stdout

@@ -7,7 +7,6 @@ settings (strict dtype promotion, warnings as errors, jaxtyping + beartype
 checks of `eqx_ppo`).
 """
 
-import os
 import pathlib
 import socket
 import subprocess
@@ -15,6 +14,8 @@ import sys
 import textwrap
 
 import pytest
+
+from tests._helpers import cpu_child_env
 
 # Each test starts processes with 4 virtual devices (about 2.5 min in all):
 # they run with the slow tests, `pytest -m slow`, which CI runs too.
@@ -86,12 +87,9 @@ def _env(devices: int) -> dict[str, str]:
     """This environment with `devices` CPU devices and without the suite's
     compilation cache (`conftest.py`): the two processes of one distributed
     run would read entries while the other writes them."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    return {
-        **env,
-        "JAX_PLATFORMS": "cpu",  # one process can hold a TPU, and the suite's does
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    }
+    env = cpu_child_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    return env
 
 
 def run(script: str, *, devices: int = 4, timeout: int = 600, args=()) -> str:

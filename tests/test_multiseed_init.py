@@ -8,7 +8,6 @@ its init. eqx_ppo's `orthogonal` (`eqx_ppo.nn._dense`) loops over the batch
 instead.
 """
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import pytest
 
 from eqx_ppo import nn
 from eqx_ppo.nn._dense import orthogonal
+from tests._helpers import cpu_child_env
 
 _HANG_REPRO = textwrap.dedent(
     """
@@ -50,7 +50,7 @@ def test_multi_seed_lstm_init_finishes():
     done = subprocess.run(
         [sys.executable, "-c", _HANG_REPRO],
         capture_output=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},  # a CPU deadlock
+        env=cpu_child_env(),  # a CPU deadlock
         text=True,
         timeout=600,
     )
