@@ -352,6 +352,37 @@ def test_gymnax_adapter_reads_truncation_from_info_without_is_truncated(gymnax, 
     np.testing.assert_array_equal(states.info["truncation"], expected)
 
 
+class _GymnaxBefore1API(_StableGymnaxAPI):
+    """A gymnax env as gymnax 0.0.9 serves it: no `is_truncated`, the time limit
+    inside `done` and flagged nowhere, discrete actions of dtype `jnp.int_`."""
+
+    def step_env(self, key, state, action, params):
+        assert action.dtype == jnp.int32  # int64 without x64 would warn
+        obs, state, reward, done, info = self._env.step_env(key, state, action, params)
+        done = done | (state.time >= params.max_steps_in_episode)
+        return obs, state, reward, done, {"discount": 1.0 - done}
+
+    def action_space(self, params):
+        space = self._env.action_space(params)
+        space.dtype = np.int64
+        return space
+
+
+def test_gymnax_before_1_has_its_time_limit_read_off_the_state(gymnax, getkey):
+    inner, params = gymnax.make("CartPole-v1")
+    env = GymnaxAdapter(
+        _GymnaxBefore1API(inner), params.replace(max_steps_in_episode=5)
+    )
+    # Pushing one way keeps the pole up for more than 5 steps.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, states = rollout(env, jax.random.split(getkey(), 2), jnp.ones(2, int), 6)
+    expected = np.zeros((6, 2))
+    expected[4:] = 1.0  # time reaches 5 at the fifth step
+    np.testing.assert_array_equal(states.done, expected)
+    np.testing.assert_array_equal(states.info["truncation"], expected)
+
+
 def test_playground_on_cpu_defaults_to_the_jax_backend(playground, monkeypatch):
     # Stand-ins for the registry: what `make` asks for, without loading MuJoCo.
     asked = []

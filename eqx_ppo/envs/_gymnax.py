@@ -75,6 +75,14 @@ def _check_params(env: Any, params: Any) -> None:
         )
 
 
+def _time_limit(env_state: Any, params: Any) -> Any:
+    """gymnax < 1.0's `is_truncated`: its `done` includes the time limit but
+    flags it nowhere, so read it off the state's step count, as 1.0 does."""
+    limit = getattr(params, "max_steps_in_episode", None)
+    time = getattr(env_state, "time", None)
+    return False if limit is None or time is None else time >= limit
+
+
 def _strong(tree: Any) -> Any:
     """Arrays with concrete (not weak) dtypes, so reset and step states match."""
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.asarray(x).dtype), tree)
@@ -96,7 +104,8 @@ class GymnaxAdapter(AbstractEnv):
     - `rescale_actions`: map continuous actions from `[-1, 1]` to the Box bounds.
     - `flatten_obs`: flatten observations; `False` keeps their shape (images).
     - `truncation_from_info`: read the time limit from `step_env`'s `info`
-        (stable-gymnax); `None` does so when the env has no `is_truncated`.
+        (stable-gymnax; gymnax < 1.0, whose info lacks it, from the state's
+        `time`); `None` does so when the env has no `is_truncated`.
     - `max_len`: the episode limit; by default the params' `max_steps_in_episode`.
     """
 
@@ -149,7 +158,8 @@ class GymnaxAdapter(AbstractEnv):
     def _action(self, action: Any) -> Array:
         space = self._action_space()
         if self.n_actions is not None:
-            return check_action(self, action, (), space.n).astype(space.dtype)
+            dtype = jax.dtypes.canonicalize_dtype(space.dtype)  # gymnax 0.0.9: int64
+            return check_action(self, action, (), space.n).astype(dtype)
         action = check_action(self, action, (math.prod(space.shape),))
         if self.rescale_actions:
             low = jnp.broadcast_to(jnp.asarray(space.low, jnp.float32), space.shape)
@@ -181,7 +191,9 @@ class GymnaxAdapter(AbstractEnv):
                 step_key, state.pipeline_state["env_state"], action, self.env_params
             )
             if self.truncation_from_info:
-                truncated = info.get("truncation", info.get("truncated", False))
+                truncated = info.get("truncation", info.get("truncated"))
+                if truncated is None:
+                    truncated = _time_limit(env_state, self.env_params)
             else:
                 truncated = self.env.is_truncated(env_state, self.env_params)
         ended = jnp.asarray(ended, bool)
