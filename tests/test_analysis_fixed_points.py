@@ -1,4 +1,8 @@
-"""eqx_ppo.analysis.fixed_points against cells whose fixed points are known."""
+"""eqx_ppo.analysis.fixed_points against cells whose fixed points are known.
+
+The states and eigenvalues are of order 1, so where a cell goes through
+`tanh` or `exp` the absolute tolerance is the backend's relative one (`rtol`).
+"""
 
 import sys
 
@@ -11,6 +15,7 @@ from jaxtyping import Array, Float
 
 from eqx_ppo import analysis, nn
 from eqx_ppo.nn._module import zero_loss
+from tests._helpers import rtol
 
 
 class Linear(nn.AbstractStatefulModule):
@@ -94,14 +99,14 @@ def test_a_bistable_tanh_pair_has_two_stable_points_and_a_saddle(getkey):
     assert len(points.stable) == 3
     for target, stable in (([s, s], True), ([-s, -s], True), ([0.0, 0.0], False)):
         i = nearest(points, np.array(target))
-        np.testing.assert_allclose(points.states[i], target, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(points.states[i], target, rtol=0, atol=rtol(1e-6))
         assert bool(points.stable[i]) is stable
         # The analytic Jacobian: diag(1 - tanh(W h)^2) W = diag(1 - h^2) W.
         jacobian = np.diag(1 - np.asarray(target) ** 2) @ w
         assert_same_spectrum(points.eigenvalues[i], np.linalg.eigvals(jacobian), 1e-5)
     saddle = nearest(points, np.zeros(2))
     np.testing.assert_allclose(
-        np.abs(points.eigenvalues[saddle]), [2.0, 0.5], atol=1e-6
+        np.abs(points.eigenvalues[saddle]), [2.0, 0.5], atol=rtol(1e-6)
     )
     assert int(np.sum(points.counts)) <= 64
 
@@ -114,7 +119,7 @@ def test_mingru_rests_at_its_candidate_and_lru_at_its_input_drive(getkey):
     candidate = x @ mingru.kernel[:, 4:] + mingru.bias[4:]
     z = jax.nn.sigmoid(x @ mingru.kernel[:, :4] + mingru.bias[:4])
     assert points.states.shape == (1, 4)
-    np.testing.assert_allclose(points.states[0], candidate, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(points.states[0], candidate, rtol=0, atol=rtol(1e-6))
     assert_same_spectrum(points.eigenvalues[0], 1 - z, 1e-6)
     assert bool(points.stable[0])
 
@@ -132,8 +137,8 @@ def test_mingru_rests_at_its_candidate_and_lru_at_its_input_drive(getkey):
     rest = drive / (1 - lam)
     re, im = points.states
     assert re.shape == im.shape == (1, 2)
-    np.testing.assert_allclose(re[0], rest.real, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(im[0], rest.imag, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(re[0], rest.real, rtol=0, atol=rtol(1e-6))
+    np.testing.assert_allclose(im[0], rest.imag, rtol=0, atol=rtol(1e-6))
     assert_same_spectrum(
         points.eigenvalues[0], np.concatenate([lam, np.conj(lam)]), 1e-6
     )
