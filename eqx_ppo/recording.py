@@ -112,9 +112,5 @@ def _activations_in(metrics: Any) -> PyTree | None:
         return None
     if ACTIVATION_KEY in metrics:
         return metrics[ACTIVATION_KEY]
-    found = {}
-    for name, sub in metrics.items():
-        activations = _activations_in(sub)
-        if activations is not None:
-            found[name] = activations
-    return found or None
+    found = {name: _activations_in(sub) for name, sub in metrics.items()}
+    return {name: a for name, a in found.items() if a is not None} or None
