@@ -100,10 +100,8 @@ def with_recording(net: PyTree) -> PyTree:
 @checked
 def extract_activations(metrics: Mapping | None) -> PyTree | None:
     """The recorded activations in a recording network's `metrics` (of any
-    leading shape), as a nested dict mirroring the network (`Sequential`
-    positions as int keys, containers' names as str keys); `None` if there are
-    none.
-    """
+    leading shape), as a nested dict mirroring the network (the recording guide
+    gives its keys); `None` if there are none."""
     return _activations_in(metrics)
 
 
