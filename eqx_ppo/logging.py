@@ -1,8 +1,5 @@
-"""What to log (`LoggingLevel`), in-graph metric reduction, and metric sinks.
-
-Metrics are reduced to scalars inside the compiled program, so nothing that
-grows with a run stays on the device; sinks get plain dicts on the host.
-"""
+"""What to log (`LoggingLevel`), in-graph metric reduction (see the logging
+guide), and the sinks that get the host's plain dicts."""
 
 import csv
 import enum
@@ -109,9 +106,8 @@ def per_seed_columns(metrics: Metrics) -> dict[str, float]:
 
 def _start_log(sink: str, path: pathlib.Path, append: bool, suffix: str) -> None:
     """Refuse a `path` that is a folder, or that holds an earlier run's log
-    (unless `append`): writing to it would mix two runs or lose the first. A
-    log being continued loses, with a warning, an unfinished last line (a run
-    killed mid-write), onto which the next record would be glued."""
+    (unless `append`); drop, with a warning, a continued log's unfinished last
+    line (a run killed mid-write), onto which the next record would be glued."""
     if path.is_dir():
         raise IsADirectoryError(
             f"{sink}: {path} is a folder; pass the path of the log file to "
@@ -129,8 +125,7 @@ def _start_log(sink: str, path: pathlib.Path, append: bool, suffix: str) -> None
     if not data or data.endswith(b"\n"):
         return
     keep = data.rfind(b"\n") + 1
-    with path.open("r+b") as f:
-        f.truncate(keep)
+    os.truncate(path, keep)
     warnings.warn(
         f"{sink}: {path} ended in an unfinished line ({len(data) - keep} bytes, "
         "from a run killed while writing?); dropped it before continuing.",

@@ -100,10 +100,8 @@ def with_recording(net: PyTree) -> PyTree:
 @checked
 def extract_activations(metrics: Mapping | None) -> PyTree | None:
     """The recorded activations in a recording network's `metrics` (of any
-    leading shape), as a nested dict mirroring the network (`Sequential`
-    positions as int keys, containers' names as str keys); `None` if there are
-    none.
-    """
+    leading shape), as a nested dict mirroring the network (the recording guide
+    gives its keys); `None` if there are none."""
     return _activations_in(metrics)
 
 
@@ -112,9 +110,5 @@ def _activations_in(metrics: Any) -> PyTree | None:
         return None
     if ACTIVATION_KEY in metrics:
         return metrics[ACTIVATION_KEY]
-    found = {}
-    for name, sub in metrics.items():
-        activations = _activations_in(sub)
-        if activations is not None:
-            found[name] = activations
-    return found or None
+    found = {name: _activations_in(sub) for name, sub in metrics.items()}
+    return {name: a for name, a in found.items() if a is not None} or None

@@ -714,11 +714,15 @@ def test_crash_mid_save_keeps_previous_checkpoint(saved, tmp_path, monkeypatch):
     directory = path.parent
     env, networks, config = small_setup()
 
-    def fail(folder, header):
-        assert (folder / "state.eqx").stat().st_size > 0  # partially written
+    write = ckpt._files._write_synced
+
+    def fail(file, data):
+        if file.name != "header.json":
+            return write(file, data)
+        assert (file.parent / "state.eqx").stat().st_size > 0  # partially written
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "write_header", fail)
+    monkeypatch.setattr(ckpt._files, "_write_synced", fail)
     with pytest.raises(
         ckpt.CheckpointError,
         match=r"step_000000008 failed \(OSError: disk full\).*earlier checkpoint.*"
@@ -739,7 +743,10 @@ from test_checkpoint import small_setup
 directory = sys.argv[1]
 env, networks, config = small_setup()
 state = ckpt.load_checkpoint(directory, env=env, networks=networks)
-ckpt.write_header = lambda folder, header: os._exit(3)  # killed mid-save
+write = ckpt._files._write_synced
+ckpt._files._write_synced = lambda file, data: (  # killed mid-save
+    os._exit(3) if file.name == "header.json" else write(file, data)
+)
 ckpt.save_checkpoint(directory, state, config=config, step=8, keep=1)
 """
 

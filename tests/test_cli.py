@@ -642,16 +642,16 @@ def test_a_full_disk_gets_one_line_and_the_run_resumes(
 
         monkeypatch.setattr(cli.JSONLLogger, "__call__", log)
     else:
-        import eqx_ppo.checkpoint as ckpt
+        from eqx_ppo.checkpoint import _files
 
-        write_state = ckpt.write_state
+        write = _files._write_synced
 
-        def save(folder, fill):
-            if "step_000001280" in folder.name:
+        def save(file, data):
+            if "step_000001280" in file.parent.name:
                 no_space()
-            return write_state(folder, fill)
+            return write(file, data)
 
-        monkeypatch.setattr(ckpt, "write_state", save)
+        monkeypatch.setattr(_files, "_write_synced", save)
     assert main(["train", "--out", str(full), *flags]) == 2
     monkeypatch.undo()
     err = capsys.readouterr().err

@@ -1,17 +1,13 @@
 """Checkpoints: save a training state, load it back exactly, resume.
 
-A checkpoint is one folder `step_<step, 9 digits>/` holding `state.eqx`, every
-array leaf of the state (`eqx.tree_serialise_leaves`, no pickle; PRNG keys as
-their key data), and `header.json`: the versions, the step, the config, your
-`metadata`, the size and SHA-256 of `state.eqx`, the state's structure and,
-last, the header's own SHA-256. Writes are atomic, and nothing changed after a
-save loads. The checkpointing guide says what is saved, how loading checks
-it, and how to resume. Config classes join with [`register_config`][], and a
-config type's template builder with `register_template`.
+A checkpoint is one folder `step_<step>/` of `state.eqx` (the arrays) and
+`header.json` (what loading checks them against); the checkpointing guide says
+what each holds. Config classes join with [`register_config`][], and a config
+type's template builder with `register_template`.
 """
 
 import dataclasses
-import json
+import hashlib
 import os
 import pathlib
 from collections.abc import Callable
@@ -33,6 +29,7 @@ from ._files import (
     HEADER_SHA256,
     PREFIX,
     STATE,
+    header_json,
     latest_checkpoint as latest_checkpoint,
     list_checkpoints as list_checkpoints,
     named_step,
@@ -40,8 +37,6 @@ from ._files import (
     read_state,
     resolve,
     write_atomically,
-    write_header,
-    write_state,
 )
 from ._leaves import (
     check_saveable,
@@ -117,6 +112,7 @@ def save_checkpoint(
     check_range("save_checkpoint(step=", step, 0, fix="pass `int(state.steps)`.")
     check_saveable(state)
     leaves, treedef = structure(state, saved=True)
+    data = serialise(state)
     header = {
         "format_version": FORMAT_VERSION,
         "library_version": _library_version(),
@@ -125,21 +121,18 @@ def save_checkpoint(
         "metadata": {} if metadata is None else metadata,
         "leaves": leaves,
         "treedef": treedef,
+        "state_bytes": len(data),
+        "state_sha256": hashlib.sha256(data).hexdigest(),
     }
-    try:
-        json.dumps(header["metadata"])  # fail before writing anything
+    try:  # fail before writing anything
+        files = {STATE: data, HEADER: header_json(header)}
     except (TypeError, ValueError) as e:
         raise TypeError(
             f"save_checkpoint(metadata=...): {e}. Use plain Python values (int, "
             "float, str, bool, None, lists and str-keyed dicts): e.g. `int(x)` "
             "for a NumPy or JAX scalar."
         ) from None
-
-    def fill(folder: pathlib.Path) -> None:
-        size, sha256 = write_state(folder, serialise(state))
-        write_header(folder, {**header, "state_bytes": size, "state_sha256": sha256})
-
-    return write_atomically(pathlib.Path(directory), step, fill, keep=keep)
+    return write_atomically(pathlib.Path(directory), step, files, keep=keep)
 
 
 @checked
@@ -151,13 +144,7 @@ def make_checkpoint_fn(
     metadata: dict[str, Any] | None = None,
 ) -> Callable[[Any, int], None]:
     """A `checkpoint_fn` for [`eqx_ppo.train`][] that saves every call to
-    `directory` with [`save_checkpoint`][], keeping the newest `keep`.
-
-    ```python
-    eqx_ppo.train(env, networks, config,
-                  checkpoint_fn=eqx_ppo.make_checkpoint_fn("run/ckpt", config))
-    ```
-    """
+    `directory` with [`save_checkpoint`][], keeping the newest `keep`."""
 
     check_range("make_checkpoint_fn(keep=", keep, 1, fix=_KEEP_FIX)
 

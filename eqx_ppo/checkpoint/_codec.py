@@ -74,20 +74,17 @@ def _fingerprint(tree: Any) -> str:
 
 def _encode(value: Any, path: str) -> Any:
     kind = type(value).__name__
-    if isinstance(value, SavedPytree):
-        return {"_type": "pytree", "sha256": value.sha256}
     if _TYPES.get(kind) is type(value) and dataclasses.is_dataclass(value):
-        out: dict[str, Any] = {"_type": kind}
-        for field in dataclasses.fields(value):
-            out[field.name] = _encode(
-                getattr(value, field.name), f"{path}.{field.name}"
-            )
-        return out
+        return {"_type": kind} | {
+            f.name: _encode(getattr(value, f.name), f"{path}.{f.name}")
+            for f in dataclasses.fields(value)
+        }
     if isinstance(value, enum.Flag) and _TYPES.get(kind) is type(value):
         return {"_type": kind, "flags": [f.name for f in value]}
-    if isinstance(value, eqx.Module):
+    if isinstance(value, SavedPytree | eqx.Module):
         # A network a config holds (a distillation teacher): not JSON.
-        return {"_type": "pytree", "sha256": _fingerprint(value)}
+        sha256 = value.sha256 if isinstance(value, SavedPytree) else _fingerprint(value)
+        return {"_type": "pytree", "sha256": sha256}
     if isinstance(value, jax.Array | np.ndarray | np.generic):
         if np.ndim(value) != 0 or isinstance(value, jax.core.Tracer):
             raise TypeError(
@@ -151,21 +148,18 @@ def _decode(value: Any, path: str) -> Any:
             flags |= cls[name]
         return flags
     fields = {k: _decode(v, f"{path}.{k}") for k, v in value.items() if k != "_type"}
-    configs = {f.name for f in dataclasses.fields(cls) if _is_config_field(f)}
-    for name, field_value in fields.items():
-        if isinstance(field_value, dict) and name in configs:
+    for field in dataclasses.fields(cls):
+        factory = field.default_factory  # a sub-config's field has one
+        if isinstance(fields.get(field.name), dict) and (
+            factory is not dataclasses.MISSING and type(factory()).__name__ in _TYPES
+        ):
             raise CheckpointError(
-                f'{path}.{name}: a sub-config saved without its "_type".'
+                f'{path}.{field.name}: a sub-config saved without its "_type".'
             )
     try:
         return cls(**fields)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: the saved {kind} is invalid: {e}") from e
-
-
-def _is_config_field(field: dataclasses.Field) -> bool:
-    factory = field.default_factory
-    return factory is not dataclasses.MISSING and type(factory()).__name__ in _TYPES
 
 
 def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:
@@ -195,9 +189,6 @@ def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:
 def _shown(value: Any, path: str) -> str:
     """A config value as a difference message shows it: a float32 coefficient
     by its shortest float32 repr (`0.001`, not `0.0010000000474974513`)."""
-    if (
-        isinstance(value, jax.Array | np.ndarray | np.generic)
-        and value.dtype == np.float32
-    ):
+    if getattr(value, "dtype", None) == np.float32:
         return np.format_float_positional(np.float32(value), unique=True, trim="-")
     return repr(_encode(value, path))

@@ -9,7 +9,6 @@ import pathlib
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from .._typecheck import checked
@@ -40,12 +39,6 @@ def _write_synced(file: pathlib.Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_state(folder: pathlib.Path, data: bytes) -> tuple[int, str]:
-    """Write `data` to `folder/state.eqx`; return its size and SHA-256."""
-    _write_synced(folder / STATE, data)
-    return len(data), hashlib.sha256(data).hexdigest()
-
-
 def _sealed(body: bytes) -> bytes:
     """`body`, the start of a JSON object up to its last field, completed with
     the field `header_sha256`: the SHA-256 of `body`."""
@@ -53,9 +46,9 @@ def _sealed(body: bytes) -> bytes:
     return body + _SEAL + f'"{digest}"\n}}\n'.encode()
 
 
-def write_header(folder: pathlib.Path, header: dict[str, Any]) -> None:
-    body = json.dumps(header, indent=1).encode()
-    _write_synced(folder / HEADER, _sealed(body.removesuffix(b"\n}")))
+def header_json(header: dict[str, Any]) -> bytes:
+    """The bytes of `header.json` holding `header`."""
+    return _sealed(json.dumps(header, indent=1).encode().removesuffix(b"\n}"))
 
 
 def read_header_json(folder: pathlib.Path) -> dict[str, Any]:
@@ -174,13 +167,13 @@ def _remove_leftovers(directory: pathlib.Path) -> None:
 def write_atomically(
     directory: pathlib.Path,
     step: int,
-    fill: Callable[[pathlib.Path], None],
+    files: dict[str, bytes],
     *,
     keep: int | None,
 ) -> pathlib.Path:
-    """Write `directory/step_<step>/` with `fill(tmp_folder)`, atomically,
-    replacing any checkpoint of that step; with `keep`, only the newest `keep`
-    of the checkpoints up to `step` remain."""
+    """Write `directory/step_<step>/` holding `files` (name: bytes, written in
+    order, the header last), atomically, replacing any checkpoint of that step;
+    with `keep`, only the newest `keep` of the checkpoints up to `step` remain."""
     final = directory / f"{PREFIX}{step:09d}"
     tmp = replaced = None
     try:
@@ -188,7 +181,8 @@ def write_atomically(
         # Not `tempfile.mkdtemp`: a checkpoint gets the umask's permissions.
         tmp = directory / f"{_TMP}{final.name}-{uuid.uuid4().hex}"
         tmp.mkdir()
-        fill(tmp)
+        for name, data in files.items():
+            _write_synced(tmp / name, data)
         _fsync_dir(tmp)
         if final.exists():
             replaced = _aside(final, _REPLACED)
@@ -228,7 +222,6 @@ def write_atomically(
 def resolve(path: str | os.PathLike | None) -> pathlib.Path:
     """A checkpoint folder, or the latest complete one in a folder of them."""
     if path is None:
-        # What `latest_checkpoint` returns for a folder without checkpoints.
         raise CheckpointError(
             "No checkpoint given (path=None; latest_checkpoint(folder) is None "
             "when the folder holds no complete checkpoint). Pass the folder "

@@ -157,8 +157,6 @@ def _load_target(x: Any, spec: dict[str, Any]) -> Any:
             lambda: jax.random.key_data(jax.random.key(0, impl=spec["key_impl"]))
         )
         return jax.ShapeDtypeStruct(tuple(x.shape) + data.shape, data.dtype)
-    if isinstance(x, jax.Array):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
     return x
 
 

@@ -1,9 +1,5 @@
-"""`eqx-ppo`: train, evaluate and record from the command line.
-
-`eqx-ppo train` trains on a built-in env (no simulator needed) and writes a run
-folder: `metrics.jsonl`, `eval.jsonl`, `learning_curve.png`, `summary.json`,
-`run.json` (what is needed to rebuild the network) and `checkpoints/`.
-"""
+"""`eqx-ppo`: train, evaluate and record from the command line; the
+getting-started guide lists the files of the run folder that `train` writes."""
 
 import argparse
 import json
@@ -90,8 +86,6 @@ def _train(args: argparse.Namespace) -> int:
         print(f"compiled programs are cached in {jax.config.jax_compilation_cache_dir}")
     try:
         # Written once the checkpoint loaded: a failed resume changes nothing.
-        # Each JSON file is replaced whole, so a run killed while writing keeps
-        # the old.
         out.mkdir(parents=True, exist_ok=True)
         replace_file(out / "run.json", json.dumps(run, indent=2))
         metrics_log = JSONLLogger(out / "metrics.jsonl", append=resuming)
@@ -214,7 +208,8 @@ def _load(checkpoint, run, env, config, given: str, hint) -> Any:
         raise CLIError(f"{given}: {e}" + (hint(earlier[-1]) if earlier else "")) from e
 
 
-def _load_for_analysis(path: pathlib.Path, seed: int):
+def _load_for_analysis(args: argparse.Namespace):
+    path, seed = args.checkpoint, args.seed
     if (path / "run.json").exists():
         run_dir = path
     elif path.name == "checkpoints" and (path.parent / "run.json").exists():
@@ -254,7 +249,7 @@ def _load_for_analysis(path: pathlib.Path, seed: int):
 
 
 def _eval(args: argparse.Namespace) -> int:
-    _, run, env, network, checkpoint = _load_for_analysis(args.checkpoint, args.seed)
+    _, run, env, network, checkpoint = _load_for_analysis(args)
     metrics = eqx.filter_jit(eval_rollout)(
         env,
         eqx.nn.inference_mode(network),
@@ -274,9 +269,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    run_dir, run, env, network, checkpoint = _load_for_analysis(
-        args.checkpoint, args.seed
-    )
+    run_dir, run, env, network, checkpoint = _load_for_analysis(args)
     length = args.episode_length or run["episode_length"]
     # Named by checkpoint and seed, so recording another seed, or the run
     # after more training, does not overwrite an earlier recording.

@@ -5,9 +5,10 @@ import json
 import os
 import pathlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 from .. import envs
+from ..nn._recurrent_factories import Cell
 
 EVAL_ENVS = 32
 """Episodes of an evaluation: training's (and so `summary.json`'s) and, by
@@ -163,12 +164,7 @@ _TRAIN_FLAGS: tuple[tuple[str, Any, str, dict[str, Any]], ...] = (
         "use a recurrent policy with this many units (the cell: --cell)",
         {"type": int, "metavar": "SIZE"},
     ),
-    (
-        "--cell",
-        "lstm",
-        "the recurrent cell of --recurrent",
-        {"choices": ("lstm", "gru", "lru", "mingru")},
-    ),
+    ("--cell", "lstm", "recurrent cell of --recurrent", {"choices": get_args(Cell)}),
     ("--lr", 1e-3, "learning rate", {"type": float}),
     (
         "--lr-schedule",
@@ -265,7 +261,6 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--episode-length",
             type=_count,
-            default=None,
             help="steps per env (default: the env's own episode limit)",
         )
         p.add_argument(
@@ -281,7 +276,6 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(
                 "--out",
                 type=pathlib.Path,
-                default=None,
                 help="the .npz file to write (default: "
                 "RUN/activations_<checkpoint>_seed<seed>.npz)",
             )
@@ -300,7 +294,6 @@ def _add_cache_flags(parser: argparse.ArgumentParser) -> None:
     cache.add_argument(
         "--compile-cache",
         type=pathlib.Path,
-        default=None,
         metavar="DIR",
         help="keep compiled programs here, so that a later run of the same "
         "programs skips most of its compile time (JAX's persistent compilation "
