@@ -49,15 +49,9 @@ class AbstractCenterTask(AbstractEnv):
 
 
 class MoveToCenter(AbstractCenterTask):
-    """Push a point on a circle to the origin and hold it there.
-
-    Reward: minus the distance after the move (see the environments guide).
-
-    **Arguments:**
-
-    - `start_radius`: distance of the start position from the origin.
-    - `speed`: the largest distance covered in one step.
-    """
+    """Push a point that starts `start_radius` from the origin, by at most
+    `speed` a step, to the origin and hold it there. Reward: minus the distance
+    after the move (see the environments guide)."""
 
     observation_size: ClassVar[int] = 2
     action_size: ClassVar[int] = 2

@@ -109,12 +109,8 @@ class RepeatPrevious(_AbstractCardEnv):
 
     def __check_init__(self):
         check_range("RepeatPrevious(k=", self.k, 1, fix="k >= 1: k=0 needs no memory.")
-        check_range(
-            "RepeatPrevious(length=",
-            self.length,
-            self.k + 1,
-            fix="a length above k, so that some step is scored.",
-        )
+        fix = "a length above k, so that some step is scored."
+        check_range("RepeatPrevious(length=", self.length, self.k + 1, fix=fix)
 
     def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
         score = _score(

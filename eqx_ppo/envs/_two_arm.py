@@ -14,14 +14,9 @@ _ARMS = ("arm1", "arm2")
 
 
 class TwoArm(AbstractEnv):
-    """Two `MoveToCenter` arms, each with its own reward key: a probe for
-    multi-head values (the keys' optimal returns differ).
-
-    **Arguments:**
-
-    - `arm1_radius`, `arm2_radius`: each arm's start distance from the origin.
-    - `speed`: the largest distance an arm covers in one step.
-    """
+    """Two `MoveToCenter` arms, starting `arm1_radius` and `arm2_radius` from
+    the origin, each with its own reward key: a probe for multi-head values (the
+    keys' optimal returns differ)."""
 
     arm1_radius: float = eqx.field(static=True, default=1.0)
     arm2_radius: float = eqx.field(static=True, default=0.5)
