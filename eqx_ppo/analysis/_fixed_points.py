@@ -55,6 +55,7 @@ def fixed_points(
     `cell`'s carry must be float arrays (a stochastic layer in inference mode).
     Needs `pip install "eqx_ppo[analysis]"`.
     """
+    import_optional("optimistix", "eqx_ppo.analysis.fixed_points", "analysis")
     state0 = cell.initial_state()
     if not all(
         jnp.issubdtype(jnp.result_type(s), jnp.floating)
