@@ -54,8 +54,11 @@ class _SamplerProbe(AbstractLayerWrapper):
         return out._replace(extras=_SamplerExtras(out.extras, kind))
 
 
-def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
-    """One env's call of `network` with every sampler's extras marked (shapes only)."""
+def _probe(
+    who: str, network: AbstractStatefulModule, obs: PyTree
+) -> tuple[Any, list[tuple[tuple, _SamplerExtras]]]:
+    """One env's call of `network` (shapes only), and its samplers' marked
+    extras with their paths."""
     probed = jax.tree.map(
         lambda n: _SamplerProbe(n) if is_leaf_layer(n) else n,
         network,
@@ -74,14 +77,10 @@ def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
             f"Distillation: the {who} cannot take the env's observation: {error}"
         ) from error
     check_output_type(out.output, f"Distillation: the {who}")
-    return out
-
-
-def _marked(extras: Any) -> list[tuple[tuple, _SamplerExtras]]:
     flat, _ = jax.tree_util.tree_flatten_with_path(
-        extras, is_leaf=lambda n: isinstance(n, _SamplerExtras)
+        out.extras, is_leaf=lambda n: isinstance(n, _SamplerExtras)
     )
-    return [(path, node) for path, node in flat if isinstance(node, _SamplerExtras)]
+    return out, [(path, n) for path, n in flat if isinstance(n, _SamplerExtras)]
 
 
 def _sampler_paths(
@@ -90,10 +89,8 @@ def _sampler_paths(
     """Where the student's and the (inference-mode) teacher's samplers put their
     extras, as `(student path, teacher path)` pairs in order; a clear error if
     the two cannot be matched."""
-    teacher_out = _probe("teacher", teacher, obs)
-    student_out = _probe("student", student, obs)
-    teacher_marks = _marked(teacher_out.extras)
-    student_marks = _marked(student_out.extras)
+    teacher_out, teacher_marks = _probe("teacher", teacher, obs)
+    student_out, student_marks = _probe("student", student, obs)
     # What the two must share: actions, and samplers that can score them.
     compared = {
         ("actions", "actions"): [

@@ -42,10 +42,9 @@ class AbstractCenterTask(AbstractEnv):
     speed: float = eqx.field(static=True, default=0.2)
 
     def __check_init__(self):
+        cls = type(self).__name__
         for name in ("start_radius", "speed"):
-            check_range(
-                f"{type(self).__name__}({name}=", getattr(self, name), 0, open_low=True
-            )
+            check_range(f"{cls}({name}=", getattr(self, name), 0, open_low=True)
 
 
 class MoveToCenter(AbstractCenterTask):

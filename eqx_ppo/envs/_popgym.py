@@ -113,10 +113,8 @@ class RepeatPrevious(_AbstractCardEnv):
         check_range("RepeatPrevious(length=", self.length, self.k + 1, fix=fix)
 
     def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
-        score = _score(
-            action == cards[jnp.maximum(t - self.k, 0)], self.length - self.k
-        )
-        return jnp.where(t >= self.k, score, jnp.zeros_like(score))
+        correct = action == cards[jnp.maximum(t - self.k, 0)]
+        return jnp.where(t >= self.k, _score(correct, self.length - self.k), 0.0)
 
 
 @checked

@@ -27,14 +27,10 @@ class TwoArm(AbstractEnv):
             check_range(f"TwoArm({name}=", getattr(self, name), 0, open_low=True)
 
     def reset(self, key: PRNGKeyArray) -> State:
-        keys = dict(zip(_ARMS, jax.random.split(key), strict=True))
-        radii = {"arm1": self.arm1_radius, "arm2": self.arm2_radius}
+        radii = (self.arm1_radius, self.arm2_radius)
         obs = {
-            arm: {
-                "pos": start_on_circle(keys[arm], radii[arm]),
-                "vel": jnp.zeros(2, jnp.float32),
-            }
-            for arm in _ARMS
+            arm: {"pos": start_on_circle(k, r), "vel": jnp.zeros(2, jnp.float32)}
+            for arm, k, r in zip(_ARMS, jax.random.split(key), radii, strict=True)
         }
         return ongoing(obs, obs, {arm: jnp.zeros((), jnp.float32) for arm in _ARMS})
 
