@@ -5,7 +5,7 @@ is the student's negative log-likelihood of the teacher's pre-squash action.
 The distillation guide has the details and the differences from nnx-ppo.
 """
 
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -54,8 +54,11 @@ class _SamplerProbe(AbstractLayerWrapper):
         return out._replace(extras=_SamplerExtras(out.extras, kind))
 
 
-def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
-    """One env's call of `network` with every sampler's extras marked (shapes only)."""
+def _probe(
+    who: str, network: AbstractStatefulModule, obs: PyTree
+) -> tuple[Any, list[tuple[tuple, _SamplerExtras]]]:
+    """One env's call of `network` (shapes only), and its samplers' marked
+    extras with their paths."""
     probed = jax.tree.map(
         lambda n: _SamplerProbe(n) if is_leaf_layer(n) else n,
         network,
@@ -74,25 +77,20 @@ def _probe(who: str, network: AbstractStatefulModule, obs: PyTree) -> Any:
             f"Distillation: the {who} cannot take the env's observation: {error}"
         ) from error
     check_output_type(out.output, f"Distillation: the {who}")
-    return out
-
-
-def _marked(extras: Any) -> list[tuple[tuple, _SamplerExtras]]:
     flat, _ = jax.tree_util.tree_flatten_with_path(
-        extras, is_leaf=lambda n: isinstance(n, _SamplerExtras)
+        out.extras, is_leaf=lambda n: isinstance(n, _SamplerExtras)
     )
-    return [(path, node) for path, node in flat if isinstance(node, _SamplerExtras)]
+    return out, [(path, n) for path, n in flat if isinstance(n, _SamplerExtras)]
 
 
 def _sampler_paths(
     teacher: AbstractStatefulModule, student: AbstractStatefulModule, obs: PyTree
-) -> tuple[tuple[tuple, ...], tuple[tuple, ...]]:
+) -> tuple[tuple[tuple, tuple], ...]:
     """Where the student's and the (inference-mode) teacher's samplers put their
-    extras, matched in order; a clear error if the two cannot be matched."""
-    teacher_out = _probe("teacher", teacher, obs)
-    student_out = _probe("student", student, obs)
-    teacher_marks = _marked(teacher_out.extras)
-    student_marks = _marked(student_out.extras)
+    extras, as `(student path, teacher path)` pairs in order; a clear error if
+    the two cannot be matched."""
+    teacher_out, teacher_marks = _probe("teacher", teacher, obs)
+    student_out, student_marks = _probe("student", student, obs)
     # What the two must share: actions, and samplers that can score them.
     compared = {
         ("actions", "actions"): [
@@ -122,19 +120,19 @@ def _sampler_paths(
             "Distillation: a sampler emits no replay extras, so its "
             "log-likelihood of the teacher's action cannot be computed."
         )
-    return (
-        tuple(path for path, _ in student_marks),
-        tuple(path for path, _ in teacher_marks),
+    return tuple(
+        (student, teacher)
+        for (student, _), (teacher, _) in zip(student_marks, teacher_marks, strict=True)
     )
 
 
-def _swap(extras: Any, paths: tuple, source: Any, source_paths: tuple) -> Any:
-    """`extras` with the leaves below each of `paths` replaced by those below
-    the matching one of `source_paths` in `source`, in order."""
+def _swap(extras: Any, source: Any, paths: tuple) -> Any:
+    """`extras` with the leaves below `path` replaced by those below
+    `source_path` in `source`, for each `(path, source_path)` of `paths`."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(extras)
     source_flat = jax.tree_util.tree_flatten_with_path(source)[0]
     leaves = [x for _, x in flat]
-    for prefix, source_prefix in zip(paths, source_paths, strict=True):
+    for prefix, source_prefix in paths:
         positions = [i for i, (p, _) in enumerate(flat) if p[: len(prefix)] == prefix]
         new = [x for p, x in source_flat if p[: len(source_prefix)] == source_prefix]
         for i, x in zip(positions, new, strict=True):
@@ -145,13 +143,11 @@ def _swap(extras: Any, paths: tuple, source: Any, source_paths: tuple) -> Any:
 class _StudentWithTeacher(AbstractStatefulModule):
     """The student, with the teacher beside it on the same input: the carry is
     `{"student", "teacher"}`, the rest the student's, except that each
-    sampler's extras are the teacher's (so replay scores its actions).
-    """
+    sampler's extras are the teacher's (so replay scores its actions)."""
 
     student: AbstractStatefulModule
     teacher: AbstractStatefulModule
-    student_paths: tuple = eqx.field(static=True)
-    teacher_paths: tuple = eqx.field(static=True)
+    paths: tuple = eqx.field(static=True)
 
     def __call__(
         self,
@@ -165,21 +161,12 @@ class _StudentWithTeacher(AbstractStatefulModule):
         student_out = self.student(state["student"], x, key=key)
         teacher_key = None if key is None else jax.random.fold_in(key, 1)
         teacher_out = self.teacher(state["teacher"], x, key=teacher_key)
-        return StatefulModuleOutput(
-            next_state={
-                "student": student_out.next_state,
-                "teacher": teacher_out.next_state,
-            },
-            output=student_out.output,
-            regularization_loss=student_out.regularization_loss,
-            metrics=student_out.metrics,
-            extras=_swap(
-                student_out.extras,
-                self.student_paths,
-                teacher_out.extras,
-                self.teacher_paths,
-            ),
-        )
+        extras = _swap(student_out.extras, teacher_out.extras, self.paths)
+        next_state = {
+            "student": student_out.next_state,
+            "teacher": teacher_out.next_state,
+        }
+        return student_out._replace(next_state=next_state, extras=extras)
 
     def initial_state(self) -> dict[str, State]:
         modules = {"student": self.student, "teacher": self.teacher}
@@ -188,26 +175,6 @@ class _StudentWithTeacher(AbstractStatefulModule):
     def reset_state(self, prev_state: dict[str, State]) -> dict[str, State]:
         modules = {"student": self.student, "teacher": self.teacher}
         return {name: m.reset_state(prev_state[name]) for name, m in modules.items()}
-
-
-def _single_env(obs: PyTree) -> PyTree:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), obs)
-
-
-def _check_teacher(teacher: AbstractStatefulModule | SavedPytree) -> None:
-    """Raise unless the teacher's concrete weights are finite (else training
-    would stop later on a non-finite loss that names neither it nor the fix)."""
-    leaves = jax.tree_util.tree_flatten_with_path(
-        eqx.filter(teacher, eqx.is_inexact_array)
-    )[0]
-    for path, x in leaves:
-        # NumPy, not jnp: under a trace jnp would stage even a concrete leaf.
-        if not isinstance(x, jax.core.Tracer) and not np.isfinite(x).all():
-            raise ValueError(
-                f"Distillation(teacher=...): the teacher's weights hold NaN or inf "
-                f"(teacher{jax.tree_util.keystr(path)}). Fix: pass a teacher "
-                "whose training did not diverge, e.g. an earlier checkpoint."
-            )
 
 
 def _inference(
@@ -241,9 +208,23 @@ class Distillation(AbstractLearner):
 
     teacher: AbstractStatefulModule | SavedPytree = eqx.field(converter=_inference)
     gradient_clipping: Number | None = setting(None, low=0.0, open_low=True)
+    metrics_prefix: ClassVar[str] = "student"
+    logs_rollout_outputs: ClassVar[bool] = False
 
     def __check_init__(self):
-        _check_teacher(self.teacher)
+        # Else training would stop later on a non-finite loss that names neither
+        # the teacher nor the fix.
+        leaves = jax.tree_util.tree_flatten_with_path(
+            eqx.filter(self.teacher, eqx.is_inexact_array)
+        )[0]
+        for path, x in leaves:
+            # NumPy, not jnp: under a trace jnp would stage even a concrete leaf.
+            if not isinstance(x, jax.core.Tracer) and not np.isfinite(x).all():
+                raise ValueError(
+                    f"Distillation(teacher=...): the teacher's weights hold NaN or "
+                    f"inf (teacher{jax.tree_util.keystr(path)}). Fix: pass a teacher "
+                    "whose training did not diverge, e.g. an earlier checkpoint."
+                )
 
     def acting(self, network: Module, obs: PyTree[Array]) -> Module:
         if not isinstance(self.teacher, AbstractStatefulModule):
@@ -253,9 +234,10 @@ class Distillation(AbstractLearner):
                 "TrainConfig(learner=Distillation(teacher, ...)) with the teacher "
                 "and pass it to load_checkpoint(config=...) and train."
             )
+        obs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), obs)
         with seed_axis_hint(self.teacher, "teacher"):
-            paths = _sampler_paths(self.teacher, network, _single_env(obs))
-        return _StudentWithTeacher(network, self.teacher, *paths)
+            paths = _sampler_paths(self.teacher, network, obs)
+        return _StudentWithTeacher(network, self.teacher, paths)
 
     def loss(
         self, network: Module, batch: Minibatch, *, axis_name: Axis = None
@@ -270,14 +252,6 @@ class Distillation(AbstractLearner):
             self.logging_level,
             axis_name=axis_name,
         )
-
-    @property
-    def metrics_prefix(self) -> str:
-        return "student"
-
-    @property
-    def logs_rollout_outputs(self) -> bool:
-        return False
 
 
 def distillation_loss(

@@ -36,9 +36,9 @@ def _output_units(
     """The number of output units of the layer `where` selects, from shapes."""
     probed = eqx.tree_at(where, network, replace_fn=_OutputProbe)
     key = jax.random.key(0)
-    obs_shape = jax.eval_shape(env.reset, key).obs
-    obs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), obs_shape)
-    out = jax.eval_shape(lambda: probed(probed.initial_state(), obs, key=key))
+    out = jax.eval_shape(
+        lambda: probed(probed.initial_state(), env.reset(key).obs, key=key)
+    )
     leaves = jax.tree.leaves(out.metrics, is_leaf=_is_probe)
     found = next((m[_PROBE] for m in leaves if _is_probe(m)), None)
     return n_units_of(where(network), "output", found)

@@ -58,15 +58,17 @@ class Intervention(AbstractLayerWrapper):
     site: Site = eqx.field(static=True, default="output")
     entry: str | None = eqx.field(static=True, default=None)
 
-    def _units_of(self, y: Any) -> Any:
-        """`y` with the selected units held or shifted (any leading axes)."""
-        if self.site == "carry":
-            return jax.tree.map(self._units_of_array, y)
+    def _at(self, site: Site, y: Any) -> Any:
+        """`y`, at `site`, with the selected units held or shifted if acted on there."""
+        if site != self.site:
+            return y
+        if site == "carry":
+            return jax.tree.map(self._units_of, y)
         if self.entry is not None:
-            return {**y, self.entry: self._units_of_array(y[self.entry])}
-        return self._units_of_array(y)
+            return {**y, self.entry: self._units_of(y[self.entry])}
+        return self._units_of(y)
 
-    def _units_of_array(self, y: Any) -> Array:
+    def _units_of(self, y: Any) -> Array:
         n = n_units_of(self.layer, self.site, y)
         if self.units.dtype == jnp.bool_:
             if self.units.shape != (n,):
@@ -93,9 +95,6 @@ class Intervention(AbstractLayerWrapper):
         if self.mode == "clamp":
             return jnp.where(mask, values, y)
         return jnp.where(mask, y + values, y)
-
-    def _at(self, site: Site, tree: Any) -> Any:
-        return self._units_of(tree) if self.site == site else tree
 
     def wrap_output(self, out: Any) -> Any:
         """A step's (or a replay's) output, held at `site="output"`."""

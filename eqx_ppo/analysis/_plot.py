@@ -91,10 +91,8 @@ def plot_fixed_points(
     Returns the matplotlib axes."""
     ax = _axes(ax)
     if select is None:
-        vectors = jax.vmap(lambda s: ravel_pytree(s)[0])(points.states)
-    else:
-        vectors = select(points.states)
-    vectors = np.asarray(vectors, np.float64)
+        select = jax.vmap(lambda s: ravel_pytree(s)[0])
+    vectors = np.asarray(select(points.states), np.float64)
     if pca is not None:
         vectors = (vectors - np.asarray(pca.mean)) @ np.asarray(pca.components).T
     xy = vectors[:, list(components)]

@@ -26,15 +26,10 @@ _THETA_LIMIT = 12 * 2 * np.pi / 360
 
 @checked
 class CartPole(AbstractEnv):
-    """Balance a pole on a cart: gym's CartPole-v1 with a continuous force.
-
-    Dynamics, reward and termination: see the environments guide.
-
-    **Arguments:**
-
-    - `hide_velocity`: drop `x_dot` and `theta_dot` from the observation.
-    - `max_force`: the force of action `1` (gym's `force_mag`).
-    """
+    """Balance a pole on a cart: gym's CartPole-v1 with a continuous force,
+    `max_force` for action `1`; `hide_velocity` drops `x_dot` and `theta_dot`
+    from the observation. Dynamics, reward and termination: see the
+    environments guide."""
 
     hide_velocity: bool = eqx.field(static=True, default=False)
     max_force: Number = eqx.field(static=True, default=10.0)

@@ -42,22 +42,15 @@ class AbstractCenterTask(AbstractEnv):
     speed: float = eqx.field(static=True, default=0.2)
 
     def __check_init__(self):
+        cls = type(self).__name__
         for name in ("start_radius", "speed"):
-            check_range(
-                f"{type(self).__name__}({name}=", getattr(self, name), 0, open_low=True
-            )
+            check_range(f"{cls}({name}=", getattr(self, name), 0, open_low=True)
 
 
 class MoveToCenter(AbstractCenterTask):
-    """Push a point on a circle to the origin and hold it there.
-
-    Reward: minus the distance after the move (see the environments guide).
-
-    **Arguments:**
-
-    - `start_radius`: distance of the start position from the origin.
-    - `speed`: the largest distance covered in one step.
-    """
+    """Push a point that starts `start_radius` from the origin, by at most
+    `speed` a step, to the origin and hold it there. Reward: minus the distance
+    after the move (see the environments guide)."""
 
     observation_size: ClassVar[int] = 2
     action_size: ClassVar[int] = 2

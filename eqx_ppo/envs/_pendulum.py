@@ -17,16 +17,9 @@ from ._state import State, ongoing
 
 @checked
 class Pendulum(AbstractEnv):
-    """Swing a pendulum up and balance it: gym's Pendulum-v1.
-
-    Dynamics and reward: see the environments guide.
-
-    **Arguments:**
-
-    - `hide_velocity`: drop `theta_dot` from the observation.
-    - `max_torque`: the torque of action `1`.
-    - `max_speed`, `gravity`, `mass`, `length`, `step_dt`: the physics.
-    """
+    """Swing a pendulum up and balance it: gym's Pendulum-v1, `max_torque` for
+    action `1`; `hide_velocity` drops `theta_dot` from the observation. The
+    physics and reward: see the environments guide."""
 
     hide_velocity: bool = eqx.field(static=True, default=False)
     max_torque: Number = eqx.field(static=True, default=2.0)

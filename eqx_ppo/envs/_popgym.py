@@ -109,18 +109,12 @@ class RepeatPrevious(_AbstractCardEnv):
 
     def __check_init__(self):
         check_range("RepeatPrevious(k=", self.k, 1, fix="k >= 1: k=0 needs no memory.")
-        check_range(
-            "RepeatPrevious(length=",
-            self.length,
-            self.k + 1,
-            fix="a length above k, so that some step is scored.",
-        )
+        fix = "a length above k, so that some step is scored."
+        check_range("RepeatPrevious(length=", self.length, self.k + 1, fix=fix)
 
     def _reward(self, cards: Array, t: Array, action: Array) -> Float[Array, ""]:
-        score = _score(
-            action == cards[jnp.maximum(t - self.k, 0)], self.length - self.k
-        )
-        return jnp.where(t >= self.k, score, jnp.zeros_like(score))
+        correct = action == cards[jnp.maximum(t - self.k, 0)]
+        return jnp.where(t >= self.k, _score(correct, self.length - self.k), 0.0)
 
 
 @checked

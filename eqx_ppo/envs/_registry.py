@@ -213,10 +213,6 @@ def make(
         episode_length = default_length
     if episode_length is None:
         return env
-    check_range(
-        f"make({name!r}, episode_length=",
-        episode_length,
-        1,
-        fix="a positive int, 'default' for the env's own limit, or None for none.",
-    )
+    fix = "a positive int, 'default' for the env's own limit, or None for none."
+    check_range(f"make({name!r}, episode_length=", episode_length, 1, fix=fix)
     return EpisodeWrapper(env, episode_length)

@@ -14,14 +14,9 @@ _ARMS = ("arm1", "arm2")
 
 
 class TwoArm(AbstractEnv):
-    """Two `MoveToCenter` arms, each with its own reward key: a probe for
-    multi-head values (the keys' optimal returns differ).
-
-    **Arguments:**
-
-    - `arm1_radius`, `arm2_radius`: each arm's start distance from the origin.
-    - `speed`: the largest distance an arm covers in one step.
-    """
+    """Two `MoveToCenter` arms, starting `arm1_radius` and `arm2_radius` from
+    the origin, each with its own reward key: a probe for multi-head values (the
+    keys' optimal returns differ)."""
 
     arm1_radius: float = eqx.field(static=True, default=1.0)
     arm2_radius: float = eqx.field(static=True, default=0.5)
@@ -32,14 +27,10 @@ class TwoArm(AbstractEnv):
             check_range(f"TwoArm({name}=", getattr(self, name), 0, open_low=True)
 
     def reset(self, key: PRNGKeyArray) -> State:
-        keys = dict(zip(_ARMS, jax.random.split(key), strict=True))
-        radii = {"arm1": self.arm1_radius, "arm2": self.arm2_radius}
+        radii = (self.arm1_radius, self.arm2_radius)
         obs = {
-            arm: {
-                "pos": start_on_circle(keys[arm], radii[arm]),
-                "vel": jnp.zeros(2, jnp.float32),
-            }
-            for arm in _ARMS
+            arm: {"pos": start_on_circle(k, r), "vel": jnp.zeros(2, jnp.float32)}
+            for arm, k, r in zip(_ARMS, jax.random.split(key), radii, strict=True)
         }
         return ongoing(obs, obs, {arm: jnp.zeros((), jnp.float32) for arm in _ARMS})
 
