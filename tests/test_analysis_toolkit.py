@@ -70,6 +70,20 @@ def test_ablate_clamp_and_perturb_give_hand_computed_values():
     )
 
 
+def test_every_unit_and_value_of_a_list_is_checked():
+    # beartype checks one random item of a list per call; the lists are
+    # checked whole, so the bad item is refused wherever it sits.
+    net = nn.Sequential([known_dense(), readout()])
+    hidden = lambda n: n.layers[0]  # noqa: E731
+    for i in range(3):
+        units, values = [0, 1, 2], [1.0, 2, 3.0]
+        units[i], values[i] = "1", "2.0"
+        with pytest.raises(TypeError, match="units"):
+            analysis.ablate(net, hidden, units)
+        with pytest.raises(TypeError, match="values"):
+            analysis.clamp(net, hidden, [0, 1, 2], values)
+
+
 def test_ablating_nothing_is_bit_identical_and_the_original_is_untouched(getkey):
     env = Recall()
     net = eqx_ppo.make_lstm_actor_critic(2, 1, 6, key=getkey())

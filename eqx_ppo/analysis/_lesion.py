@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
-from .._typecheck import checked
+from .._typecheck import Number, checked, each
 from ..graph import PopulationGraph
 from ..nn._filters import coefficient
 from ..nn._module import (
@@ -27,10 +27,10 @@ from ..nn._module import (
 
 Site = Literal["output", "carry", "input"]
 
-Units = Int[ArrayLike, " k"] | Bool[ArrayLike, " units"] | Sequence[int]
+Units = Int[ArrayLike, " k"] | Bool[ArrayLike, " units"] | each(Sequence, int)
 """Which units: an index array (or list) of them, or a boolean mask over all."""
 
-Values = Float[ArrayLike, "..."] | Sequence[float]
+Values = Float[ArrayLike, "..."] | each(Sequence, Number)
 """The values to hold the units at, or to add: one, or one per entry of `units`."""
 
 
