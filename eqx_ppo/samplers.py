@@ -63,14 +63,7 @@ class _AbstractSampler(AbstractStatefulModule):
     ) -> _Step:
         """A fresh action if `extras` is `None`, else the stored one, scored."""
 
-    def __call__(
-        self,
-        state: tuple[()],
-        x: Float[Array, " params"],
-        extras: Array | None = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del state
         check_draws(self, key)
         action, extras, log_likelihood, entropy, metrics = self._sample(x, extras, key)

@@ -13,7 +13,7 @@ from .._activation_key import ACTIVATION_KEY
 from .._typecheck import checked
 from ..nn._dense import Activation, Dense, get_activation
 from ..nn._module import AbstractStatefulModule
-from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec, Role
+from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec
 
 
 @checked
@@ -40,7 +40,9 @@ class PopulationGraphBuilder:
         """Add a hidden population of `size` units (the size every incoming
         transform must output) under a unique `name`; `activation` (`None`, a
         callable or a name) is applied to its summed input."""
-        return self._add(name, size, activation, "hidden", None, None)
+        return self._add(
+            PopulationSpec(name, size, get_activation(activation), "hidden")
+        )
 
     @checked
     def add_input(
@@ -54,7 +56,9 @@ class PopulationGraphBuilder:
         """Add a population that sums the observation into its input: the key
         `input_from` of a dict observation, or with `None` the whole (array)
         observation. `name`, `size` and `activation` are as in `add_population`."""
-        return self._add(name, size, activation, "input", input_from, None)
+        return self._add(
+            PopulationSpec(name, size, get_activation(activation), "input", input_from)
+        )
 
     @checked
     def add_output(
@@ -75,7 +79,9 @@ class PopulationGraphBuilder:
                 f"add_output({name!r}, output_to={key!r}): population {taken[0]!r} "
                 "already writes that output key; pick another output_to."
             )
-        return self._add(name, size, activation, "output", None, key)
+        return self._add(
+            PopulationSpec(name, size, get_activation(activation), "output", None, key)
+        )
 
     @checked
     def connect(
@@ -182,32 +188,16 @@ class PopulationGraphBuilder:
             order=order,
         )
 
-    def _add(
-        self,
-        name: str,
-        size: int,
-        activation: Activation | None,
-        role: Role,
-        input_from: str | None,
-        output_to: str | None,
-    ) -> "PopulationGraphBuilder":
-        method = "add_population" if role == "hidden" else f"add_{role}"
+    def _add(self, spec: PopulationSpec) -> "PopulationGraphBuilder":
+        name = spec.name
+        method = "add_population" if spec.role == "hidden" else f"add_{spec.role}"
         self._check_open()
         if name in self._populations:
             raise ValueError(
                 f"{method}({name!r}, ...): a population named {name!r} already "
                 "exists; population names must be unique."
             )
-        # The buffer length depends on the connections: `finalize` sets it.
-        self._populations[name] = PopulationSpec(
-            name=name,
-            size=size,
-            activation=get_activation(activation),
-            role=role,
-            input_from=input_from,
-            output_to=output_to,
-            buffer_length=0,
-        )
+        self._populations[name] = spec
         return self
 
     def _pending(

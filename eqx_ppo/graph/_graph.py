@@ -30,16 +30,17 @@ class PopulationSpec:
 
     `role` is `"input"` (adds the observation, or `obs[input_from]`),
     `"output"` (exposed under `output_to`) or `"hidden"`; `buffer_length` is
-    the largest delay of its outgoing connections (0: no ring buffer).
+    the largest delay of its outgoing connections (0: no ring buffer), set
+    by `finalize`.
     """
 
     name: str
     size: int
     activation: Callable[[Array], Array]
     role: Role
-    input_from: str | None
-    output_to: str | None
-    buffer_length: int
+    input_from: str | None = None
+    output_to: str | None = None
+    buffer_length: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +120,7 @@ class PopulationGraph(AbstractStatefulModule):
         populations = {pop.name: pop for pop in self.populations}
         buffers = state["buffers"]
         activity: dict[str, Float[Array, " size"]] = {}
-        next_transform_state: dict[str, State] = {}
-        transform_extras: dict[str, Any] = {}
-        metrics: dict[str, Any] = {}
-        regularization = zero_loss()
+        outs: dict[str, StatefulModuleOutput] = {}
         for pop_name in self.order:
             pop = populations[pop_name]
             total = jnp.zeros((pop.size,), jnp.float32)
@@ -136,17 +134,12 @@ class PopulationGraph(AbstractStatefulModule):
                 else:  # The slot `delay` before the write index: `delay` steps ago.
                     values, index = buffers[conn.src]
                     source = values[(index - conn.delay) % values.shape[0]]
-                out = self.transforms[conn.name](
+                outs[conn.name] = out = self.transforms[conn.name](
                     state["transforms"][conn.name],
                     source,
                     None if extras is None else extras[conn.name],
                     key=child_key(key, (conn.name,)),
                 )
-                next_transform_state[conn.name] = out.next_state
-                transform_extras[conn.name] = out.extras
-                if out.metrics:
-                    metrics[conn.name] = out.metrics
-                regularization = regularization + out.regularization_loss
                 total = total + out.output
             activity[pop_name] = pop.activation(total)
 
@@ -154,16 +147,22 @@ class PopulationGraph(AbstractStatefulModule):
             name: (values.at[index].set(activity[name]), (index + 1) % len(values))
             for name, (values, index) in buffers.items()
         }
-        next_state = {"buffers": next_buffers, "transforms": next_transform_state}
+        transforms = {name: out.next_state for name, out in outs.items()}
+        next_state = {"buffers": next_buffers, "transforms": transforms}
         output = {
             pop.output_to: activity[pop.name]
             for pop in self.populations
             if pop.role == "output"
         }
+        metrics = {name: out.metrics for name, out in outs.items() if out.metrics}
         if self.record:
             metrics[ACTIVATION_KEY] = {
                 pop.name: activity[pop.name] for pop in self.populations
             }
+        regularization = sum(
+            (out.regularization_loss for out in outs.values()), zero_loss()
+        )
+        transform_extras = {name: out.extras for name, out in outs.items()}
         if all(e is None for e in transform_extras.values()):
             transform_extras = None
         return StatefulModuleOutput(

@@ -84,10 +84,5 @@ class PPOAdapter(_AbstractContainer):
     def _children(self) -> dict[str, AbstractStatefulModule]:
         return {"action": self.action, "value": self.value}
 
-    def _with_children(
-        self, children: dict[str, AbstractStatefulModule]
-    ) -> "PPOAdapter":
-        return PPOAdapter(**children)
-
     def _route(self, run: Run, x: Any, per_step: PerStep) -> PPONetworkOutput:
         return per_step(ppo_output)(run("action", x), run("value", x))

@@ -34,33 +34,19 @@ PerStep = Callable[[Callable], Callable]
 """Lifts a function of one step's outputs to a call's or a replay's."""
 
 
-def _one_step(f: Callable) -> Callable:
-    return f
-
-
-def _every_step(f: Callable) -> Callable:
-    return jax.vmap(jax.vmap(f))
-
-
 def _child(extras: Any, name: Hashable) -> Any:
     return None if extras is None else extras[name]
 
 
 class _AbstractContainer(AbstractStatefulModule):
     """A module over children. A subclass names them (`_children`, in the
-    order they run), copies itself with others (`_with_children`) and says
-    how an input flows through them (`_route`, shared by call and replay).
+    order they run) and says how an input flows through them (`_route`,
+    shared by call and replay).
     """
 
     @abc.abstractmethod
     def _children(self) -> dict[Hashable, AbstractStatefulModule]:
         """The children by name or position, in the order they run."""
-
-    @abc.abstractmethod
-    def _with_children(
-        self, children: dict[Hashable, AbstractStatefulModule]
-    ) -> "_AbstractContainer":
-        """A copy of this container with `children` in place of its own."""
 
     @abc.abstractmethod
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Any:
@@ -90,12 +76,9 @@ class _AbstractContainer(AbstractStatefulModule):
         }
 
     def update_statistics(self, extras) -> "_AbstractContainer":
-        return self._with_children(
-            {
-                name: child.update_statistics(_child(extras, name))
-                for name, child in self._children().items()
-            }
-        )
+        children = self._children().items()
+        updated = [child.update_statistics(_child(extras, n)) for n, child in children]
+        return eqx.tree_at(lambda c: list(c._children().values()), self, updated)
 
 
 class _Routed(AbstractStatefulModule):
@@ -116,7 +99,7 @@ class _Routed(AbstractStatefulModule):
             outs[name] = checked_output(child, state[name], out)
             return out.output
 
-        output = self.container._route(run, x, _one_step)
+        output = self.container._route(run, x, lambda f: f)
         return StatefulModuleOutput(
             next_state={name: out.next_state for name, out in outs.items()},
             output=output,
@@ -138,7 +121,7 @@ class _Routed(AbstractStatefulModule):
             )
             return outs[name].output
 
-        output = self.container._route(run, xs, _every_step)
+        output = self.container._route(run, xs, lambda f: jax.vmap(jax.vmap(f)))
         return SequenceOutput(
             last_state={name: out.last_state for name, out in outs.items()},
             output=output,
@@ -203,11 +186,6 @@ class _AbstractNamedContainer(_AbstractContainer):
     def _children(self) -> dict[str, AbstractStatefulModule]:
         return self.modules
 
-    def _with_children(
-        self, children: dict[str, AbstractStatefulModule]
-    ) -> "_AbstractNamedContainer":
-        return type(self)(children)
-
 
 def _dispatch(container: "Map | Concat", x: Any) -> dict[str, Any]:
     """`x[name]` for every child name: what a per-key container feeds them."""
@@ -247,11 +225,6 @@ class Sequential(_AbstractContainer):
 
     def _children(self) -> dict[int, AbstractStatefulModule]:
         return dict(enumerate(self.layers))
-
-    def _with_children(
-        self, children: dict[int, AbstractStatefulModule]
-    ) -> "Sequential":
-        return Sequential(list(children.values()))
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Any:
         for i in range(len(self.layers)):

@@ -85,13 +85,8 @@ class Conv2d(AbstractStatelessLayer):
             [`eqx_ppo.nn.Dense`][].
         """
         kernel_size, stride = _pair(kernel_size), _pair(stride)
-        kernel, bias = kernel_and_bias(
-            key,
-            (*kernel_size, in_channels, out_channels),
-            use_bias,
-            kernel_init,
-            bias_init,
-        )
+        shape = (*kernel_size, in_channels, out_channels)
+        kernel, bias = kernel_and_bias(key, shape, use_bias, kernel_init, bias_init)
         # Only Equinox's structure is wanted; our initialisers fill it, so its
         # own (PyTorch-style) initialisation is traced abstractly, never run.
         conv = eqx.filter_eval_shape(
@@ -105,7 +100,7 @@ class Conv2d(AbstractStatelessLayer):
             dtype=jnp.float32,
             key=key,
         )
-        conv = eqx.tree_at(
+        self.conv = eqx.tree_at(
             lambda c: (c.weight, c.bias),
             conv,
             (
@@ -114,7 +109,6 @@ class Conv2d(AbstractStatelessLayer):
             ),
             is_leaf=lambda x: x is None,
         )
-        self.conv = conv
         self.activation = get_activation(activation)
 
     @property
@@ -176,22 +170,15 @@ def _stack(kind: Kind | ConvSpec) -> tuple[ConvSpec, int]:
     return _KINDS[kind] if isinstance(kind, str) else (kind, 256)
 
 
-def _fits(stack: tuple[tuple[int, int, int], ...], height: int, width: int) -> bool:
-    for _, kernel, stride in stack:
-        height, width = (
-            _output_size(n, kernel, stride, "VALID") for n in (height, width)
-        )
-        if height < 1 or width < 1:
-            return False
-    return True
-
-
 def _fitting_kind(stack: ConvSpec, height: int, width: int) -> Kind | ConvSpec:
     """A `kind` that fits an image too small for `stack`: a built-in one, a
     small custom one, or one conv as wide as the image's shorter side."""
     for kind in (*_KINDS, ((16, 3, 1), (32, 3, 2)), ((16, 3, 1),)):
-        layers = _stack(kind)[0]
-        if layers != stack and _fits(layers, height, width):
+        layers, size = _stack(kind)[0], (height, width)
+        for _, kernel, stride in layers:
+            size = [_output_size(n, kernel, stride, "VALID") for n in size]
+        # A size below 1 stays below 1 through later layers.
+        if layers != stack and min(size) >= 1:
             return kind
     return ((16, min(height, width), 1),)
 

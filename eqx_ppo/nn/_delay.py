@@ -13,10 +13,6 @@ from ._errors import check_input
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 from ._normalizer import canonicalize
 
-DelayState = dict[str, Any]
-"""A Delay carry: `{"buffer": <input pytree, leaves [k_steps, *shape]>,
-"idx": <int32 scalar, the slot read and then overwritten this step>}`."""
-
 
 @checked
 class Delay(AbstractStatefulModule):
@@ -57,8 +53,9 @@ class Delay(AbstractStatefulModule):
         self.shapes = tuple(tuple(leaf.shape) for leaf in leaves)
         self.dtypes = tuple(np.dtype(leaf.dtype) for leaf in leaves)
 
-    def initial_state(self) -> DelayState:
-        """A buffer full of `initial_value`, write index 0."""
+    def initial_state(self) -> dict[str, Any]:
+        """`{"buffer": ..., "idx": 0}`: every slot of the buffer (the input's
+        pytree, leaves `[k_steps, *shape]`) holds `initial_value`."""
         buffer = [
             jnp.full((self.k_steps, *shape), self.initial_value, dtype)
             for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
@@ -75,17 +72,10 @@ class Delay(AbstractStatefulModule):
         specs = zip(self.shapes, self.dtypes, strict=True)
         expected = [jax.ShapeDtypeStruct(*spec) for spec in specs]
         check_input(self, x, jax.tree.unflatten(self.treedef, expected))
-        leaves = jax.tree.leaves(x)
-        idx = state["idx"]
-        buffer = jax.tree.leaves(state["buffer"])
-        delayed = [b[idx] for b in buffer]
-        buffer = [
-            b.at[idx].set(jnp.asarray(v, b.dtype))
-            for b, v in zip(buffer, leaves, strict=True)
-        ]
-        next_state = {
-            "buffer": jax.tree.unflatten(self.treedef, buffer),
-            "idx": (idx + 1) % self.k_steps,
-        }
-        output = jax.tree.unflatten(self.treedef, delayed)
+        idx, buffer = state["idx"], state["buffer"]
+        output = jax.tree.map(lambda b: b[idx], buffer)
+        buffer = jax.tree.map(
+            lambda b, v: b.at[idx].set(jnp.asarray(v, b.dtype)), buffer, x
+        )
+        next_state = {"buffer": buffer, "idx": (idx + 1) % self.k_steps}
         return StatefulModuleOutput(next_state, output, zero_loss(), {}, None)

@@ -2,6 +2,7 @@
 alone, so that the loss replay composes all steps at once: LRU and MinGRU."""
 
 import abc
+import functools
 import math
 from typing import Any, ClassVar
 
@@ -86,20 +87,15 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
         n_steps, n_envs = done.shape
         steps = xs.reshape(n_steps * n_envs, -1)
         a, b = (_by_env(c, n_envs) for c in self._coefficients(steps))
-        reset = self._pack(self.initial_state())
-        states, last = jax.vmap(
-            lambda a, b, h0, env_done: linear_recurrence(
-                a,
-                b,
-                h0,
-                env_done,
-                reset,
-                parallel=use_associative_scan(self.parallel_replay, self.pairs),
-                pairs=self.pairs,
-            ),
-            in_axes=(1, 1, 0, 1),
-            out_axes=(1, 0),
-        )(a, b, jax.vmap(self._pack)(state0), done)
+        per_env = functools.partial(
+            linear_recurrence,
+            h_reset=self._pack(self.initial_state()),
+            parallel=use_associative_scan(self.parallel_replay, self.pairs),
+            pairs=self.pairs,
+        )
+        states, last = jax.vmap(per_env, in_axes=(1, 1, 0, 1), out_axes=(1, 0))(
+            a, b, jax.vmap(self._pack)(state0), done
+        )
         output = self._output(
             states.reshape(n_steps * n_envs, *states.shape[2:]), steps
         )
@@ -186,13 +182,8 @@ class LRU(_AbstractLinearRecurrence):
                 "eigenvalue moduli needs 0 <= r_min <= r_max < 1; moduli of 1 or "
                 "more make the recurrence unstable."
             )
-        check_range(
-            "LRU(max_phase=",
-            max_phase,
-            0,
-            open_low=True,
-            fix="a positive bound; initial phases are drawn in [0, max_phase].",
-        )
+        fix = "a positive bound; initial phases are drawn in [0, max_phase]."
+        check_range("LRU(max_phase=", max_phase, 0, open_low=True, fix=fix)
         out_size = in_size if out_size is None else out_size
         radius_key, phase_key, b_re_key, b_im_key, c_re_key, c_im_key, d_key = (
             jax.random.split(key, 7)

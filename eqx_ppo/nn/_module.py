@@ -59,9 +59,7 @@ class AbstractStatefulModule(eqx.Module):
 
     Subclasses implement `__call__`; layers with a carry override
     `initial_state`, layers with running statistics `update_statistics`, and
-    containers (and recurrences with a parallel form) `replay`. Every layer
-    refuses a concrete `coefficient(nonnegative=True)` field that is
-    negative, infinite or NaN.
+    containers (and recurrences with a parallel form) `replay`.
     """
 
     ignores_key: ClassVar[bool] = False
@@ -188,7 +186,6 @@ class AbstractStatelessLayer(AbstractStatefulModule):
         """The output for one env's input `x`."""
 
     def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
-        """`forward(x)`, with carry `()`."""
         del state, extras, key
         return StatefulModuleOutput((), self.forward(x), zero_loss(), {}, None)
 

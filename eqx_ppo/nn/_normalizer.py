@@ -80,13 +80,8 @@ class Normalizer(AbstractStatefulModule):
         - `clip`: if given, clip the normalised output to `[-clip, clip]`.
         """
         check_range("Normalizer(std_min=", std_min, 0, open_low=True)
-        check_range(
-            "Normalizer(clip=",
-            clip,
-            0,
-            open_low=True,
-            fix="a positive bound, or None for no clipping.",
-        )
+        fix = "a positive bound, or None for no clipping."
+        check_range("Normalizer(clip=", clip, 0, open_low=True, fix=fix)
         zeros = jax.tree.map(_zeros, canonicalize(shape), is_leaf=_is_shape_leaf)
         self.statistics = NormalizerStatistics(
             mean=zeros, m2=zeros, count=jnp.zeros((), jnp.float32)

@@ -13,9 +13,6 @@ from ._dense import Activation, Initializer, get_activation, orthogonal
 from ._errors import check_input
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
 
-LSTMState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
-"""An LSTM carry `(h, c)`: hidden state first, cell state second."""
-
 
 def init_gates(
     init: Initializer | None,
@@ -139,7 +136,7 @@ class LSTM(_AbstractGated):
         self.in_size = in_size
         self.hidden_size = hidden_size
 
-    def initial_state(self) -> LSTMState:
+    def initial_state(self) -> tuple[Float[Array, " hidden_size"], ...]:
         """`(h0, c0)`: the learned initial state, or zeros."""
         return initial_carry(self.hidden_size, self.initial_h, self.initial_c)
 

@@ -15,10 +15,6 @@ from ._filters import coefficient
 from ._keys import check_draws
 from ._module import AbstractStatefulModule, StatefulModuleOutput
 
-AR1State = dict[str, Any]
-"""An AR(1) bottleneck carry: `{"prev": <last sample [latent_size]>,
-"valid": <bool scalar: False at an episode start, when there is no last sample>}`."""
-
 
 class GaussianHead(eqx.Module):
     """The projection `x -> (mu, std)` and the sample, shared by both
@@ -150,8 +146,8 @@ class AR1VariationalBottleneck(AbstractStatefulModule):
         self.backprop_through_time = backprop_through_time
         self.inference = inference
 
-    def initial_state(self) -> AR1State:
-        """No previous sample yet: zeros, marked invalid."""
+    def initial_state(self) -> dict[str, Any]:
+        """`{"prev": zeros, "valid": False}`: no previous sample yet."""
         return {
             "prev": jnp.zeros(self.head.latent_size, jnp.float32),
             "valid": jnp.zeros((), bool),
