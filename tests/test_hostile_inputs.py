@@ -193,9 +193,6 @@ UNTYPED = {
     "sample_input",
     "metadata",
     # Any number or array, traced ones included: range-checked below.
-    "kl_weight",
-    "ar1_weight",
-    "entropy_weight",
     "factor",
     "scale",
     "x",

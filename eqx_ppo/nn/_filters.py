@@ -1,12 +1,13 @@
 """What the optimiser trains: parameters, not statistics and not coefficients."""
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, PyTree
+from beartype.vale import IsInstance
+from jaxtyping import Array, ArrayLike, PyTree, Real
 
 
 class AbstractStatistics(eqx.Module):
@@ -31,8 +32,10 @@ def coefficient(*, nonnegative: bool = False, **kwargs: Any) -> Any:
     )
 
 
-def _concrete_float32(x: Any) -> Array:
-    """`jnp.asarray(x, float32)`, evaluated now unless `x` is itself traced."""
+def _concrete_float32(x: Annotated[Real[ArrayLike, "..."], ~IsInstance[bool]]) -> Array:
+    """`jnp.asarray(x, float32)`, evaluated now unless `x` is itself traced. Of
+    any shape (a vector of shifts is a coefficient too), but a number: not a
+    bool, not a string."""
     with jax.ensure_compile_time_eval():
         return jnp.asarray(x, jnp.float32)
 
