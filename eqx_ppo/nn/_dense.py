@@ -77,9 +77,9 @@ def orthogonal(scale: float = 1.0) -> Initializer:
 def kernel_and_bias(
     key: Key[Array, ""],
     shape: tuple[int, ...],
-    use_bias: bool,
-    kernel_init: Initializer | None,
-    bias_init: Initializer | None,
+    use_bias: bool = True,
+    kernel_init: Initializer | None = None,
+    bias_init: Initializer | None = None,
 ) -> tuple[Array, Array | None]:
     """A float32 kernel of `shape` (LeCun normal unless `kernel_init`) and,
     with `use_bias`, a bias of its last axis (zeros unless `bias_init`)."""
