@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from eqx_ppo import make_mlp_actor_critic
 from eqx_ppo.nn._containers import Sequential
 from eqx_ppo.nn._conv import Conv2d, PixelScale, make_cnn_encoder
 from eqx_ppo.nn._dense import Dense
@@ -233,6 +234,20 @@ def test_obs_shape_is_one_envs_image(getkey, obs_shape):
 def test_an_unknown_kind_is_refused_by_its_declared_names(getkey):
     with pytest.raises(TypeError, match="kind"):
         make_cnn_encoder((84, 84, 4), kind="resnet", key=getkey())
+
+
+def test_every_layer_of_a_stack_is_checked(getkey):
+    # beartype checks one random item of a tuple per call; a stack is checked
+    # whole, so the bad layer is refused wherever it sits.
+    for i in range(3):
+        stack = [(16, 3, 1)] * 3
+        stack[i] = (16, "3", 1)
+        with pytest.raises(TypeError, match="kind"):
+            make_cnn_encoder((84, 84, 4), kind=tuple(stack), key=getkey())
+        with pytest.raises(TypeError, match="encoder"):
+            make_mlp_actor_critic(
+                (84, 84, 4), 2, [8], [8], encoder=tuple(stack), key=getkey()
+            )
 
 
 def test_wrong_input_at_call_time(getkey):

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key, Shaped
 
-from .._typecheck import check_range, checked
+from .._typecheck import Int, check_range, checked, each
 from ._containers import Sequential
 from ._dense import Activation, Dense, Initializer, get_activation, kernel_and_bias
 from ._module import AbstractStatefulModule, AbstractStatelessLayer
@@ -19,7 +19,7 @@ Padding = Literal["VALID", "SAME"] | int
 """`"VALID"` (no padding), `"SAME"` (output size `ceil(size / stride)`), or
 `p >= 0` zeros on every side."""
 
-ConvSpec = tuple[tuple[int, int, int], ...]
+ConvSpec = each(tuple, tuple[Int, Int, Int])
 """A CNN stack: one `(out_channels, kernel_size, stride)` per `"VALID"` conv."""
 
 Kind = Literal["nature", "impala_small"]
