@@ -14,6 +14,7 @@ from eqx_ppo.nn import (
     AbstractStatefulModule,
     AbstractStatistics,
     Concat,
+    Dense,
     Map,
     Merge,
     Parallel,
@@ -125,6 +126,19 @@ def test_sequential_chains_layers_and_keys_everything_by_position():
     second = net(out.next_state, jnp.array([3.0]))
     np.testing.assert_array_equal(second.output, [-8.0])
     assert len(net) == 3 and net[1] is net.layers[1]
+
+
+def test_every_child_is_checked():
+    # beartype checks one random item of a list or dict per call; children
+    # are checked whole, so the non-module is refused wherever it sits.
+    layer = Dense(2, 2, key=jax.random.key(0))
+    for i in range(4):
+        children = [layer] * 4
+        children[i] = "Dense(2, 2)"
+        with pytest.raises(TypeError, match="layers"):
+            Sequential(children)
+        with pytest.raises(TypeError, match="modules"):
+            Map({f"k{j}": child for j, child in enumerate(children)})
 
 
 def test_parallel_feeds_every_child_the_same_input():

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from .._typecheck import checked
+from .._typecheck import checked, each
 from ._keys import child_key
 from ._module import (
     AbstractLayerWrapper,
@@ -166,7 +166,7 @@ class _AbstractNamedContainer(_AbstractContainer):
 
     def __init__(
         self,
-        modules: Mapping[str, AbstractStatefulModule] | None = None,
+        modules: each(Mapping, AbstractStatefulModule) | None = None,
         /,
         **kwargs: AbstractStatefulModule,
     ):
@@ -214,7 +214,7 @@ class Sequential(_AbstractContainer):
 
     layers: tuple[AbstractStatefulModule, ...]
 
-    def __init__(self, layers: Sequence[AbstractStatefulModule]):
+    def __init__(self, layers: each(Sequence, AbstractStatefulModule)):
         self.layers = tuple(layers)
 
     def __getitem__(self, index: int) -> AbstractStatefulModule:
