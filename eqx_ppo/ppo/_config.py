@@ -74,13 +74,10 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self):
-        check_range("TrainConfig(n_seeds=", self.n_seeds, 1)
+        for name in ("n_seeds", "checkpoint_every_steps", "log_every_steps"):
+            check_range(f"TrainConfig({name}=", getattr(self, name), 1)
         # PRNG seeds are 32-bit: `jax.random.key(2**32)` is `jax.random.key(0)`.
         check_range("TrainConfig(seed=", self.seed, 0, 2**32 - self.n_seeds)
-        check_range(
-            "TrainConfig(checkpoint_every_steps=", self.checkpoint_every_steps, 1
-        )
-        check_range("TrainConfig(log_every_steps=", self.log_every_steps, 1)
 
     def free_on_resume(self) -> frozenset[str]:
         """The fields a resumed run may change: all but `n_seeds` (the

@@ -34,7 +34,20 @@ def gae(
 
     `truncated` counts only where `done`; the result has no gradient.
     """
-    _check_inputs(rewards, values, next_values, done, truncated)
+    others = {
+        "values": values,
+        "next_values": next_values,
+        "done": done,
+        "truncated": truncated,
+    }
+    for name, x in others.items():
+        if jnp.shape(x) != jnp.shape(rewards):
+            raise ValueError(
+                f"gae({name}={array_spec(x)}): expected the shape of rewards "
+                f"{jnp.shape(rewards)}, got {jnp.shape(x)}. Fix: pass all five "
+                "arrays as [time, ...] of one shape (squeeze a value head's "
+                "trailing axis of size 1; do not swap the time and env axes)."
+            )
     truncated = truncated & done
     terminated = done & ~truncated
     delta = rewards + gamma * jnp.where(terminated, 0.0, next_values) - values
@@ -51,21 +64,3 @@ def gae(
         backward, jnp.zeros_like(delta[0]), (delta, discount), reverse=True
     )
     return jax.lax.stop_gradient(advantages)
-
-
-def _check_inputs(rewards, values, next_values, done, truncated) -> None:
-    shape = jnp.shape(rewards)
-    others = {
-        "values": values,
-        "next_values": next_values,
-        "done": done,
-        "truncated": truncated,
-    }
-    for name, x in others.items():
-        if jnp.shape(x) != shape:
-            raise ValueError(
-                f"gae({name}={array_spec(x)}): expected the shape of rewards "
-                f"{shape}, got {jnp.shape(x)}. Fix: pass all five arrays as "
-                "[time, ...] of one shape (squeeze a value head's trailing axis "
-                "of size 1; do not swap the time and env axes)."
-            )

@@ -9,7 +9,7 @@ float32 array leaves, so `jax.vmap` can sweep them without recompiling.
 import abc
 import dataclasses
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import equinox as eqx
 from beartype.vale import Is
@@ -130,6 +130,12 @@ class AbstractLearner(eqx.Module):
         None, converter=_percentiles
     )
 
+    metrics_prefix: ClassVar[str] = "net"
+    """Where the rollout's network metrics are logged (`<prefix>/<path>`)."""
+    logs_rollout_outputs: ClassVar[bool] = True
+    """Whether `ACTOR_EXTRA` / `CRITIC_EXTRA` log the rollout's log-likelihoods
+    and values."""
+
     def __check_init__(self):
         name = type(self).__name__
         for field in dataclasses.fields(self):
@@ -196,17 +202,6 @@ class AbstractLearner(eqx.Module):
     def target_kl(self) -> Float[Array, ""] | None:
         """An early stop of the epoch loop on the minibatches' KL, or `None`."""
         return None
-
-    @property
-    def metrics_prefix(self) -> str:
-        """Where the rollout's network metrics are logged (`<prefix>/<path>`)."""
-        return "net"
-
-    @property
-    def logs_rollout_outputs(self) -> bool:
-        """Whether `ACTOR_EXTRA` / `CRITIC_EXTRA` log the rollout's
-        log-likelihoods and values."""
-        return True
 
 
 @register_config

@@ -229,21 +229,15 @@ def ppo_loss(
     if LoggingLevel.ACTOR_EXTRA in level:
         metrics["losses/approx_kl"] = approx_kl
         metrics["losses/clipping_fraction"] = jax.tree.map(
-            lambda new, old: mean(
-                (jnp.abs(jnp.exp(new - old) - 1.0) > clip).astype(jnp.float32),
-                axis_name,
+            lambda lr: mean(
+                (jnp.abs(jnp.exp(lr) - 1.0) > clip).astype(jnp.float32), axis_name
             ),
-            rep.output.loglikelihoods,
-            data.output.loglikelihoods,
+            log_ratios,
         )
     if LoggingLevel.CRITIC_EXTRA in level:
-        # Every advantage the surrogate weighs (normalised and combined as it
-        # uses them), summarised over the iteration's updates, as nnx-ppo logs.
         metrics["losses/advantages"] = gather_envs(
             jax.tree.map(jax.lax.stop_gradient, policy_advantages), axis_name
         )
-        # Their scale before normalisation, per reward key: what shrinks to the
-        # critic's noise once every episode earns the same return.
         metrics["losses/raw_advantages"] = gather_envs(advantages, axis_name)
         # From the plain squared error, not the loss: with `value_clip_range`
         # the loss is the clipped error, which is not the explained variance.
@@ -260,6 +254,4 @@ def ppo_loss(
 
 
 def _standardize(a: Array, axis_name: str | None) -> Array:
-    if axis_name is None:
-        return (a - jnp.mean(a)) / (jnp.std(a) + 1e-8)
     return (a - mean(a, axis_name)) / (jnp.sqrt(variance(a, axis_name)) + 1e-8)

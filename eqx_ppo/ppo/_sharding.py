@@ -76,9 +76,7 @@ def shard_env_keys(
 
 def pmean(tree: PyTree, axis_name: str | None) -> PyTree:
     """`lax.pmean` over the env axis; the identity when not sharded."""
-    if axis_name is None:
-        return tree
-    return jax.lax.pmean(tree, axis_name)
+    return tree if axis_name is None else jax.lax.pmean(tree, axis_name)
 
 
 def mean(x: Array, axis_name: str | None) -> Array:

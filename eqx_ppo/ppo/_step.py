@@ -64,32 +64,11 @@ def shard_state(state: TrainingState, mesh: Mesh) -> TrainingState:
     return eqx.combine(placed, static)
 
 
-def _learning_rate(learner: AbstractLearner) -> Callable[[Array], Array]:
-    def schedule(count):
-        progress = jnp.minimum(count / learner.n_updates, 1.0)
-        if learner.lr_schedule == "linear":
-            scale = 1.0 - progress
-        elif learner.lr_schedule == "cosine":
-            scale = 0.5 * (1.0 + jnp.cos(math.pi * progress))
-        else:
-            scale = 1.0
-        return learner.learning_rate * scale
-
-    return schedule
-
-
 class _Horizon(NamedTuple):
     """A decaying schedule's update count, kept in the optimiser state to check
     a resumed run against."""
 
     updates: Int[Array, ""]
-
-
-def _horizon(n_updates: int) -> optax.GradientTransformation:
-    return optax.GradientTransformation(
-        lambda params: _Horizon(jnp.asarray(n_updates, jnp.int32)),
-        lambda updates, state, params=None: (updates, state),
-    )
 
 
 def schedule_horizon(opt_state: PyTree) -> Array | None:
@@ -102,15 +81,31 @@ def schedule_horizon(opt_state: PyTree) -> Array | None:
 def make_optimizer(learner: AbstractLearner) -> optax.GradientTransformation:
     """Adam(W), optional clipping and the schedule, read from `learner`, over
     the trainable leaves raveled into one vector (a few fused ops per update)."""
+
+    def schedule(count):
+        progress = jnp.minimum(count / learner.n_updates, 1.0)
+        if learner.lr_schedule == "linear":
+            scale = 1.0 - progress
+        elif learner.lr_schedule == "cosine":
+            scale = 0.5 * (1.0 + jnp.cos(math.pi * progress))
+        else:
+            scale = 1.0
+        return learner.learning_rate * scale
+
     links = []
     if learner.gradient_clipping is not None:
         links.append(optax.clip_by_global_norm(learner.gradient_clipping))
     links.append(optax.scale_by_adam())
     if learner.weight_decay is not None:
         links.append(optax.add_decayed_weights(learner.weight_decay))
-    links.append(optax.scale_by_learning_rate(_learning_rate(learner)))
+    links.append(optax.scale_by_learning_rate(schedule))
     if learner.lr_schedule != "constant":
-        links.append(_horizon(learner.n_updates))
+        links.append(
+            optax.GradientTransformation(
+                lambda _: _Horizon(jnp.asarray(learner.n_updates, jnp.int32)),
+                optax.identity().update,
+            )
+        )
     inner = optax.chain(*links)
 
     def init(params):
@@ -190,12 +185,11 @@ def _gradient_phase(
     minibatch_loss: Callable[..., tuple[Array, dict[str, Any]]],
     params: PyTree,
     opt_state: PyTree,
-    key: PRNGKeyArray,
-    n_local_envs: int,
+    indices: Int[Array, "update m"],
     axis_name: str | None,
 ) -> tuple[PyTree, PyTree, dict[str, Any]]:
-    """`n_epochs * n_minibatches` optimiser steps on `minibatch_loss(params,
-    idx)`; with `target_kl`, updates past the stop are computed and discarded."""
+    """An optimiser step on `minibatch_loss(params, idx)` per row of `indices`;
+    with `target_kl`, updates past the stop are computed and discarded."""
     optimizer = make_optimizer(learner)
     grad_fn = jax.grad(minibatch_loss, has_aux=True)
     target_kl = learner.target_kl
@@ -226,9 +220,6 @@ def _gradient_phase(
             metrics["losses/kl_stopped"] = stopped  # logged as the fraction
         return (new_p, new_opt_state, stopped), metrics
 
-    indices = _permutations(
-        key, n_local_envs, learner.n_epochs, learner.n_minibatches, axis_name
-    )
     (params, opt_state, _), metrics = jax.lax.scan(
         update, (params, opt_state, jnp.array(False)), indices, unroll=_UPDATE_UNROLL
     )
@@ -274,14 +265,12 @@ def step(
         _check_loss(learner, out)
         return out
 
+    n_local = jnp.shape(data.done)[1]  # this device's envs
+    indices = _permutations(
+        shuffle_key, n_local, learner.n_epochs, learner.n_minibatches, axis_name
+    )
     params, opt_state, loss_metrics = _gradient_phase(
-        learner,
-        minibatch_loss,
-        params,
-        state.opt_state,
-        shuffle_key,
-        jnp.shape(data.done)[1],
-        axis_name,
+        learner, minibatch_loss, params, state.opt_state, indices, axis_name
     )
     all_data = gather_envs(data._replace(key=None), axis_name)
     network = eqx.combine(params, static).update_statistics(all_data.extras)
@@ -350,9 +339,8 @@ def _check_state(
 
 def _check_loss(learner: AbstractLearner, out: Any) -> None:
     """Raise unless the loss returned `(scalar, metrics)` as the engine reads."""
-    needed = {"loss/total"} | (
-        {"loss/approx_kl"} if learner.target_kl is not None else set()
-    )
+    kl = () if learner.target_kl is None else ("loss/approx_kl",)
+    needed = {"loss/total", *kl}
     ok = isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)
     if not ok or jnp.shape(out[0]) != () or not needed <= set(out[1]):
         raise TypeError(

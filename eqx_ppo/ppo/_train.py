@@ -28,7 +28,7 @@ from ..nn._module import AbstractStatefulModule
 from . import _guard
 from ._config import TrainConfig
 from ._host import CompileTimer, Progress, record_video, to_host
-from ._result import TrainResult, VideoData
+from ._result import Metrics, TrainResult, VideoData
 from ._rollout import eval_rollout
 from ._sharding import check_mesh, is_main_process, on_mesh, to_local
 from ._step import TrainingState, fresh_state, schedule_horizon, shard_state, step
@@ -37,7 +37,6 @@ from ._validate import check_initial_state, check_resumed_progress, seed_axis_hi
 NetworkOrFactory = (
     AbstractStatefulModule | Callable[[Key[Array, ""]], AbstractStatefulModule]
 )
-Metrics = dict[str, Any]
 
 
 def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
@@ -47,25 +46,22 @@ def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainCo
     if key is None:
         # `jax.random.key(seed + i)` for each seed, in one program.
         seeds = jnp.arange(n, dtype=jnp.uint32) + np.uint32(config.seed)
-        keys = jax.vmap(jax.random.key)(seeds)
+        key = jax.vmap(jax.random.key)(seeds)
     elif key.ndim == 0:
-        keys = key[None] if n == 1 else jax.random.split(key, n)
+        key = key[None] if n == 1 else jax.random.split(key, n)
     elif key.shape[0] != n:
         raise ValueError(
             f"train(key=<{key.shape[0]} keys>): one key per seed needs n_seeds="
             f"{key.shape[0]}, but the config has n_seeds={n}. Fix: set "
             f"TrainConfig(n_seeds={key.shape[0]}), or pass one key to split."
         )
-    else:
-        keys = key
-    return _split_seed_keys(keys)
+    return _split_seed_keys(key)
 
 
 @jax.jit
 def _split_seed_keys(keys: Array) -> tuple[Array, Array, Array]:
     """Each seed's (init, train, eval) keys, as three stacks: one program."""
-    init, train, evaluate = jax.vmap(lambda k: jax.random.split(k, 3), out_axes=1)(keys)
-    return init, train, evaluate
+    return tuple(jax.vmap(lambda k: jax.random.split(k, 3), out_axes=1)(keys))
 
 
 # Module level, so a second run of the same env, networks and learner reuses
@@ -206,8 +202,7 @@ class _Schedule(NamedTuple):
 
     @classmethod
     def of(cls, config: TrainConfig, checkpoints: bool, videos: bool) -> "_Schedule":
-        learner = config.learner
-        spi, total = learner.steps_per_iteration, learner.n_iterations
+        spi, total = config.learner.steps_per_iteration, config.learner.n_iterations
 
         def every(steps: int, on: bool) -> int | None:
             return max(1, math.ceil(steps / spi)) if on else None
@@ -326,8 +321,7 @@ def _resume(env, networks, config, state):
     check_initial_state(
         state, eqx.filter_eval_shape(_initial_states, env, networks, config)
     )
-    learner = config.learner
-    check_resumed_progress(state, learner, schedule_horizon(state.opt_state))
+    check_resumed_progress(state, config.learner, schedule_horizon(state.opt_state))
     copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
     return copy if config.n_seeds > 1 else _with_seed_axis(copy)
 

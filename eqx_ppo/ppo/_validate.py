@@ -65,9 +65,8 @@ def check_samplers(env: Any, network: AbstractStatefulModule) -> None:
     if n_actions is None:
         return
     is_sampler = lambda x: isinstance(x, CategoricalSampler)  # noqa: E731
-    for path, sampler in jax.tree_util.tree_flatten_with_path(
-        network, is_leaf=is_sampler
-    )[0]:
+    leaves = jax.tree_util.tree_leaves_with_path(network, is_leaf=is_sampler)
+    for path, sampler in leaves:
         if not is_sampler(sampler):
             continue
         where, expected = "", n_actions
@@ -100,11 +99,8 @@ def check_actions(env: Any, actions: PyTree[Array]) -> None:
     expected = _declared_action_shapes(env)
     if expected is None:
         return
-    is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
     shapes = jax.tree.map(lambda a: tuple(a.shape[1:]), actions)
-    if jax.tree.flatten(shapes, is_leaf=is_shape) == jax.tree.flatten(
-        expected, is_leaf=is_shape
-    ):
+    if shapes == expected:
         return
     if any(jnp.issubdtype(a.dtype, jnp.integer) for a in jax.tree.leaves(actions)):
         fix = (
