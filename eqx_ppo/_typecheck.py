@@ -77,12 +77,21 @@ def checked(obj: F) -> F:
     return call  # type: ignore[return-value]
 
 
-def float32(value: Scalar) -> Float[Array, ""]:
+Reals = Annotated[Real[ArrayLike, "..."], ~IsInstance[bool]]
+"""Real numbers of any shape: an `int`, a `float` or a real array, not a `bool`."""
+
+
+def float32_array(value: Reals) -> Float[Array, "..."]:
     """A coefficient as a float32 array: a pytree leaf, so changing it does not
     recompile and `jax.vmap` can sweep it. A concrete value stays concrete
     inside a trace (a learner built under `jit`), so its range is checked."""
     with jax.ensure_compile_time_eval():
         return jnp.asarray(value, jnp.float32)
+
+
+def float32(value: Scalar) -> Float[Array, ""]:
+    """`float32_array` of one number."""
+    return float32_array(value)
 
 
 def optional_float32(value: Scalar | None) -> Float[Array, ""] | None:

@@ -1,13 +1,13 @@
 """What the optimiser trains: parameters, not statistics and not coefficients."""
 
 import dataclasses
-from typing import Annotated, Any
+from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
-from beartype.vale import IsInstance
-from jaxtyping import Array, ArrayLike, PyTree, Real
+from jaxtyping import PyTree
+
+from .._typecheck import float32_array
 
 
 class AbstractStatistics(eqx.Module):
@@ -26,18 +26,10 @@ def coefficient(*, nonnegative: bool = False, **kwargs: Any) -> Any:
     infinite or NaN, even when built inside a trace.
     """
     return eqx.field(
-        converter=_concrete_float32,
+        converter=float32_array,  # any shape: a vector of shifts too
         metadata={"coefficient": True, "nonnegative": nonnegative},
         **kwargs,
     )
-
-
-def _concrete_float32(x: Annotated[Real[ArrayLike, "..."], ~IsInstance[bool]]) -> Array:
-    """`jnp.asarray(x, float32)`, evaluated now unless `x` is itself traced. Of
-    any shape (a vector of shifts is a coefficient too), but a number: not a
-    bool, not a string."""
-    with jax.ensure_compile_time_eval():
-        return jnp.asarray(x, jnp.float32)
 
 
 def coefficient_names(node: Any, flag: str = "coefficient") -> tuple[str, ...]:
