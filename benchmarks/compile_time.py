@@ -1,6 +1,7 @@
 """Compile time as a metric: where a training run's compilation goes, cold and warm.
 
     python -m benchmarks.compile_time [--env inverted_pendulum] [--quick]
+        [--reset-mode cached]
 
 One `train` run of eqx_ppo (by default `inverted_pendulum`, 2048 envs,
 4x32 MLPs, 8 minibatches; `--quick`: tiny) and the same run of Brax PPO, in
@@ -247,8 +248,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"{spec['n_epochs']} epochs, rollout {spec['rollout_length']}, "
         f"{Spec.from_dict(spec).run_steps:,} steps in {spec['n_chunks']} chunks) "
         "in a fresh process with an empty persistent compilation cache (cold), "
-        "then in another with the cache it filled (warm). JAX "
-        f"{m['jax']} on {hardware(m)}.",
+        "then in another with the cache it filled (warm). eqx_ppo's "
+        f"`reset_mode={spec['eqx_ppo_options'].get('reset_mode', 'cached')!r}` "
+        "(Brax's auto-reset restarts every env from its first state, as "
+        f"`'initial'` does). JAX {m['jax']} on {hardware(m)}.",
         "",
         "| run | compile + first chunk, cold (s) | warm (s) | warm / cold "
         "| trace + lower + XLA, cold (s) | warm (s) | programs compiled "
@@ -364,8 +367,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a check)")
     parser.add_argument("--name", default=None, help="results file stem")
+    parser.add_argument(
+        "--reset-mode",
+        default="cached",
+        choices=["cached", "fresh", "initial"],
+        help="eqx_ppo's PPO(reset_mode=...)",
+    )
     args = parser.parse_args(argv)
-    spec = default_spec(args.env, args.quick)
+    spec = dataclasses.replace(
+        default_spec(args.env, args.quick),
+        eqx_ppo_options={"reset_mode": args.reset_mode},
+    )
     started = machine()
     print(f"compile_time: {args.env}, {spec.n_envs} envs, cold then warm process")
     result = run(spec)

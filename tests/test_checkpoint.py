@@ -36,7 +36,7 @@ TESTS = pathlib.Path(__file__).parent
 ITERATION = 4 * 8  # env steps per iteration in `ppo_setup`
 
 
-def ppo_setup(n_seeds=1):
+def ppo_setup(n_seeds=1, reset_mode="cached"):
     """A recurrent policy (LSTM carries, normaliser statistics) on an env whose
     episodes (20 steps) straddle iterations (8 steps), with a linear schedule."""
     env = eqx_ppo.envs.make("move_to_center")
@@ -53,6 +53,7 @@ def ppo_setup(n_seeds=1):
             n_epochs=2,
             learning_rate=3e-3,
             lr_schedule="linear",
+            reset_mode=reset_mode,
             logging_level=LoggingLevel.LOSSES
             | LoggingLevel.GRAD_NORM
             | LoggingLevel.ROLLOUT_STATS,
@@ -211,8 +212,9 @@ def test_resume_in_new_process_is_bit_identical(tmp_path):
     assert "eval/episode_reward/mean" in resumed_logs[0][1]
 
 
-def test_multi_seed_state_round_trips_and_resumes(tmp_path):
-    env, networks, config = ppo_setup(n_seeds=2)
+@pytest.mark.parametrize("reset_mode", ["cached", "initial"])
+def test_multi_seed_state_round_trips_and_resumes(tmp_path, reset_mode):
+    env, networks, config = ppo_setup(n_seeds=2, reset_mode=reset_mode)
     logs = []
     full = train(
         env,
@@ -229,6 +231,7 @@ def test_multi_seed_state_round_trips_and_resumes(tmp_path):
     final = ckpt.load_checkpoint(tmp_path, env=env, networks=networks)
     assert_identical(final, full.training_state)
     assert final.key.shape == (2,)
+    assert (final.start_states is None) == (reset_mode == "cached")
 
     resumed_logs = []
     state = ckpt.load_checkpoint(

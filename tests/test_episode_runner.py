@@ -20,7 +20,14 @@ def run(reset, save, key=1):
     network = net(jax.random.key(0))
     carry = start_episodes(ENV, network, jax.random.key(2), N)
     return network, run_episodes(
-        ENV, network, carry, jax.random.key(key), length=T, reset=reset, save=save
+        ENV,
+        network,
+        carry,
+        jax.random.key(key),
+        length=T,
+        reset=reset,
+        save=save,
+        starts=carry.env_state if reset == "initial" else None,
     )
 
 
@@ -60,11 +67,12 @@ def test_auto_reset_restarts_finished_envs():
     assert jnp.all(last.env_state.info["steps"] <= 20)
 
 
-@pytest.mark.parametrize("reset", ["cached", "fresh"])
+@pytest.mark.parametrize("reset", ["cached", "fresh", "initial"])
 def test_finished_envs_restart_from_the_documented_start_states(reset):
     _, (_, steps) = run(reset, SaveAt(transitions=("obs", "done")))
     cache_key, _, fresh_key = jax.random.split(jax.random.key(1), 3)
     cached = jax.vmap(ENV.reset)(env_keys(cache_key, N)).obs
+    initial = jax.vmap(ENV.reset)(env_keys(jax.random.key(2), N)).obs
     fresh_keys = jax.random.split(fresh_key, T)
     done, obs = steps.transitions.done, steps.transitions.obs
     restarts = [(t, i) for t in range(T - 1) for i in range(N) if done[t, i]]
@@ -73,9 +81,12 @@ def test_finished_envs_restart_from_the_documented_start_states(reset):
     assert not jnp.array_equal(
         cached, jax.vmap(ENV.reset)(env_keys(fresh_keys[t0], N)).obs
     )
+    assert not jnp.array_equal(cached, initial)
     for t, i in restarts:
         if reset == "cached":
             expected = cached[i]
+        elif reset == "initial":
+            expected = initial[i]  # the state the env started the call in
         else:
             expected = jax.vmap(ENV.reset)(env_keys(fresh_keys[t], N)).obs[i]
         # The step after a done starts from that start state.

@@ -116,7 +116,7 @@ def test_sharded_step_matches_one_device():
         assert mesh.size == 4
         config = PPO(n_envs=16, rollout_length=6, n_epochs=2, n_minibatches=2,
                      learning_rate=1e-2, logging_level=EVERY_LOG,
-                     logging_percentiles=(10, 50, 90))
+                     logging_percentiles=(10, 50, 90), reset_mode="initial")
         state = init(ENV, lstm(jax.random.key(1)), config, key=jax.random.key(0))
         sharded = eqx.filter_jit(shard_step(Partial(step, ENV, config), mesh))
         four, four_metrics = sharded(shard_state(state, mesh))
@@ -138,7 +138,7 @@ def test_sharded_step_matches_one_device():
         eqx_ppo.ppo._step._permutations = original
 
         # Every leaf (parameters, Adam moments, normaliser statistics, env
-        # states, LSTM carries, key, counters) and every metric (losses,
+        # states and start states, LSTM carries, key, counters) and every metric (losses,
         # R^2, percentiles of gathered rollout data, grad norm).
         assert_close(one, four)
         assert_metrics_close(one_metrics, four_metrics)

@@ -116,11 +116,12 @@ def _rollout(net, config, key):
         length=config.rollout_length,
         reset_mode=config.reset_mode,
         keep_terminal_obs=True,
+        starts=state.start_states,
     )
     return state, carry, data
 
 
-@pytest.mark.parametrize("reset_mode", ["cached", "fresh"])
+@pytest.mark.parametrize("reset_mode", ["cached", "fresh", "initial"])
 def test_carry_resets_exactly_with_env(getkey, reset_mode):
     config = small_config(reset_mode=reset_mode)
     net = make_net(getkey())
@@ -270,6 +271,42 @@ def test_step_compiles_once_and_coefficients_do_not_retrace(getkey):
     assert int(state.iteration) == 2
     assert int(state.steps) == 2 * config.steps_per_iteration
     assert np.isfinite(float(m2["losses/actor/mean"]))
+
+
+RESETS_TRACED = []
+
+
+class CountingResets(RandomEndEnv):
+    def reset(self, key):
+        RESETS_TRACED.append(key)
+        return super().reset(key)
+
+
+@pytest.mark.parametrize("reset_mode", ["cached", "initial"])
+def test_initial_reset_mode_keeps_the_start_states_and_traces_no_reset(
+    getkey, reset_mode
+):
+    """`reset_mode="initial"` (Brax's auto-reset) restarts envs from the states
+    `init` drew, kept in the state, so the step's program holds no
+    `env.reset`: what makes it compile faster."""
+    env, config = CountingResets(), small_config(reset_mode=reset_mode)
+    state = init(env, make_net(getkey()), config, key=getkey())
+    assert (state.start_states is None) == (reset_mode == "cached")
+    RESETS_TRACED.clear()
+    new, _ = eqx.filter_jit(step)(env, config, state)
+    assert len(RESETS_TRACED) == (0 if reset_mode == "initial" else 1)
+    if reset_mode == "initial":
+        assert eqx.tree_equal(new.start_states, state.env_state)
+
+
+@pytest.mark.parametrize(
+    "built, stepped", [("cached", "initial"), ("initial", "fresh")]
+)
+def test_a_state_stepped_with_another_reset_mode_is_refused(getkey, built, stepped):
+    env, net = RandomEndEnv(), make_net(getkey())
+    state = init(env, net, small_config(reset_mode=built), key=getkey())
+    with pytest.raises(ValueError, match=f"reset_mode='{stepped}'.*built for"):
+        step(env, small_config(reset_mode=stepped), state)
 
 
 def test_vmap_over_learning_rate_equals_separate_runs(getkey):

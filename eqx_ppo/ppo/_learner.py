@@ -123,7 +123,7 @@ class AbstractLearner(eqx.Module):
     lr_schedule: Literal["constant", "linear", "cosine"] = setting("constant")
     gradient_clipping: Number | None = setting(0.5, low=0.0, open_low=True)
     weight_decay: Number | None = setting(None, low=0.0, converter=_weight_decay)
-    reset_mode: Literal["cached", "fresh"] = setting("cached")
+    reset_mode: Literal["cached", "fresh", "initial"] = setting("cached")
     check_finite: bool = setting(True)
     logging_level: LoggingLevel = setting(LoggingLevel.LOSSES)
     logging_percentiles: tuple[Number, ...] | None = setting(

@@ -148,16 +148,18 @@ def run_episodes(
     key: PRNGKeyArray,
     *,
     length: int,
-    reset: Literal["cached", "fresh", "none"],
+    reset: Literal["cached", "fresh", "initial", "none"],
     save: SaveAt,
+    starts: Any = None,
     axis_name: str | None = None,
 ) -> tuple[StepCarry, Steps]:
     """The one episode runner: `length` steps of every env, keeping `save`.
 
     After every `env.step`, an env whose `done` is set gets a start state
     *and* its carry reset, by the same mask (`"cached"`: start states drawn
-    once per call; `"fresh"`: `env.reset` at every step), or runs on
-    untouched (`"none"`; mask with `Steps.finished`).
+    once per call; `"fresh"`: `env.reset` at every step; `"initial"`: the
+    given `starts`), or runs on untouched (`"none"`; mask with
+    `Steps.finished`).
 
     `key` is split into `(cache, steps, fresh)`: env `i` acts at step `t`
     with `env_keys(split(steps, length)[t], n_envs)[i]`; start states come
@@ -169,9 +171,8 @@ def run_episodes(
     keys_of = functools.partial(shard_env_keys, n_local=n_envs, axis_name=axis_name)
     cache_key, keys_key, fresh_key = jax.random.split(key, 3)
     step_keys = jax.random.split(keys_key, length)
-    start_states = (
-        jax.vmap(env.reset)(keys_of(cache_key)) if reset == "cached" else None
-    )
+    if reset == "cached":
+        starts = jax.vmap(env.reset)(keys_of(cache_key))
     reset_keys = jax.random.split(fresh_key, length) if reset == "fresh" else None
     keep = set(save.transitions)
 
@@ -207,12 +208,10 @@ def run_episodes(
         )
         next_net = out.next_state
         if reset != "none":
-            starts = (
-                start_states
-                if reset == "cached"
-                else jax.vmap(env.reset)(keys_of(reset_key))
+            new = (
+                jax.vmap(env.reset)(keys_of(reset_key)) if reset == "fresh" else starts
             )
-            next_env = tree_select(done, starts, next_env)
+            next_env = tree_select(done, new, next_env)
             next_net = reset_carry(network, done, next_net)
         return (StepCarry(next_env, next_net), finished | done), saved
 
@@ -232,6 +231,7 @@ def rollout(
     length: int,
     reset_mode: str,
     keep_terminal_obs: bool,
+    starts: Any = None,
     axis_name: str | None = None,
 ) -> tuple[StepCarry, Transition]:
     """A training rollout: `run_episodes` with auto-reset, keeping the training
@@ -246,6 +246,7 @@ def rollout(
         length=length,
         reset=reset_mode,
         save=SaveAt(transitions=fields),
+        starts=starts,
         axis_name=axis_name,
     )
     return carry, steps.transitions

@@ -36,11 +36,13 @@ class TrainingState(eqx.Module):
     - `env_state`, `carry`: the batched env states and the acting module's carries.
     - `key`: the run's PRNG key.
     - `iteration`, `steps`: int32 counters (iterations done, env steps taken).
+    - `start_states`: with `reset_mode="initial"`, the env states the run
+      started from, where finished envs restart; otherwise `None`.
 
     On a device mesh, the `env_fields` are split over the devices.
     """
 
-    env_fields: ClassVar[tuple[str, ...]] = ("env_state", "carry")
+    env_fields: ClassVar[tuple[str, ...]] = ("env_state", "carry", "start_states")
 
     network: AbstractStatefulModule
     opt_state: PyTree
@@ -49,6 +51,7 @@ class TrainingState(eqx.Module):
     key: PRNGKeyArray
     iteration: Int[Array, ""]
     steps: Int[Array, ""]
+    start_states: Any = None
 
 
 @checked
@@ -139,6 +142,7 @@ def fresh_state(
         key=key,
         iteration=jnp.zeros((), jnp.int32),
         steps=jnp.zeros((), jnp.int32),
+        start_states=env_state if learner.reset_mode == "initial" else None,
     )
 
 
@@ -249,6 +253,7 @@ def step(
         length=learner.rollout_length,
         reset_mode=learner.reset_mode,
         keep_terminal_obs=learner.keep_terminal_obs,
+        starts=state.start_states,
         axis_name=axis_name,
     )
     batch = learner.replay_batch(state.network, data)
@@ -287,6 +292,7 @@ def step(
         key=key,
         iteration=state.iteration + 1,
         steps=state.steps + learner.steps_per_iteration,
+        start_states=state.start_states,
     )
     return new_state, metrics
 
@@ -328,6 +334,11 @@ def _check_state(
             f"(gradient_clipping={learner.gradient_clipping}, weight_decay="
             f"{learner.weight_decay}, lr_schedule={learner.lr_schedule!r}) builds: "
             "a state built with another learner"
+        )
+    if (learner.reset_mode == "initial") != (state.start_states is not None):
+        problems.append(
+            f"the learner's reset_mode={learner.reset_mode!r}, but the state was "
+            "built for " + ("another" if state.start_states is None else "'initial'")
         )
     if problems:
         raise ValueError(
