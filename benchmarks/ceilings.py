@@ -14,7 +14,7 @@ its own compiled program, with compile time excluded:
 All are reported as env-steps per second of training, i.e. `n_envs *
 rollout_length` divided by the time of one call, so they compare directly
 with the training throughput: `1/step ~ 1/rollout + 1/update`.
-The update swaps `eqx_ppo.ppo._step.rollout` for the fixed rollout while
+The update swaps `eqx_ppo.ppo._step.run_episodes` for the fixed rollout while
 `step` is traced, so it always times the engine's current update code.
 """
 
@@ -66,17 +66,20 @@ def time_calls(compiled, *args, repeats: int = 5, inner: int = 5) -> dict[str, f
 def rollout_step(env, config):
     """`state -> (carry, data)`: eqx_ppo's rollout from a training state, as
     `step` runs it."""
-    from eqx_ppo.ppo._rollout import StepCarry, rollout
+    from eqx_ppo.ppo._rollout import SaveAt, StepCarry, Transition, run_episodes
+
+    drop = () if config.keep_terminal_obs else ("terminal_obs",)
+    kept = tuple(f for f in Transition._fields if f not in drop)
 
     def collect(state):
-        return rollout(
+        return run_episodes(
             env,
             state.network,
             StepCarry(state.env_state, state.carry),
             state.key,
             length=config.rollout_length,
-            reset_mode=config.reset_mode,
-            keep_terminal_obs=config.truncation == "bootstrap",
+            reset=config.reset_mode,
+            save=SaveAt(transitions=kept),
         )
 
     return collect
@@ -89,12 +92,12 @@ def update_step(env, config):
     from eqx_ppo.ppo import _step
 
     def update(state, carry, data):
-        real = _step.rollout
-        _step.rollout = lambda *args, **kwargs: (carry, data)
+        real = _step.run_episodes
+        _step.run_episodes = lambda *args, **kwargs: (carry, data)
         try:
             return _step.step(env, config, state)
         finally:
-            _step.rollout = real
+            _step.run_episodes = real
 
     return update
 

@@ -206,7 +206,7 @@ def _replay_program(
     from eqx_ppo import envs
     from eqx_ppo.nn import trainable
     from eqx_ppo.ppo._learner import Minibatch
-    from eqx_ppo.ppo._rollout import StepCarry, rollout
+    from eqx_ppo.ppo._rollout import SaveAt, StepCarry, Transition, run_episodes
 
     env = envs.make(REPLAY_ENV)
     key = jax.random.key(seed)
@@ -217,17 +217,20 @@ def _replay_program(
 
     @eqx.filter_jit
     def collect(state):
-        return rollout(
+        return run_episodes(
             env,
             state.network,
             StepCarry(state.env_state, state.carry),
             rollout_key,
             length=length,
-            reset_mode=config.reset_mode,
-            keep_terminal_obs=False,
+            reset=config.reset_mode,
+            save=SaveAt(
+                transitions=tuple(f for f in Transition._fields if f != "terminal_obs")
+            ),
         )
 
-    last, data = collect(state)
+    last, steps = collect(state)
+    data = steps.transitions
     # The whole rollout as one minibatch, as `step` slices it: the carries
     # at the rollout's start, the [T, M] transitions, the final observations.
     minibatch = Minibatch(state.carry, data, last.env_state.obs)

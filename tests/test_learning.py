@@ -17,7 +17,7 @@ import eqx_ppo
 from benchmarks.stability import CASES, collapsed_seeds, curves, two_arm_network
 from eqx_ppo import envs, nn
 from eqx_ppo.nn._module import StatefulModuleOutput, zero_loss
-from eqx_ppo.ppo._rollout import StepCarry, rollout
+from eqx_ppo.ppo._rollout import SaveAt, StepCarry, run_episodes
 from tests._helpers import SEED_OFFSET
 
 
@@ -192,17 +192,17 @@ def test_counter_carry_resets_with_env():
         eqx_ppo.PPO(n_envs=16, rollout_length=30, n_minibatches=1),
         key=jax.random.key(1),
     )
-    _, data = rollout(
+    _, steps = run_episodes(
         env,
         eqx.nn.inference_mode(net),
         StepCarry(state.env_state, state.carry),
         jax.random.key(2),
         length=30,
-        reset_mode="cached",
-        keep_terminal_obs=False,
+        reset="cached",
+        save=SaveAt(transitions=("reward", "done")),
     )
-    assert float(data.reward.mean()) == 1.0
-    assert int(data.done.sum()) > 16
+    assert float(steps.transitions.reward.mean()) == 1.0
+    assert int(steps.transitions.done.sum()) > 16
 
 
 class _ConcatZeroStd(nn.AbstractStatefulModule):

@@ -138,8 +138,8 @@ def test_sharded_step_matches_one_device():
         eqx_ppo.ppo._step._permutations = original
 
         # Every leaf (parameters, Adam moments, normaliser statistics, env
-        # states and start states, LSTM carries, key, counters) and every metric (losses,
-        # R^2, percentiles of gathered rollout data, grad norm).
+        # states and start states, LSTM carries, key, counters) and every
+        # metric (losses, R^2, percentiles of gathered rollout data, grad norm).
         assert_close(one, four)
         assert_metrics_close(one_metrics, four_metrics)
         assert len(four_metrics) > 30
@@ -163,7 +163,7 @@ def test_sharded_step_matches_one_device():
 def test_state_and_rollout_are_sharded_and_errors_are_clear():
     run(
         """
-        from eqx_ppo.ppo._rollout import StepCarry, rollout
+        from eqx_ppo.ppo._rollout import SaveAt, StepCarry, run_episodes
         mesh = make_mesh()
         env_spec, replicated = NamedSharding(mesh, P("env")), NamedSharding(mesh, P())
         config = TrainConfig(
@@ -187,9 +187,9 @@ def test_state_and_rollout_are_sharded_and_errors_are_clear():
 
         # Rollout buffers are built per device: [T, 2] per shard, [T, 8] in all.
         def sharded_rollout(network, env_state, net_state, key):
-            return rollout(ENV, network, StepCarry(env_state, net_state), key,
-                           length=4, reset_mode="cached", keep_terminal_obs=False,
-                           axis_name="env")[1]._replace(key=None)
+            return run_episodes(ENV, network, StepCarry(env_state, net_state), key,
+                                length=4, reset="cached", axis_name="env",
+                                save=SaveAt(transitions=("obs",)))[1].transitions
         dynamic, static = eqx.partition(state.network, eqx.is_array)
         data = jax.jit(jax.shard_map(
             lambda d, e, n, k: sharded_rollout(eqx.combine(d, static), e, n, k),

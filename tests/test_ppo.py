@@ -20,7 +20,7 @@ from eqx_ppo.ppo import (
     train,
 )
 from eqx_ppo.ppo._loss import ppo_loss
-from eqx_ppo.ppo._rollout import StepCarry, rollout
+from eqx_ppo.ppo._rollout import SaveAt, StepCarry, Transition, run_episodes
 from tests._helpers import assert_ulp_close
 
 
@@ -108,17 +108,17 @@ def small_config(**kw):
 
 def _rollout(net, config, key):
     state = init(RandomEndEnv(), net, config, key=key)
-    carry, data = rollout(
+    carry, steps = run_episodes(
         RandomEndEnv(),
         net,
         StepCarry(state.env_state, state.carry),
         key,
         length=config.rollout_length,
-        reset_mode=config.reset_mode,
-        keep_terminal_obs=True,
+        reset=config.reset_mode,
+        save=SaveAt(transitions=Transition._fields),
         starts=state.start_states,
     )
-    return state, carry, data
+    return state, carry, steps.transitions
 
 
 @pytest.mark.parametrize("reset_mode", ["cached", "fresh", "initial"])

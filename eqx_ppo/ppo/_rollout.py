@@ -222,36 +222,6 @@ def run_episodes(
     return carry, steps
 
 
-def rollout(
-    env: Any,
-    network: AbstractStatefulModule,
-    carry: StepCarry,
-    key: PRNGKeyArray,
-    *,
-    length: int,
-    reset_mode: str,
-    keep_terminal_obs: bool,
-    starts: Any = None,
-    axis_name: str | None = None,
-) -> tuple[StepCarry, Transition]:
-    """A training rollout: `run_episodes` with auto-reset, keeping the training
-    transitions (and `terminal_obs` when `keep_terminal_obs`)."""
-    fields = tuple(f for f in Transition._fields if f != "terminal_obs")
-    fields += ("terminal_obs",) if keep_terminal_obs else ()
-    carry, steps = run_episodes(
-        env,
-        network,
-        carry,
-        key,
-        length=length,
-        reset=reset_mode,
-        save=SaveAt(transitions=fields),
-        starts=starts,
-        axis_name=axis_name,
-    )
-    return carry, steps.transitions
-
-
 def _single_episodes(env, network, key, n_envs, length, save) -> Steps:
     """One episode per env from fresh envs, never reset (for evaluation and
     recording); `Steps.finished` masks the steps after an env's first `done`."""

@@ -21,7 +21,7 @@ from ..nn._filters import trainable
 from ..nn._module import AbstractStatefulModule, State
 from . import _guard
 from ._learner import AbstractLearner, Minibatch
-from ._rollout import StepCarry, Transition, env_keys, rollout
+from ._rollout import SaveAt, StepCarry, Transition, env_keys, run_episodes
 from ._sharding import gather_envs, partition_specs, place, pmean
 from ._validate import seed_axis_hint
 
@@ -245,17 +245,20 @@ def step(
     acting = learner.acting(state.network, state.env_state.obs)
     _check_state(learner, acting, state, axis_name)
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-    carry, data = rollout(
+    drop = () if learner.keep_terminal_obs else ("terminal_obs",)
+    kept = tuple(f for f in Transition._fields if f not in drop)
+    carry, steps = run_episodes(
         env,
         acting,
         StepCarry(state.env_state, state.carry),
         rollout_key,
         length=learner.rollout_length,
-        reset_mode=learner.reset_mode,
-        keep_terminal_obs=learner.keep_terminal_obs,
+        reset=learner.reset_mode,
+        save=SaveAt(transitions=kept),
         starts=state.start_states,
         axis_name=axis_name,
     )
+    data = steps.transitions
     batch = learner.replay_batch(state.network, data)
     final_obs = carry.env_state.obs
     params, static = eqx.partition(state.network, trainable(state.network))
