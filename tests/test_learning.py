@@ -67,14 +67,18 @@ def _assert_learned(finals, *, median, low, quantile=25):
     assert m > median and q > low, f"median {m:.3g}, p{quantile} {q:.3g}: {finals}"
 
 
-@pytest.mark.slow  # 30-40 s; the README's example is the default suite's learning test
-def test_move_to_center_learns():
+@pytest.mark.slow  # 30-40 s each; the README's example is the default suite's
+@pytest.mark.parametrize("reset_mode", ["cached", "initial"])
+def test_move_to_center_learns(reset_mode):
+    # "initial": each of the 64 envs restarts from one start state for the
+    # whole run; evaluation draws fresh ones, so this also tests generalising.
     env = envs.make("move_to_center")
     finals = _finals(
         _train(
             env,
             lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [32, 32], [32, 32], key=k),
             steps=100_000,
+            reset_mode=reset_mode,
         )
     )
     # Optimal -2.0, random about -20; 16 seeds: median -2.15, worst -2.23.
