@@ -66,10 +66,8 @@ def time_calls(compiled, *args, repeats: int = 5, inner: int = 5) -> dict[str, f
 def rollout_step(env, config):
     """`state -> (carry, data)`: eqx_ppo's rollout from a training state, as
     `step` runs it."""
-    from eqx_ppo.ppo._rollout import SaveAt, StepCarry, Transition, run_episodes
-
-    drop = () if config.keep_terminal_obs else ("terminal_obs",)
-    kept = tuple(f for f in Transition._fields if f not in drop)
+    from eqx_ppo.ppo._rollout import StepCarry, run_episodes
+    from eqx_ppo.ppo._step import rollout_save
 
     def collect(state):
         return run_episodes(
@@ -79,7 +77,7 @@ def rollout_step(env, config):
             state.key,
             length=config.rollout_length,
             reset=config.reset_mode,
-            save=SaveAt(transitions=kept),
+            save=rollout_save(config),
         )
 
     return collect

@@ -206,7 +206,8 @@ def _replay_program(
     from eqx_ppo import envs
     from eqx_ppo.nn import trainable
     from eqx_ppo.ppo._learner import Minibatch
-    from eqx_ppo.ppo._rollout import SaveAt, StepCarry, Transition, run_episodes
+    from eqx_ppo.ppo._rollout import StepCarry, run_episodes
+    from eqx_ppo.ppo._step import rollout_save
 
     env = envs.make(REPLAY_ENV)
     key = jax.random.key(seed)
@@ -224,9 +225,7 @@ def _replay_program(
             rollout_key,
             length=length,
             reset=config.reset_mode,
-            save=SaveAt(
-                transitions=tuple(f for f in Transition._fields if f != "terminal_obs")
-            ),
+            save=rollout_save(config),
         )
 
     last, steps = collect(state)

@@ -230,6 +230,13 @@ def _gradient_phase(
     return params, opt_state, metrics
 
 
+def rollout_save(learner: AbstractLearner) -> SaveAt:
+    """What `step`'s rollout keeps: every transition field, and `terminal_obs`
+    only for a learner that reads it."""
+    drop = () if learner.keep_terminal_obs else ("terminal_obs",)
+    return SaveAt(transitions=tuple(f for f in Transition._fields if f not in drop))
+
+
 @checked
 def step(
     env: Any,
@@ -245,8 +252,6 @@ def step(
     acting = learner.acting(state.network, state.env_state.obs)
     _check_state(learner, acting, state, axis_name)
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-    drop = () if learner.keep_terminal_obs else ("terminal_obs",)
-    kept = tuple(f for f in Transition._fields if f not in drop)
     carry, steps = run_episodes(
         env,
         acting,
@@ -254,7 +259,7 @@ def step(
         rollout_key,
         length=learner.rollout_length,
         reset=learner.reset_mode,
-        save=SaveAt(transitions=kept),
+        save=rollout_save(learner),
         starts=state.start_states,
         axis_name=axis_name,
     )
