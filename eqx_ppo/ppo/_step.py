@@ -344,9 +344,10 @@ def _check_state(
             "a state built with another learner"
         )
     if (learner.reset_mode == "initial") != (state.start_states is not None):
+        built = "another reset_mode (no start states)"
         problems.append(
             f"the learner's reset_mode={learner.reset_mode!r}, but the state was "
-            "built for " + ("another" if state.start_states is None else "'initial'")
+            "built for " + (built if state.start_states is None else "'initial'")
         )
     if problems:
         raise ValueError(
