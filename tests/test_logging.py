@@ -2,6 +2,7 @@
 
 import csv
 import json
+import threading
 import time
 
 import jax
@@ -206,6 +207,13 @@ def test_compile_timer_counts_compiling_only():
     assert first.seconds > 0 and again.seconds == 0
     # The running time is the wall time left once compiling is taken out.
     assert 0 <= first.running <= wall - first.seconds
+    # Another thread's compile (`train`'s chunk) is not this timer's.
+    g = jax.jit(lambda x: jnp.cos(x) - x)
+    with _CompileTimer() as other:
+        worker = threading.Thread(target=lambda: g(jnp.ones(19)).block_until_ready())
+        worker.start()
+        worker.join()
+    assert other.seconds == 0
 
 
 def test_jsonl_logger_never_mixes_two_runs(tmp_path):

@@ -193,3 +193,57 @@ def test_initialisation_on_the_host_gives_the_same_run(monkeypatch):
 
 def _untimed(history):
     return [{k: v for k, v in row.items() if "throughput" not in k} for row in history]
+
+
+def test_the_chunk_compiles_in_a_thread_while_the_initialisation_runs():
+    """`train` lowers the initialisation, then the chunk for the shapes it
+    will output, and compiles the chunk in a thread while the
+    initialisation compiles on the caller's: each once. A second run of the
+    same env, factory and config compiles neither again."""
+    import threading
+
+    import eqx_ppo
+
+    events = []
+
+    def listen(event, duration, **kwargs):
+        name = kwargs.get("fun_name", "")
+        if "_run_chunk" in name or "_init_seeds" in name:
+            kind = event.rsplit("/", 1)[-1]
+            events.append((kind, name.strip("jit()"), threading.get_ident()))
+
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(n_envs=4, rollout_length=4, total_steps=32),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        progress=False,
+    )
+
+    def factory(key):
+        return eqx_ppo.make_mlp_actor_critic(2, 2, [7, 3], [5], key=key)
+
+    def run():
+        return eqx_ppo.train(eqx_ppo.envs.make("move_to_center"), factory, config)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        first = run()
+        n_first = len(events)
+        again = run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    kinds = [(kind, name) for kind, name, _ in events[:n_first]]
+    compiles = [e for e in events if e[0] == "backend_compile_duration"]
+    assert [name for _, name, _ in compiles] == ["_init_seeds", "_run_chunk"]
+    threads = {name: thread for _, name, thread in compiles}
+    assert threads["_init_seeds"] == threading.get_ident() != threads["_run_chunk"]
+    lowered = kinds.index(("jaxpr_to_mlir_module_duration", "_run_chunk"))
+    assert lowered < kinds.index(("backend_compile_duration", "_init_seeds"))
+    assert len(events) == n_first  # the second run reused both programs
+    assert first.total_steps == again.total_steps == 32
+    for a, b in zip(
+        jax.tree.leaves(first.training_state), jax.tree.leaves(again.training_state)
+    ):
+        if isinstance(a, jax.Array) and not jax.dtypes.issubdtype(
+            a.dtype, jax.dtypes.prng_key
+        ):
+            assert bool((a == b).all())

@@ -1,6 +1,8 @@
 """What the driver does on the host: metrics as floats, compile timing, the
 progress bar and videos."""
 
+import concurrent.futures
+import threading
 import time
 from typing import Any
 
@@ -28,8 +30,9 @@ def to_host(
 
 
 class CompileTimer:
-    """The seconds JAX spends compiling while open (`seconds`) and the wall
-    time left for running (`running`), so rates leave compilation out."""
+    """The seconds JAX spends compiling in this thread while open (`seconds`)
+    and the wall time left for running (`running`), so rates leave
+    compilation out (`wait` adds the wait for a compile in another thread)."""
 
     _EVENTS = (
         "/jax/core/compile/jaxpr_trace_duration",
@@ -38,14 +41,21 @@ class CompileTimer:
     )
 
     def __enter__(self) -> "CompileTimer":
-        self.seconds = 0.0
+        self.seconds, self._thread = 0.0, threading.get_ident()
         jax.monitoring.register_event_duration_secs_listener(self._add)
         self._start = time.perf_counter()
         return self
 
     def _add(self, event: str, duration: float, **kwargs: Any) -> None:
-        if event in self._EVENTS:
+        if event in self._EVENTS and threading.get_ident() == self._thread:
             self.seconds += duration
+
+    def wait(self, future: concurrent.futures.Future) -> Any:
+        """`future`'s result, the time waited for it counted as compiling."""
+        start = time.perf_counter()
+        result = future.result()
+        self.seconds += time.perf_counter() - start
+        return result
 
     def __exit__(self, *exc_info: Any) -> None:
         self.running = max(time.perf_counter() - self._start - self.seconds, 1e-9)

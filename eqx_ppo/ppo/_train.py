@@ -7,6 +7,8 @@ seed axis; it is squeezed only in what the user sees when `n_seeds=1`. Host
 events run on process 0 only.
 """
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import math
@@ -91,18 +93,13 @@ def _seed_zero(tree: Any) -> Any:
 _first_seed = eqx.filter_jit(_seed_zero)  # One program, not one per leaf.
 
 
-def _fresh_states(env, networks, key, config):
-    init_keys, train_keys, eval_keys = _seed_keys(key, config)
-    states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
-    return states, eval_keys
-
-
 def _initial_states(
     env: Any, networks: NetworkOrFactory, config: TrainConfig
 ) -> TrainingState:
     """The fresh states of `train` with `key=None`, as the user sees them:
     `load_checkpoint(env=, networks=)`'s template."""
-    states, _ = _fresh_states(env, networks, None, config)
+    init_keys, train_keys, _ = _seed_keys(None, config)
+    states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
     return states if config.n_seeds > 1 else _first_seed(states)
 
 
@@ -164,14 +161,51 @@ def _seeds_chunk(states: TrainingState, chunk: _Chunk, n_active: Array):
     return _over_seeds(lambda state: _scan_steps(chunk, state, n_active), states)
 
 
-@eqx.filter_jit(donate="all-except-first")
-def _run_chunk(chunk: _Chunk, states: TrainingState, n_active: Array):
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _run_chunk(static, chunk: _Chunk, states: TrainingState, n_active: Array):
+    """The compiled chunk; `static` is the non-array rest of `(chunk, states)`."""
+    chunk, states = eqx.combine((chunk, states), jax.tree.unflatten(*static))
     if chunk.mesh is None:
-        return _seeds_chunk(states, chunk, n_active)
-    sharded = dataclasses.replace(
-        chunk, step=jax.tree_util.Partial(chunk.step, axis_name="env")
+        states, metrics = _seeds_chunk(states, chunk, n_active)
+    else:
+        sharded = dataclasses.replace(
+            chunk, step=jax.tree_util.Partial(chunk.step, axis_name="env")
+        )
+        states, metrics = on_mesh(_seeds_chunk, chunk.mesh, states, sharded, n_active)
+    return eqx.filter(states, eqx.is_array), metrics
+
+
+_COMPILER = concurrent.futures.ThreadPoolExecutor(1, "eqx_ppo-compile")
+
+
+def _compile_chunk(chunk: _Chunk, states: TrainingState) -> concurrent.futures.Future:
+    """`chunk`'s program for `states` (arrays, or their `jax.ShapeDtypeStruct`s),
+    traced and lowered now and compiled in a thread: XLA compiles without
+    Python's lock, so the initialisation and the first evaluation go on
+    meanwhile. The future's result runs it: `(states, n_active) -> (states,
+    metrics)`."""
+
+    def is_array(x: Any) -> bool:
+        return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+    (chunk_arrays, state_arrays), static = eqx.partition((chunk, states), is_array)
+    leaves, treedef = jax.tree.flatten(static)
+    n_active = jax.ShapeDtypeStruct((), jnp.int32)
+    lowered = _run_chunk.lower(
+        (treedef, tuple(leaves)), chunk_arrays, state_arrays, n_active
     )
-    return on_mesh(_seeds_chunk, chunk.mesh, states, sharded, n_active)
+
+    def compile():
+        compiled = lowered.compile()
+
+        def run(states: TrainingState, n_active: int):
+            arrays, static = eqx.partition(states, eqx.is_array)
+            new, metrics = compiled(chunk_arrays, arrays, np.int32(n_active))
+            return eqx.combine(new, static), metrics
+
+        return run
+
+    return _COMPILER.submit(compile)
 
 
 @eqx.filter_jit
@@ -265,18 +299,24 @@ def train(
     learner = config.learner
     if mesh is not None:
         check_mesh(mesh, learner.n_envs, learner.n_minibatches)
+    schedule = _Schedule.of(config, checkpoint_fn is not None, video_fn is not None)
+    chunk = _Chunk(
+        jax.tree_util.Partial(step, env, learner), min(schedule.periods), mesh
+    )
     if initial_state is None:
         with seed_axis_hint(networks, "networks"):
-            states, eval_keys = _on_host(_fresh_states, env, networks, key, config)
+            (states, eval_keys), compiling = _initialise(
+                env, networks, key, config, chunk
+            )
     else:
         eval_keys = _seed_keys(key, config)[2]
-        states = _resume(env, networks, config, initial_state)
+        states, compiling = _resume(env, networks, config, initial_state), None
     if mesh is not None:
         states = shard_state(states, mesh)
     driver = _Driver(
         config=config,
-        schedule=_Schedule.of(config, checkpoint_fn is not None, video_fn is not None),
-        chunk=_Chunk(jax.tree_util.Partial(step, env, learner), 0, mesh),
+        schedule=schedule,
+        compiling=compiling or _compile_chunk(chunk, states),
         eval_env=env if eval_env is None else eval_env,
         eval_keys=eval_keys,
         log_fn=log_fn,
@@ -288,29 +328,45 @@ def train(
 
 
 HOST_INIT_BACKENDS = ("tpu",)
-"""The backends on which `train` initialises on the host's CPU (see `_on_host`)."""
+"""The backends on which `train` initialises on the host's CPU (see `_initialise`)."""
 
 
-def _on_host(fn: Callable, *args: Any) -> Any:
-    """`fn(*args)`, on the host's CPU when JAX's default backend is in
-    `HOST_INIT_BACKENDS`, its result then moved to the default device.
+def _initialise(env, networks, key, config, chunk):
+    """`train`'s fresh states and eval keys, and `chunk`'s compiling program.
 
-    For the initialisation, which runs once: XLA:TPU unrolls every random
-    draw's hash and compiles it slowly (`benchmarks/README.md`), XLA:CPU does
-    not. The draws' bits are the same on every backend."""
-    if jax.default_backend() not in HOST_INIT_BACKENDS:
-        return fn(*args)
-    try:
-        host = jax.local_devices(backend="cpu")[0]
-    except RuntimeError:  # JAX_PLATFORMS leaves the CPU out
-        return fn(*args)
+    The initialisation is lowered first, so that the chunk is lowered for the
+    shapes it outputs and compiles while the initialisation compiles and runs
+    (on a mesh, the chunk waits for the sharded states).
+
+    On a backend in `HOST_INIT_BACKENDS` the initialisation runs on the host's
+    CPU: XLA:TPU unrolls every random draw's hash and compiles it slowly
+    (`benchmarks/README.md`), XLA:CPU does not. The draws' bits are the same
+    on every backend."""
+    host = None
+    if jax.default_backend() in HOST_INIT_BACKENDS:
+        with contextlib.suppress(RuntimeError):  # JAX_PLATFORMS leaves the CPU out
+            host = jax.local_devices(backend="cpu")[0]
     (device,) = jax.device_put(0).devices()
     with jax.default_device(host):
-        out = fn(*_put(args, host))
-    return _put(out, device)
+        env, networks, learner, key = _put((env, networks, config.learner, key), host)
+        init_keys, train_keys, eval_keys = _seed_keys(key, config)
+        lowered = _init_seeds.lower(env, networks, learner, init_keys, train_keys)
+    compiling = None
+    if chunk.mesh is None:  # The chunk's input: the states on the device.
+        on_device = jax.sharding.SingleDeviceSharding(device)
+        shapes = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device),
+            lowered.lowered.out_info,
+        )
+        compiling = _compile_chunk(chunk, lowered.postprocess(shapes))
+    with jax.default_device(host):
+        states = lowered.compile()(env, networks, learner, init_keys, train_keys)
+    return _put((states, eval_keys), device if host else None), compiling
 
 
 def _put(tree: Any, device: Any) -> Any:
+    if device is None:
+        return tree
     dynamic, static = eqx.partition(tree, eqx.is_array)
     return eqx.combine(jax.device_put(dynamic, device), static)
 
@@ -331,7 +387,7 @@ class _Driver(NamedTuple):
 
     config: TrainConfig
     schedule: _Schedule
-    chunk: _Chunk
+    compiling: concurrent.futures.Future
     eval_env: Any
     eval_keys: Array
     log_fn: Callable | None
@@ -343,7 +399,6 @@ class _Driver(NamedTuple):
         config, schedule, main = self.config, self.schedule, is_main_process()
         learner, n_seeds = config.learner, config.n_seeds
         spi, throughput = learner.steps_per_iteration, self.throughput
-        chunk = dataclasses.replace(self.chunk, length=min(schedule.periods))
         start = iteration = int(np.max(jax.device_get(states.iteration)))
         history: list[Metrics] = []
         final: Metrics = {}
@@ -365,7 +420,7 @@ class _Driver(NamedTuple):
             stop = schedule.next_stop(iteration)
             n = stop - iteration
             with CompileTimer() as timer:
-                states, metrics = _run_chunk(chunk, states, jnp.asarray(n))
+                states, metrics = timer.wait(self.compiling)(states, n)
                 metrics = jax.device_get(metrics)
             if learner.check_finite:
                 flags = {
