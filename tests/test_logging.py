@@ -345,7 +345,8 @@ def test_progress_bar_counts_env_steps_of_all_seeds_and_says_compiling(monkeypat
     assert bar.descs[0] == "compiling" and bar.descs[-1] == "train"
     assert all(set(p) == {"eval_return"} for p in bar.postfixes)
     # Elapsed time, rate and estimate leave the compilation out: the clock
-    # moved forward by the seconds spent compiling the first chunk.
+    # moved forward by the seconds spent compiling the evaluation and waiting
+    # for the first chunk's compile.
     assert bar.start_t > 0.1
     assert bar.rates and all(r.endswith("steps/s now") for r in bar.rates)
 
@@ -373,3 +374,33 @@ def test_a_logger_without_its_package_names_the_extra(
         ImportError, match=rf"needs {module}\. Fix: .*eqx_ppo\[logging\]"
     ):
         make(tmp_path)
+
+
+def test_final_metrics_are_the_last_row_logged_or_not():
+    """Without a `log_fn` the driver makes only the rows it needs (the last
+    of each chunk); `final_metrics` is the row a `log_fn` gets last."""
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(n_envs=4, rollout_length=4, total_steps=16 * 6),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        n_seeds=2,
+        log_every_steps=16 * 3,
+        progress=False,
+    )
+    rows = []
+
+    def run(log_fn):
+        return eqx_ppo.train(
+            eqx_ppo.envs.make("move_to_center"),
+            lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=k),
+            config,
+            key=jax.random.key(2),
+            log_fn=log_fn,
+        )
+
+    logged = run(lambda metrics, step: rows.append((step, metrics)))
+    quiet = run(None)
+    assert [step for step, _ in rows] == [16 * i for i in range(1, 7)]
+    assert logged.final_metrics == rows[-1][1] == quiet.final_metrics
+    assert all(
+        len(v) == 2 for k, v in quiet.final_metrics.items() if k != "total_steps"
+    )

@@ -240,9 +240,8 @@ def test_the_chunk_compiles_in_a_thread_while_the_initialisation_runs():
     assert lowered < kinds.index(("backend_compile_duration", "_init_seeds"))
     assert len(events) == n_first  # the second run reused both programs
     assert first.total_steps == again.total_steps == 32
-    for a, b in zip(
-        jax.tree.leaves(first.training_state), jax.tree.leaves(again.training_state)
-    ):
+    leaves = [jax.tree.leaves(r.training_state) for r in (first, again)]
+    for a, b in zip(*leaves, strict=True):
         if isinstance(a, jax.Array) and not jax.dtypes.issubdtype(
             a.dtype, jax.dtypes.prng_key
         ):

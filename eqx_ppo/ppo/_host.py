@@ -23,9 +23,8 @@ def to_host(
     taking row `index` of a chunk's `[seed, iteration]` metrics."""
     out = {}
     for name, value in jax.device_get(metrics).items():
-        value = np.asarray(value, np.float64)
-        value = value if index is None else value[:, index]
-        out[name] = float(value[0]) if n_seeds == 1 else [float(v) for v in value]
+        value = np.asarray(value if index is None else value[:, index], np.float64)
+        out[name] = float(value[0]) if n_seeds == 1 else value.tolist()
     return out
 
 
@@ -78,10 +77,15 @@ class Progress:
                 desc="compiling",
             )
 
+    def leave_out(self, timer: CompileTimer) -> None:
+        """Move the bar's clock past the seconds `timer` spent compiling."""
+        if self.bar is not None:
+            self.bar.start_t += timer.seconds
+
     def advance(self, n: int, timer: CompileTimer, rate: float) -> None:
         if self.bar is None:
             return
-        self.bar.start_t += timer.seconds
+        self.leave_out(timer)
         self.bar.set_description("train")
         self.bar.update(n)
         self.bar.set_postfix_str(f"{rate:,.0f} steps/s now", refresh=False)

@@ -428,14 +428,15 @@ class _Driver(NamedTuple):
                 }
                 _guard.raise_if_nonfinite(flags, iteration, n, learner)
             rate = n * spi * n_seeds / timer.running
-            for i in range(n):
+            logged = main and self.log_fn is not None
+            for i in range(n) if logged else [n - 1]:  # Rows no one reads: not made.
                 row = to_host(metrics, n_seeds, i)
                 row["total_steps"] = (iteration + i + 1) * spi
                 if throughput:
                     row["throughput/train_sps"] = rate
                 if iteration + i + 1 == stop:
                     row = self.events(states, stop, row, history, progress)
-                elif main and self.log_fn is not None:
+                else:
                     self.log_fn(row, row["total_steps"])
                 final = row
             progress.advance(n * spi * n_seeds, timer, rate)
@@ -457,6 +458,7 @@ class _Driver(NamedTuple):
             with CompileTimer() as timer:
                 metrics = _evaluate(self.eval_env, network, self.eval_keys, config.eval)
                 metrics = to_host(jax.device_get(metrics), config.n_seeds)
+            progress.leave_out(timer)
             if config.learner.check_finite:
                 _guard.check_host_values(
                     metrics,
@@ -476,6 +478,7 @@ class _Driver(NamedTuple):
                 frames = record_video(
                     self.eval_env, network, config.video, self.eval_keys[0], step_count
                 )
+            progress.leave_out(timer)
             if frames is not None:
                 self.video_fn(VideoData(*frames))
                 if self.throughput:
