@@ -246,6 +246,16 @@ def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
                 np.testing.assert_allclose(got, v, rtol=1e-4, atol=1e-5, err_msg=k)
         print("seeds x mesh ok")
 
+        # Without a mesh, the run stays on the device the caller chose.
+        with jax.default_device(jax.devices()[2]):
+            placed = eqx_ppo.train(ENV, mlp, TrainConfig(
+                learner=ppo, seed=4, progress=False, eval=config.eval))
+        for leaf in jax.tree.leaves(placed.training_state):
+            if isinstance(leaf, jax.Array):
+                assert leaf.devices() == {jax.devices()[2]}, leaf.devices()
+        assert_close(placed.training_state, single.training_state)  # seed 4
+        print("default device ok")
+
         teacher = eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8],
                                                 key=jax.random.key(7))
         student = lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k)

@@ -347,7 +347,10 @@ def _initialise(env, networks, key, config, chunk):
         with contextlib.suppress(RuntimeError):  # JAX_PLATFORMS leaves the CPU out
             host = jax.local_devices(backend="cpu")[0]
     (device,) = jax.device_put(0).devices()
-    with jax.default_device(host):
+    on_host = (
+        functools.partial(jax.default_device, host) if host else contextlib.nullcontext
+    )
+    with on_host():
         env, networks, learner, key = _put((env, networks, config.learner, key), host)
         init_keys, train_keys, eval_keys = _seed_keys(key, config)
         lowered = _init_seeds.lower(env, networks, learner, init_keys, train_keys)
@@ -359,7 +362,7 @@ def _initialise(env, networks, key, config, chunk):
             lowered.lowered.out_info,
         )
         compiling = _compile_chunk(chunk, lowered.postprocess(shapes))
-    with jax.default_device(host):
+    with on_host():
         states = lowered.compile()(env, networks, learner, init_keys, train_keys)
     return _put((states, eval_keys), device if host else None), compiling
 
