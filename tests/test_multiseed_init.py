@@ -210,7 +210,8 @@ def test_the_chunk_compiles_in_a_thread_while_the_initialisation_runs():
         name = kwargs.get("fun_name", "")
         if "_run_chunk" in name or "_init_seeds" in name:
             kind = event.rsplit("/", 1)[-1]
-            events.append((kind, name.strip("jit()"), threading.get_ident()))
+            name = name.removeprefix("jit(").removesuffix(")")
+            events.append((kind, name, threading.get_ident()))
 
     config = eqx_ppo.TrainConfig(
         learner=eqx_ppo.PPO(n_envs=4, rollout_length=4, total_steps=32),
