@@ -178,7 +178,7 @@ def test_initialisation_on_the_host_gives_the_same_run(monkeypatch):
     monkeypatch.setattr(_train, "HOST_INIT_BACKENDS", (jax.default_backend(),))
     monkeypatch.setattr(_train, "_put", lambda t, d: moved.append(d) or put(t, d))
     on_host = runs()
-    assert len(moved) == 4  # to the host and back, once per run
+    assert len(moved) == 6  # inputs and keys to the host, states back, per run
     for a, b in zip(direct, on_host, strict=True):
         assert _untimed(a.eval_history) == _untimed(b.eval_history)
         leaves_a = jax.tree.leaves(a.training_state)
@@ -247,3 +247,42 @@ def test_the_chunk_compiles_in_a_thread_while_the_initialisation_runs():
             a.dtype, jax.dtypes.prng_key
         ):
             assert bool((a == b).all())
+
+
+@pytest.mark.parametrize("reset_mode", ["cached", "fresh", "initial"])
+def test_the_runs_programs_trace_the_envs_reset_once(reset_mode):
+    """`init` and `step` reset envs through one jitted `reset_envs`, so a run's
+    initialisation and chunk share its trace: the env's `reset` is traced
+    once per run, whichever programs call it (a Brax env's reset is seconds
+    of tracing on a TPU host)."""
+    import equinox as eqx
+
+    import eqx_ppo
+
+    traced = []
+
+    class Counted(eqx_ppo.envs.AbstractWrapper):  # a new class: nothing cached
+        env: eqx_ppo.envs.AbstractEnv
+
+        def reset(self, key):
+            traced.append(key.shape)
+            return self.env.reset(key)
+
+        def step(self, state, action):
+            return self.env.step(state, action)
+
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(
+            n_envs=4, rollout_length=4, total_steps=32, reset_mode=reset_mode
+        ),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        progress=False,
+    )
+    env = Counted(eqx_ppo.envs.make("move_to_center"))
+    result = eqx_ppo.train(env, eqx.Partial(_factory), config)
+    assert result.total_steps == 32
+    assert traced == [()]
+
+
+def _factory(key):
+    return nn.make_mlp_actor_critic(2, 2, [4], [4], key=key)

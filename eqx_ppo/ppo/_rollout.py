@@ -113,11 +113,18 @@ class Steps(NamedTuple):
     finished: Bool[Array, "time env"]
 
 
+@eqx.filter_jit
+def reset_envs(env: Any, keys: Key[Array, " env"]) -> Any:
+    """`env.reset` of every env. Jitted, so that a run's programs (`init`'s,
+    `step`'s) trace it once between them."""
+    return jax.vmap(env.reset)(keys)
+
+
 def start_episodes(
     env: Any, network: AbstractStatefulModule, key: PRNGKeyArray, n_envs: int
 ) -> StepCarry:
     """Fresh envs (`env.reset` with `env_keys(key, n_envs)`) and initial carries."""
-    env_state = jax.vmap(env.reset)(env_keys(key, n_envs))
+    env_state = reset_envs(env, env_keys(key, n_envs))
     return StepCarry(env_state, network.initialize_state(n_envs))
 
 
@@ -172,7 +179,7 @@ def run_episodes(
     cache_key, keys_key, fresh_key = jax.random.split(key, 3)
     step_keys = jax.random.split(keys_key, length)
     if reset == "cached":
-        starts = jax.vmap(env.reset)(keys_of(cache_key))
+        starts = reset_envs(env, keys_of(cache_key))
     reset_keys = jax.random.split(fresh_key, length) if reset == "fresh" else None
     keep = set(save.transitions)
 
@@ -208,9 +215,7 @@ def run_episodes(
         )
         next_net = out.next_state
         if reset != "none":
-            new = (
-                jax.vmap(env.reset)(keys_of(reset_key)) if reset == "fresh" else starts
-            )
+            new = reset_envs(env, keys_of(reset_key)) if reset == "fresh" else starts
             next_env = tree_select(done, new, next_env)
             next_net = reset_carry(network, done, next_net)
         return (StepCarry(next_env, next_net), finished | done), saved

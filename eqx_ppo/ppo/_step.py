@@ -21,7 +21,14 @@ from ..nn._filters import trainable
 from ..nn._module import AbstractStatefulModule, State
 from . import _guard
 from ._learner import AbstractLearner, Minibatch
-from ._rollout import SaveAt, StepCarry, Transition, env_keys, run_episodes
+from ._rollout import (
+    SaveAt,
+    StepCarry,
+    Transition,
+    env_keys,
+    reset_envs,
+    run_episodes,
+)
 from ._sharding import gather_envs, partition_specs, place, pmean
 from ._validate import seed_axis_hint
 
@@ -131,7 +138,7 @@ def fresh_state(
 ) -> TrainingState:
     """`init` without its checks, for callers that made them."""
     reset_key, key = jax.random.split(key)
-    env_state = jax.vmap(env.reset)(env_keys(reset_key, learner.n_envs))
+    env_state = reset_envs(env, env_keys(reset_key, learner.n_envs))
     acting = learner.acting(network, env_state.obs)
     params = eqx.filter(network, trainable(network))
     return TrainingState(

@@ -352,8 +352,10 @@ def _initialise(env, networks, key, config, chunk):
     )
     with on_host():
         env, networks, learner, key = _put((env, networks, config.learner, key), host)
-        init_keys, train_keys, eval_keys = _seed_keys(key, config)
-        lowered = _init_seeds.lower(env, networks, learner, init_keys, train_keys)
+        init_keys, train_keys, eval_keys = _put(_seed_keys(key, config), host)
+    # Its committed inputs place it on the host; traced in the chunk's trace
+    # context (no `default_device`), so that the two share `reset_envs`.
+    lowered = _init_seeds.lower(env, networks, learner, init_keys, train_keys)
     compiling = None
     if chunk.mesh is None:  # The chunk's input: the states on the device.
         on_device = jax.sharding.SingleDeviceSharding(device)
