@@ -641,15 +641,15 @@ def seeds_memory(settings: dict[str, Any], n_seeds: int) -> dict[str, Any]:
         shapes, lambda x: isinstance(x, jax.ShapeDtypeStruct)
     )
 
-    from eqx_ppo.ppo._train import _Chunk, _seeds_chunk
+    from eqx_ppo.ppo._chunk import Chunk, seeds_chunk
 
-    program = _Chunk(
+    program = Chunk(
         jax.tree_util.Partial(eqx_ppo.step, env, config.learner), iterations, None
     )
 
     def chunk(d):
         n_active = jax.numpy.asarray(iterations)
-        return _seeds_chunk(eqx.combine(d, static), program, n_active)
+        return seeds_chunk(eqx.combine(d, static), program, n_active)
 
     t0 = time.perf_counter()
     compiled = jax.jit(chunk, donate_argnums=0).lower(dynamic).compile()

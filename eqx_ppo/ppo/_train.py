@@ -9,7 +9,6 @@ events run on process 0 only.
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -28,11 +27,12 @@ from ..envs._env import check_env
 from ..logging import LoggingLevel
 from ..nn._module import AbstractStatefulModule
 from . import _guard
+from ._chunk import Chunk, compile_chunk, over_seeds, seed_zero, with_seed_axis
 from ._config import TrainConfig
 from ._host import CompileTimer, Progress, record_video, to_host
 from ._result import Metrics, TrainResult, VideoData
 from ._rollout import eval_rollout
-from ._sharding import check_mesh, is_main_process, on_mesh, to_local
+from ._sharding import check_mesh, is_main_process, to_local
 from ._step import TrainingState, fresh_state, schedule_horizon, shard_state, step
 from ._validate import check_initial_state, check_resumed_progress, seed_axis_hint
 
@@ -83,14 +83,10 @@ def _init_seeds(env, networks, learner, init_keys, train_keys):
             )
         return fresh_state(env, network, learner, train_key)
 
-    return _over_seeds(init_seed, (init_keys, train_keys))
+    return over_seeds(init_seed, (init_keys, train_keys))
 
 
-def _seed_zero(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, tree)
-
-
-_first_seed = eqx.filter_jit(_seed_zero)  # One program, not one per leaf.
+_first_seed = eqx.filter_jit(seed_zero)  # One program, not one per leaf.
 
 
 def _initial_states(
@@ -108,106 +104,6 @@ register_template(
 )
 
 
-class _Chunk(eqx.Module):
-    """What a compiled chunk runs: `step` (`state -> (state, metrics)`), at most
-    `length` times, on one device or data-parallel over `mesh`."""
-
-    step: Callable
-    length: int = eqx.field(static=True)
-    mesh: Mesh | None = eqx.field(static=True)
-
-
-def _scan_steps(chunk: _Chunk, state: TrainingState, n_active: Array):
-    """`n_active <= chunk.length` steps in a loop with a traced bound, writing
-    each step's metrics into buffers of `chunk.length` rows."""
-    dynamic, static = eqx.partition(state, eqx.is_array)
-
-    # Jitted, so the step is traced once: for the buffers' shapes and again in
-    # the loop, JAX reuses the cached trace of this one function.
-    @jax.jit
-    def run(d):
-        new, metrics = chunk.step(eqx.combine(d, static))
-        return eqx.filter(new, eqx.is_array), metrics
-
-    _, shapes = jax.eval_shape(run, dynamic)
-    buffers = jax.tree.map(
-        lambda m: jnp.zeros((chunk.length, *m.shape), m.dtype), shapes
-    )
-
-    def body(i, carry):
-        d, buffers = carry
-        d, metrics = run(d)
-        write = functools.partial(jax.lax.dynamic_update_index_in_dim, index=i, axis=0)
-        return d, jax.tree.map(write, buffers, metrics)
-
-    dynamic, metrics = jax.lax.fori_loop(0, n_active, body, (dynamic, buffers))
-    return eqx.combine(dynamic, static), metrics
-
-
-def _over_seeds(fn: Callable, stacked: Any) -> Any:
-    """`fn` of every seed's part of `stacked`, stacked: a `vmap`, or for one
-    seed a call on its slice (which traces and compiles faster)."""
-    n_seeds = next(x for x in jax.tree.leaves(stacked) if eqx.is_array(x)).shape[0]
-    if n_seeds > 1:
-        return eqx.filter_vmap(fn)(stacked)
-    return _with_seed_axis(fn(_seed_zero(stacked)))
-
-
-def _with_seed_axis(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, tree)
-
-
-def _seeds_chunk(states: TrainingState, chunk: _Chunk, n_active: Array):
-    return _over_seeds(lambda state: _scan_steps(chunk, state, n_active), states)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _run_chunk(static, chunk: _Chunk, states: TrainingState, n_active: Array):
-    """The compiled chunk; `static` is the non-array rest of `(chunk, states)`."""
-    chunk, states = eqx.combine((chunk, states), jax.tree.unflatten(*static))
-    if chunk.mesh is None:
-        states, metrics = _seeds_chunk(states, chunk, n_active)
-    else:
-        sharded = dataclasses.replace(
-            chunk, step=jax.tree_util.Partial(chunk.step, axis_name="env")
-        )
-        states, metrics = on_mesh(_seeds_chunk, chunk.mesh, states, sharded, n_active)
-    return eqx.filter(states, eqx.is_array), metrics
-
-
-_COMPILER = concurrent.futures.ThreadPoolExecutor(1, "eqx_ppo-compile")
-
-
-def _compile_chunk(chunk: _Chunk, states: TrainingState) -> concurrent.futures.Future:
-    """`chunk`'s program for `states` (arrays, or their `jax.ShapeDtypeStruct`s),
-    traced and lowered now and compiled in a thread: XLA compiles without
-    Python's lock, so the initialisation and the first evaluation go on
-    meanwhile. The future's result runs it: `(states, n_active) -> (states,
-    metrics)`."""
-
-    def is_array(x: Any) -> bool:
-        return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
-
-    (chunk_arrays, state_arrays), static = eqx.partition((chunk, states), is_array)
-    leaves, treedef = jax.tree.flatten(static)
-    n_active = jax.ShapeDtypeStruct((), jnp.int32)
-    lowered = _run_chunk.lower(
-        (treedef, tuple(leaves)), chunk_arrays, state_arrays, n_active
-    )
-
-    def compile():
-        compiled = lowered.compile()
-
-        def run(states: TrainingState, n_active: int):
-            arrays, static = eqx.partition(states, eqx.is_array)
-            new, metrics = compiled(chunk_arrays, arrays, np.int32(n_active))
-            return eqx.combine(new, static), metrics
-
-        return run
-
-    return _COMPILER.submit(compile)
-
-
 @eqx.filter_jit
 def _evaluate(env, networks, keys, config):
     def one(network, key):
@@ -221,7 +117,7 @@ def _evaluate(env, networks, keys, config):
             logging_percentiles=config.logging_percentiles,
         )
 
-    return _over_seeds(lambda seed: one(*seed), (networks, keys))
+    return over_seeds(lambda seed: one(*seed), (networks, keys))
 
 
 class _Schedule(NamedTuple):
@@ -300,7 +196,7 @@ def train(
     if mesh is not None:
         check_mesh(mesh, learner.n_envs, learner.n_minibatches)
     schedule = _Schedule.of(config, checkpoint_fn is not None, video_fn is not None)
-    chunk = _Chunk(
+    chunk = Chunk(
         jax.tree_util.Partial(step, env, learner), min(schedule.periods), mesh
     )
     if initial_state is None:
@@ -316,7 +212,7 @@ def train(
     driver = _Driver(
         config=config,
         schedule=schedule,
-        compiling=compiling or _compile_chunk(chunk, states),
+        compiling=compiling or compile_chunk(chunk, states),
         eval_env=env if eval_env is None else eval_env,
         eval_keys=eval_keys,
         log_fn=log_fn,
@@ -363,7 +259,7 @@ def _initialise(env, networks, key, config, chunk):
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device),
             lowered.lowered.out_info,
         )
-        compiling = _compile_chunk(chunk, lowered.postprocess(shapes))
+        compiling = compile_chunk(chunk, lowered.postprocess(shapes))
     with on_host():
         states = lowered.compile()(env, networks, learner, init_keys, train_keys)
     return _put((states, eval_keys), device if host else None), compiling
@@ -384,7 +280,7 @@ def _resume(env, networks, config, state):
     )
     check_resumed_progress(state, config.learner, schedule_horizon(state.opt_state))
     copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-    return copy if config.n_seeds > 1 else _with_seed_axis(copy)
+    return copy if config.n_seeds > 1 else with_seed_axis(copy)
 
 
 class _Driver(NamedTuple):
