@@ -11,9 +11,9 @@ from typing import Any
 import jax
 from jaxtyping import PyTree
 
-from ._activation_key import ACTIVATION_KEY as ACTIVATION_KEY
 from ._typecheck import checked
 from .graph import PopulationGraph
+from .graph._graph import ACTIVATION_KEY as ACTIVATION_KEY
 from .nn._module import (
     AbstractLayerWrapper,
     AbstractStatefulModule,
@@ -33,19 +33,15 @@ class Recorder(AbstractLayerWrapper):
         return out._replace(metrics={**out.metrics, ACTIVATION_KEY: out.output})
 
 
-def _is_stateful(node: Any) -> bool:
-    return isinstance(node, AbstractStatefulModule)
-
-
 def is_leaf_layer(node: Any) -> bool:
     """Whether `node` is a stateful module with no stateful module anywhere in
     its pytree children (so containers of your own are seen through)."""
-    if not _is_stateful(node):
+    if not isinstance(node, AbstractStatefulModule):
         return False
     children = jax.tree.leaves(
-        node, is_leaf=lambda n: n is not node and _is_stateful(n)
+        node, is_leaf=lambda n: n is not node and isinstance(n, AbstractStatefulModule)
     )
-    return not any(_is_stateful(child) for child in children)
+    return not any(isinstance(c, AbstractStatefulModule) for c in children)
 
 
 def is_recording(net: PyTree) -> bool:

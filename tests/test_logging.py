@@ -300,8 +300,9 @@ class _FakeBar:
 
     made: list["_FakeBar"] = []
 
-    def __init__(self, *, total, initial, unit, unit_scale, desc):
+    def __init__(self, *, total, initial, unit, unit_scale, desc, disable):
         self.total, self.n, self.unit, self.descs = total, initial, unit, [desc]
+        self.disable = disable
         self.postfixes, self.rates = [], []
         self.start_t = 0.0  # tqdm's clock: the driver moves it past compile time
         _FakeBar.made.append(self)

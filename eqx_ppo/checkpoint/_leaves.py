@@ -14,7 +14,7 @@ import numpy as np
 from ._codec import CheckpointError
 
 
-def _is_key(x: Any) -> bool:
+def is_key(x: Any) -> bool:
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
@@ -27,7 +27,7 @@ def structure(tree: Any, saved: bool = False) -> tuple[list[dict[str, Any]], str
         spec: dict[str, Any] = {"path": jax.tree_util.keystr(path)}
         if hasattr(x, "shape") and hasattr(x, "dtype"):
             spec.update(shape=list(x.shape), dtype=str(x.dtype))
-            if saved and _is_key(x):
+            if saved and is_key(x):
                 spec["key_impl"] = str(jax.random.key_impl(x))
         else:
             spec["type"] = type(x).__name__
@@ -98,7 +98,7 @@ def check_saveable(state: Any) -> None:
 
 def serialise(state: Any) -> bytes:
     """`state`'s array leaves as `state.eqx` holds them, PRNG keys as key data."""
-    data = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, state)
+    data = jax.tree.map(lambda x: jax.random.key_data(x) if is_key(x) else x, state)
     file = io.BytesIO()
     eqx.tree_serialise_leaves(file, data)
     return file.getvalue()
@@ -152,7 +152,7 @@ def check_structure(
 
 
 def _load_target(x: Any, spec: dict[str, Any]) -> Any:
-    if _is_key(x):
+    if is_key(x):
         data = jax.eval_shape(
             lambda: jax.random.key_data(jax.random.key(0, impl=spec["key_impl"]))
         )
@@ -175,7 +175,7 @@ def deserialise(
         ) from e
     return jax.tree.map(
         lambda x, t, spec: (
-            jax.random.wrap_key_data(x, impl=spec["key_impl"]) if _is_key(t) else x
+            jax.random.wrap_key_data(x, impl=spec["key_impl"]) if is_key(t) else x
         ),
         loaded,
         template,

@@ -9,11 +9,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Key
 
-from .._activation_key import ACTIVATION_KEY
 from .._typecheck import checked
 from ..nn._dense import Activation, Dense, get_activation
 from ..nn._module import AbstractStatefulModule
-from ._graph import ConnectionSpec, PopulationGraph, PopulationSpec
+from ._graph import ACTIVATION_KEY, ConnectionSpec, PopulationGraph, PopulationSpec
 
 
 @checked
@@ -151,7 +150,10 @@ class PopulationGraphBuilder:
                 raise ValueError(f"PopulationGraphBuilder.finalize(): {problem}")
         specs = self._connections
         order = _topological_order(pops, specs)
-        unreached = _unreached_outputs(pops, specs)
+        reached = {name for name, p in pops.items() if p.role == "input"}
+        for _ in pops:  # a path visits each population at most once
+            reached |= {conn.dst for conn in specs if conn.src in reached}
+        unreached = [n for n in pops if pops[n].role == "output" and n not in reached]
         if unreached:
             what, it = (
                 (f"population {unreached[0]!r} is", "it")
@@ -296,17 +298,3 @@ def _topological_order(
             f"{' -> '.join(e.args[1])}; a population cannot depend on its own "
             "activity in the same step. Give one of these connections delay >= 1."
         ) from None
-
-
-def _unreached_outputs(
-    populations: dict[str, PopulationSpec], connections: list[ConnectionSpec]
-) -> list[str]:
-    """The output populations no path of connections leads to from an input."""
-    reached = {name for name, p in populations.items() if p.role == "input"}
-    for _ in populations:  # a path visits each population at most once
-        reached |= {conn.dst for conn in connections if conn.src in reached}
-    return [
-        name
-        for name, p in populations.items()
-        if p.role == "output" and name not in reached
-    ]

@@ -8,7 +8,6 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
-from .._activation_key import ACTIVATION_KEY
 from ..nn._keys import child_key
 from ..nn._module import (
     AbstractStatefulModule,
@@ -16,6 +15,9 @@ from ..nn._module import (
     StatefulModuleOutput,
     zero_loss,
 )
+
+ACTIVATION_KEY = "__activation__"
+"""Metrics key holding a recorded layer's forward output; see `extract_activations`."""
 
 Role = Literal["input", "hidden", "output"]
 

@@ -187,8 +187,8 @@ class _AbstractNamedContainer(_AbstractContainer):
         return self.modules
 
 
-def _dispatch(container: "Map | Concat", x: Any) -> dict[str, Any]:
-    """`x[name]` for every child name: what a per-key container feeds them."""
+def _dispatch(container: "Map | Concat", x: Any, run: Run) -> dict[str, Any]:
+    """Each child `k` run on the entry `x[k]`: a per-key container's outputs."""
     names = list(container.modules)
     if not isinstance(x, Mapping) or any(name not in x for name in names):
         seen = f"keys {sorted(x)}" if isinstance(x, Mapping) else type(x).__name__
@@ -198,7 +198,7 @@ def _dispatch(container: "Map | Concat", x: Any) -> dict[str, Any]:
             f"it needs a dict with keys {names}; got {seen}. Rename the children "
             "or the input keys so they match."
         )
-    return {name: x[name] for name in names}
+    return {name: run(name, x[name]) for name in names}
 
 
 @checked
@@ -259,8 +259,7 @@ class Map(_AbstractNamedContainer):
     """
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> dict[str, Any]:
-        inputs = _dispatch(self, x)
-        return {name: run(name, inputs[name]) for name in self.modules}
+        return _dispatch(self, x, run)
 
 
 @checked
@@ -277,8 +276,7 @@ class Concat(_AbstractNamedContainer):
     """
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> Array:
-        inputs = _dispatch(self, x)
-        outputs = {name: run(name, inputs[name]) for name in self.modules}
+        outputs = _dispatch(self, x, run)
         return per_step(lambda out: jnp.concatenate(list(out.values()), -1))(outputs)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from ..nn._module import AbstractStatefulModule
-from ._rollout import SaveAt, run_fresh_episodes
+from ._rollout import SaveAt, fresh_episodes
 
 
 def to_host(
@@ -65,53 +65,41 @@ class Progress:
     """A bar of env steps over all seeds, whose times leave compilation out."""
 
     def __init__(self, enabled: bool, initial: int, total: int):
-        self.bar = None
-        if enabled:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            self.bar = tqdm(
-                total=total,
-                initial=initial,
-                unit="env-step",
-                unit_scale=True,
-                desc="compiling",
-            )
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="env-step",
+            unit_scale=True,
+            desc="compiling",
+            disable=not enabled,
+        )
 
     def leave_out(self, timer: CompileTimer) -> None:
         """Move the bar's clock past the seconds `timer` spent compiling."""
-        if self.bar is not None:
+        if not self.bar.disable:  # a disabled bar keeps no clock
             self.bar.start_t += timer.seconds
 
     def advance(self, n: int, timer: CompileTimer, rate: float) -> None:
-        if self.bar is None:
-            return
         self.leave_out(timer)
         self.bar.set_description("train")
         self.bar.update(n)
         self.bar.set_postfix_str(f"{rate:,.0f} steps/s now", refresh=False)
 
     def show_return(self, value: float | list[float]) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(eval_return=f"{float(np.mean(value)):.3g}")
+        self.bar.set_postfix(eval_return=f"{float(np.mean(value)):.3g}")
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 @eqx.filter_jit
 def _episode(env, network, length: int, key: PRNGKeyArray):
     # Episodes continue past `done` in the video: env and carry reset
     # together, exactly as in training.
-    steps = run_fresh_episodes(
-        env,
-        network,
-        key,
-        n_envs=1,
-        length=length,
-        reset="fresh",
-        save=SaveAt(transitions=("reward",), env_states=True),
-    )
+    save = SaveAt(transitions=("reward",), env_states=True)
+    steps = fresh_episodes(env, network, key, 1, length, save, reset="fresh")
     alive = ~steps.finished[:, 0]
     reward = sum(jax.tree.leaves(steps.transitions.reward))[:, 0]
     total = jnp.sum(jnp.where(alive, reward, 0.0))

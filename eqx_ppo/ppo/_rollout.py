@@ -128,24 +128,17 @@ def start_episodes(
     return StepCarry(env_state, network.initialize_state(n_envs))
 
 
-def run_fresh_episodes(
-    env: Any,
-    network: AbstractStatefulModule,
-    key: PRNGKeyArray,
-    *,
-    n_envs: int,
-    length: int,
-    reset: Literal["cached", "fresh", "none"],
-    save: SaveAt,
-) -> Steps:
-    """`run_episodes` from fresh envs: `key` is split into `(reset, run)`, the
-    envs start from `start_episodes(..., reset, n_envs)` and run with `run`."""
+def fresh_episodes(env, network, key, n_envs, length, save, reset="none") -> Steps:
+    """`run_episodes` from fresh envs (`key` split into `(reset, run)`, the envs
+    started by `start_episodes`); by default never reset, for evaluation and
+    recording: one episode per env, `Steps.finished` masking what follows."""
+    check_env(env)
     reset_key, run_key = jax.random.split(key)
-    start = start_episodes(env, network, reset_key, n_envs)
-    _, steps = run_episodes(
-        env, network, start, run_key, length=length, reset=reset, save=save
-    )
-    return steps
+    with seed_axis_hint(network):
+        start = start_episodes(env, network, reset_key, n_envs)
+        return run_episodes(
+            env, network, start, run_key, length=length, reset=reset, save=save
+        )[1]
 
 
 def run_episodes(
@@ -227,16 +220,6 @@ def run_episodes(
     return carry, steps
 
 
-def _single_episodes(env, network, key, n_envs, length, save) -> Steps:
-    """One episode per env from fresh envs, never reset (for evaluation and
-    recording); `Steps.finished` masks the steps after an env's first `done`."""
-    check_env(env)
-    with seed_axis_hint(network):
-        return run_fresh_episodes(
-            env, network, key, n_envs=n_envs, length=length, reset="none", save=save
-        )
-
-
 def _mask_leaf(alive: Bool[Array, "..."], x: Array) -> Array:
     x = jnp.asarray(x, jnp.float32)
     return jnp.where(alive.reshape(alive.shape + (1,) * (x.ndim - alive.ndim)), x, 0.0)
@@ -262,7 +245,7 @@ def eval_rollout(
     levels = {"env": LoggingLevel.ENV_METRICS, "net": LoggingLevel.NETWORK_METRICS}
     groups = [group for group, level in levels.items() if level in logging_level]
     save = SaveAt(transitions=("reward", *(f"{g}_metrics" for g in groups)))
-    steps = _single_episodes(env, network, key, n_envs, max_episode_length, save)
+    steps = fresh_episodes(env, network, key, n_envs, max_episode_length, save)
     alive = ~steps.finished
 
     def episode_sums(tree):
@@ -306,5 +289,5 @@ def record_activations_rollout(
     """
     recorder = eqx.nn.inference_mode(with_recording(network))
     save = SaveAt(activations=True)
-    steps = _single_episodes(env, recorder, key, n_envs, max_episode_length, save)
+    steps = fresh_episodes(env, recorder, key, n_envs, max_episode_length, save)
     return steps.activations, steps.finished

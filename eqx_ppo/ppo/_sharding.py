@@ -16,6 +16,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Key, PRNGKeyArray, PyTree
 
 from .._typecheck import checked
+from ..checkpoint._leaves import is_key
 
 ENV_AXIS = "env"
 """The name of the mesh axis that splits the envs."""
@@ -55,11 +56,6 @@ def check_mesh(mesh: Mesh, n_envs: int, n_minibatches: int) -> None:
             f"{per_step * max(1, round(n_envs / per_step))}, fewer minibatches or "
             "a mesh of fewer devices."
         )
-
-
-def is_main_process() -> bool:
-    """Whether this is process 0, the one that logs, evaluates and checkpoints."""
-    return jax.process_index() == 0
 
 
 def shard_env_keys(
@@ -102,12 +98,6 @@ def gather_envs(tree: PyTree, axis_name: str | None, axis: int = 1) -> PyTree:
     )
 
 
-def _is_key(x: Any) -> bool:
-    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(
-        x.dtype, jax.dtypes.prng_key
-    )
-
-
 def partition_specs(state: Any) -> PyTree[PartitionSpec]:
     """The `PartitionSpec` of every array of a training state: its `env_fields`
     split on their env axis (after any seed axis), the rest replicated."""
@@ -122,7 +112,7 @@ def partition_specs(state: Any) -> PyTree[PartitionSpec]:
 
 
 def place(x: Array | np.ndarray, sharding: NamedSharding) -> Array:
-    if _is_key(x):
+    if is_key(x):
         data = place(jax.random.key_data(x), sharding)
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
     if not isinstance(x, jax.Array):
@@ -148,7 +138,7 @@ def to_local(tree: PyTree) -> PyTree:
     def one(x):
         if not isinstance(x, jax.Array):
             return x
-        if _is_key(x):
+        if is_key(x):
             data = one(jax.random.key_data(x))
             return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
         if not x.is_fully_addressable:

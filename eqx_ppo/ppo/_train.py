@@ -32,7 +32,7 @@ from ._config import TrainConfig
 from ._host import CompileTimer, Progress, record_video, to_host
 from ._result import Metrics, TrainResult, VideoData
 from ._rollout import eval_rollout
-from ._sharding import check_mesh, is_main_process, to_local
+from ._sharding import check_mesh, to_local
 from ._step import TrainingState, fresh_state, schedule_horizon, shard_state, step
 from ._validate import check_initial_state, check_resumed_progress, seed_axis_hint
 
@@ -297,7 +297,7 @@ class _Driver(NamedTuple):
     local: Callable
 
     def run(self, states: TrainingState) -> TrainResult:
-        config, schedule, main = self.config, self.schedule, is_main_process()
+        config, schedule, main = self.config, self.schedule, jax.process_index() == 0
         learner, n_seeds = config.learner, config.n_seeds
         spi, throughput = learner.steps_per_iteration, self.throughput
         start = iteration = int(np.max(jax.device_get(states.iteration)))
@@ -352,7 +352,7 @@ class _Driver(NamedTuple):
 
     def events(self, states, iteration, row, history, progress) -> Metrics:
         """Evaluate, render, log and checkpoint at `iteration`, as due."""
-        schedule, main, config = self.schedule, is_main_process(), self.config
+        schedule, main, config = self.schedule, jax.process_index() == 0, self.config
         step_count = iteration * config.learner.steps_per_iteration
         if main and schedule.due(schedule.eval, iteration):
             network = self.local(states.network)

@@ -82,22 +82,19 @@ def check_samplers(env: Any, network: AbstractStatefulModule) -> None:
             )
 
 
-def _declared_action_shapes(env: Any) -> Any:
-    """Per-env action shapes a continuous env declares, or `None`."""
-    if getattr(env, "n_actions", None) is not None:
-        return None
-    size = getattr(env, "action_size", None)
-    if isinstance(size, int):
-        return (size,)
-    if isinstance(size, Mapping):
-        return {k: (v,) if isinstance(v, int) else tuple(v) for k, v in size.items()}
-    return None
-
-
 def check_actions(env: Any, actions: PyTree[Array]) -> None:
-    """Raise unless `actions` have the per-env shapes of `env.action_size`."""
-    expected = _declared_action_shapes(env)
-    if expected is None:
+    """Raise unless `actions` have the per-env shapes of `env.action_size`
+    (that of a continuous env: one without `n_actions`)."""
+    size = getattr(env, "action_size", None)
+    if getattr(env, "n_actions", None) is not None:
+        return
+    if isinstance(size, int):
+        expected = (size,)
+    elif isinstance(size, Mapping):
+        expected = {
+            k: (v,) if isinstance(v, int) else tuple(v) for k, v in size.items()
+        }
+    else:
         return
     shapes = jax.tree.map(lambda a: tuple(a.shape[1:]), actions)
     if shapes == expected:
