@@ -260,7 +260,7 @@ def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
         # stands in for the host and device 2 for the chip. With no key (the
         # seed's keys are made, not given) it still runs on the host.
         from eqx_ppo.ppo import _train
-        put, moves = _train._put, []
+        put, backends, moves = _train._put, _train.HOST_INIT_BACKENDS, []
 
         def spy(tree, device):
             arrays = jax.tree.leaves(eqx.filter(tree, eqx.is_array))
@@ -271,7 +271,7 @@ def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
         with jax.default_device(jax.devices()[2]):
             hosted = eqx_ppo.train(ENV, mlp, TrainConfig(
                 learner=ppo, seed=4, progress=False, eval=config.eval))
-        _train._put, _train.HOST_INIT_BACKENDS = put, ("tpu",)
+        _train._put, _train.HOST_INIT_BACKENDS = put, backends
         # The last move: the initial states, from the host to the device.
         assert moves[-1] == (jax.devices()[2], {jax.devices()[0]}), moves
         for leaf in jax.tree.leaves(hosted.training_state):

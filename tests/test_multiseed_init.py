@@ -255,8 +255,6 @@ def test_the_runs_programs_trace_the_envs_reset_once(reset_mode):
     initialisation and chunk share its trace: the env's `reset` is traced
     once per run, whichever programs call it (a Brax env's reset is seconds
     of tracing on a TPU host)."""
-    import equinox as eqx
-
     import eqx_ppo
 
     traced = []
@@ -279,7 +277,7 @@ def test_the_runs_programs_trace_the_envs_reset_once(reset_mode):
         progress=False,
     )
     env = Counted(eqx_ppo.envs.make("move_to_center"))
-    result = eqx_ppo.train(env, eqx.Partial(_factory), config)
+    result = eqx_ppo.train(env, _factory, config)
     assert result.total_steps == 32
     assert traced == [()]
 

@@ -85,9 +85,9 @@ def check_samplers(env: Any, network: AbstractStatefulModule) -> None:
 def check_actions(env: Any, actions: PyTree[Array]) -> None:
     """Raise unless `actions` have the per-env shapes of `env.action_size`
     (that of a continuous env: one without `n_actions`)."""
-    size = getattr(env, "action_size", None)
     if getattr(env, "n_actions", None) is not None:
         return
+    size = getattr(env, "action_size", None)
     if isinstance(size, int):
         expected = (size,)
     elif isinstance(size, Mapping):
