@@ -256,30 +256,6 @@ def test_driver_on_mesh_matches_one_device_with_seeds_and_distillation():
         assert_close(placed.training_state, single.training_state)  # seed 4
         print("default device ok")
 
-        # On a TPU the initialisation runs on the host's CPU; here device 0
-        # stands in for the host and device 2 for the chip. With no key (the
-        # seed's keys are made, not given) it still runs on the host.
-        from eqx_ppo.ppo import _train
-        put, backends, moves = _train._put, _train.HOST_INIT_BACKENDS, []
-
-        def spy(tree, device):
-            arrays = jax.tree.leaves(eqx.filter(tree, eqx.is_array))
-            moves.append((device, set().union(*(x.devices() for x in arrays))))
-            return put(tree, device)
-
-        _train._put, _train.HOST_INIT_BACKENDS = spy, ("cpu",)
-        with jax.default_device(jax.devices()[2]):
-            hosted = eqx_ppo.train(ENV, mlp, TrainConfig(
-                learner=ppo, seed=4, progress=False, eval=config.eval))
-        _train._put, _train.HOST_INIT_BACKENDS = put, backends
-        # The last move: the initial states, from the host to the device.
-        assert moves[-1] == (jax.devices()[2], {jax.devices()[0]}), moves
-        for leaf in jax.tree.leaves(hosted.training_state):
-            if isinstance(leaf, jax.Array):
-                assert leaf.devices() == {jax.devices()[2]}, leaf.devices()
-        assert_close(hosted.training_state, single.training_state)
-        print("host initialisation ok")
-
         teacher = eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8],
                                                 key=jax.random.key(7))
         student = lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [8], [8], key=k)

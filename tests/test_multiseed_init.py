@@ -139,62 +139,6 @@ def test_initialisation_compiles_once_per_shape():
         )
 
 
-def test_initialisation_on_the_host_gives_the_same_run(monkeypatch):
-    """On a TPU `train` initialises on the host's CPU (`HOST_INIT_BACKENDS`).
-    Here the CPU stands in for the TPU: the path must move a built network
-    (one seed) and a factory (two seeds), the key and the states, and give
-    the run of the direct path bit for bit (the same programs on the same
-    backend)."""
-    import jax.numpy as jnp
-
-    import eqx_ppo
-    from eqx_ppo.ppo import _train
-
-    env = eqx_ppo.envs.make("move_to_center")
-    built = eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=jax.random.key(3))
-
-    def factory(key):
-        return eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=key)
-
-    def runs():
-        return [
-            eqx_ppo.train(
-                env,
-                networks,
-                eqx_ppo.TrainConfig(
-                    learner=eqx_ppo.PPO(n_envs=4, rollout_length=4, total_steps=32),
-                    eval=eqx_ppo.EvalConfig(n_envs=2, max_episode_length=8),
-                    n_seeds=n_seeds,
-                    progress=False,
-                ),
-                key=jax.random.key(5),
-            )
-            for networks, n_seeds in ((built, 1), (factory, 2))
-        ]
-
-    direct = runs()
-    moved = []
-    put = _train._put
-    monkeypatch.setattr(_train, "HOST_INIT_BACKENDS", (jax.default_backend(),))
-    monkeypatch.setattr(_train, "_put", lambda t, d: moved.append(d) or put(t, d))
-    on_host = runs()
-    assert len(moved) == 6  # inputs and keys to the host, states back, per run
-    for a, b in zip(direct, on_host, strict=True):
-        assert _untimed(a.eval_history) == _untimed(b.eval_history)
-        leaves_a = jax.tree.leaves(a.training_state)
-        leaves_b = jax.tree.leaves(b.training_state)
-        assert len(leaves_a) == len(leaves_b)
-        for x, y in zip(leaves_a, leaves_b, strict=True):
-            if isinstance(x, jax.Array):
-                if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-                    x, y = jax.random.key_data(x), jax.random.key_data(y)
-                assert bool(jnp.array_equal(x, y))
-
-
-def _untimed(history):
-    return [{k: v for k, v in row.items() if "throughput" not in k} for row in history]
-
-
 def test_the_chunk_compiles_in_a_thread_while_the_initialisation_runs():
     """`train` lowers the initialisation, then the chunk for the shapes it
     will output, and compiles the chunk in a thread while the

@@ -8,8 +8,6 @@ events run on process 0 only.
 """
 
 import concurrent.futures
-import contextlib
-import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -223,53 +221,28 @@ def train(
     return driver.run(states)
 
 
-HOST_INIT_BACKENDS = ("tpu",)
-"""The backends on which `train` initialises on the host's CPU (see `_initialise`)."""
-
-
 def _initialise(env, networks, key, config, chunk):
     """`train`'s fresh states and eval keys, and `chunk`'s compiling program.
 
     The initialisation is lowered first, so that the chunk is lowered for the
     shapes it outputs and compiles while the initialisation compiles and runs
-    (on a mesh, the chunk waits for the sharded states).
-
-    On a backend in `HOST_INIT_BACKENDS` the initialisation runs on the host's
-    CPU: XLA:TPU unrolls every random draw's hash and compiles it slowly
-    (`benchmarks/README.md`), XLA:CPU does not. The draws' bits are the same
-    on every backend."""
-    host = None
-    if jax.default_backend() in HOST_INIT_BACKENDS:
-        with contextlib.suppress(RuntimeError):  # JAX_PLATFORMS leaves the CPU out
-            host = jax.local_devices(backend="cpu")[0]
-    (device,) = jax.device_put(0).devices()
-    on_host = (
-        functools.partial(jax.default_device, host) if host else contextlib.nullcontext
-    )
-    with on_host():
-        env, networks, learner, key = _put((env, networks, config.learner, key), host)
-        init_keys, train_keys, eval_keys = _put(_seed_keys(key, config), host)
-    # Its committed inputs place it on the host; traced in the chunk's trace
-    # context (no `default_device`), so that the two share `reset_envs`.
-    lowered = _init_seeds.lower(env, networks, learner, init_keys, train_keys)
+    (on a mesh, the chunk waits for the sharded states). Both compile for the
+    default device: on a TPU, XLA compiles the chunk faster beside an
+    initialisation for the chip than beside one for the host
+    (`benchmarks/README.md`)."""
+    init_keys, train_keys, eval_keys = _seed_keys(key, config)
+    args = (env, networks, config.learner, init_keys, train_keys)
+    lowered = _init_seeds.lower(*args)
     compiling = None
     if chunk.mesh is None:  # The chunk's input: the states on the device.
+        (device,) = jax.device_put(0).devices()
         on_device = jax.sharding.SingleDeviceSharding(device)
         shapes = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device),
             lowered.lowered.out_info,
         )
         compiling = compile_chunk(chunk, lowered.postprocess(shapes))
-    with on_host():
-        states = lowered.compile()(env, networks, learner, init_keys, train_keys)
-    return _put((states, eval_keys), device if host else None), compiling
-
-
-def _put(tree: Any, device: Any) -> Any:
-    if device is None:
-        return tree
-    dynamic, static = eqx.partition(tree, eqx.is_array)
-    return eqx.combine(jax.device_put(dynamic, device), static)
+    return (lowered.compile()(*args), eval_keys), compiling
 
 
 def _resume(env, networks, config, state):
