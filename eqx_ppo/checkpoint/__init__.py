@@ -233,8 +233,8 @@ _TEMPLATES: dict[type, Callable[[Any, Any, Any], Any]] = {}
 
 def register_template(config_type: type, build: Callable[[Any, Any, Any], Any]) -> None:
     """Let `load_checkpoint(env=..., networks=...)` build the template of a
-    checkpoint saved with a `config_type` config, as `build(config, env,
-    networks)`."""
+    checkpoint saved with a `config_type` config, as `build(env, networks,
+    config)`."""
     _TEMPLATES[config_type] = build
 
 
@@ -266,7 +266,7 @@ def _template(
             f"a checkpoint saved with a {type(config).__name__}; pass `like=` (a "
             "template state, or a function config -> state)."
         )
-    return eqx.filter_eval_shape(lambda config: build(config, env, networks), config)
+    return eqx.filter_eval_shape(build, env, networks, config)
 
 
 @checked

@@ -97,9 +97,7 @@ def _initial_states(
     return states if config.n_seeds > 1 else _first_seed(states)
 
 
-register_template(
-    TrainConfig, lambda config, env, networks: _initial_states(env, networks, config)
-)
+register_template(TrainConfig, _initial_states)
 
 
 @eqx.filter_jit
