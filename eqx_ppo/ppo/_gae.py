@@ -34,12 +34,9 @@ def gae(
 
     `truncated` counts only where `done`; the result has no gradient.
     """
-    others = {
-        "values": values,
-        "next_values": next_values,
-        "done": done,
-        "truncated": truncated,
-    }
+    others = dict(
+        values=values, next_values=next_values, done=done, truncated=truncated
+    )
     for name, x in others.items():
         if jnp.shape(x) != jnp.shape(rewards):
             raise ValueError(
