@@ -115,11 +115,10 @@ def config_from_dict(data: dict[str, Any]) -> Any:
     take their defaults, and what does not rebuild raises a
     [`CheckpointError`][] naming the field."""
     if not isinstance(data, dict) or "_type" not in data:
-        seen = "a dict without" if isinstance(data, dict) else type(data).__name__
+        seen = "a dict without one" if isinstance(data, dict) else type(data).__name__
         raise CheckpointError(
             f"config_from_dict(data=...): expected what config_to_dict returns, a "
-            f"dict with the config's '_type'; got {seen}"
-            + (" one." if isinstance(data, dict) else ".")
+            f"dict with the config's '_type'; got {seen}."
         )
     return _decode(data, "config")
 
