@@ -537,7 +537,9 @@ def test_an_lru_run_saves_its_state_size_and_evaluates(tmp_path, capsys):
 def test_runs_evaluate_and_record_episodes_of_the_envs_own_length(env, length):
     # Envs that end their episodes themselves have no time limit to read;
     # their `max_len` spares evaluating and recording 1000 mostly-masked steps.
-    assert cli._settings._episode_length(envs.make(env)) == length
+    args = cli._args._parser().parse_args(["train", "--env", env])
+    args.given = {"--env"}
+    assert cli._settings._new_run(args)[1]["episode_length"] == length
 
 
 SMALL = ["--n-envs", "16", "--hidden", "8", "--eval-every", "640", "--no-progress"]

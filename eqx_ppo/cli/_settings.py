@@ -84,10 +84,6 @@ def _make_env(run: dict[str, Any]) -> Any:
         raise CLIError(f"the run's env {run['env']}: {e}") from e
 
 
-def _episode_length(env: Any) -> int:
-    return int(getattr(env, "max_len", 0) or 1000)
-
-
 def _read_run(folder: pathlib.Path, given: str, wanted: str) -> dict[str, Any]:
     """The settings in `folder/run.json`, or a one-line error that names the
     flag as `given` and says what it wants."""
@@ -185,7 +181,7 @@ def _new_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
         else None,
         # The evaluation (and checkpoint) spacing, fixed for the run.
         eval_every=args.eval_every or max(1, args.steps // 10),
-        episode_length=_episode_length(env),
+        episode_length=int(getattr(env, "max_len", 0) or 1000),
     )
     # Built abstractly, so that a bad network flag is one line and no folder.
     network_flags = ("--hidden", "--recurrent", "--cell", "--entropy-weight")
