@@ -107,9 +107,7 @@ def serialise(state: Any) -> bytes:
 def _describe(spec: dict[str, Any] | None) -> str:
     if spec is None:
         return "(absent)"
-    if "shape" in spec:
-        return f"{spec['dtype']}{spec['shape']}"
-    return spec["type"]
+    return f"{spec['dtype']}{spec['shape']}" if "shape" in spec else spec["type"]
 
 
 def check_structure(

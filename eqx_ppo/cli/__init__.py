@@ -242,9 +242,7 @@ def _load_for_analysis(args: argparse.Namespace):
         f"--checkpoint {path}",
         lambda previous: f"\nThe one before it: --checkpoint {previous}",
     )
-    network = state.network
-    if run["seeds"] > 1:
-        network = select_seed(network, seed)
+    network = select_seed(state.network, seed) if run["seeds"] > 1 else state.network
     return run_dir, run, env, network, checkpoint
 
 

@@ -46,9 +46,7 @@ def get_activation(activation: Activation | None) -> Callable[[Array], Array]:
     """The callable of an activation; `None` is the identity."""
     if activation is None:
         return identity
-    if isinstance(activation, str):
-        return _ACTIVATIONS[activation]
-    return activation
+    return _ACTIVATIONS[activation] if isinstance(activation, str) else activation
 
 
 def orthogonal(scale: float = 1.0) -> Initializer:

@@ -45,9 +45,7 @@ def _compose(
 def _at(x: Array, t: Any, axis: int) -> Array:
     """Step `t` of `x` along `axis`, kept as an axis of length 1; an `x` that is
     the same at every step has length 1 there already."""
-    if x.shape[axis] == 1:
-        return x
-    return jax.lax.dynamic_slice_in_dim(x, t, 1, axis)
+    return x if x.shape[axis] == 1 else jax.lax.dynamic_slice_in_dim(x, t, 1, axis)
 
 
 class _Steps(NamedTuple):
