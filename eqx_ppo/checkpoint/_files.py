@@ -42,8 +42,7 @@ def _write_synced(file: pathlib.Path, data: bytes) -> None:
 def _sealed(body: bytes) -> bytes:
     """`body`, the start of a JSON object up to its last field, completed with
     the field `header_sha256`: the SHA-256 of `body`."""
-    digest = hashlib.sha256(body).hexdigest()
-    return body + _SEAL + f'"{digest}"\n}}\n'.encode()
+    return body + _SEAL + f'"{hashlib.sha256(body).hexdigest()}"\n}}\n'.encode()
 
 
 def header_json(header: dict[str, Any]) -> bytes:

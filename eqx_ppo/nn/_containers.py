@@ -306,5 +306,4 @@ class Merge(_AbstractNamedContainer):
     """
 
     def _route(self, run: Run, x: Any, per_step: PerStep) -> dict[Any, Any]:
-        outputs = {name: run(name, x) for name in self.modules}
-        return per_step(_merge)(outputs)
+        return per_step(_merge)({name: run(name, x) for name in self.modules})

@@ -34,8 +34,7 @@ class GaussianHead(eqx.Module):
             raise ValueError(
                 f"min_std={min_std} must be > 0, so that log(std) stays finite."
             )
-        shape = (in_size, 2 * latent_size)
-        self.kernel, self.bias = kernel_and_bias(key, shape)
+        self.kernel, self.bias = kernel_and_bias(key, (in_size, 2 * latent_size))
         self.min_std = float(min_std)
         self.in_size = in_size
         self.latent_size = latent_size

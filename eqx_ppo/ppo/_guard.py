@@ -44,8 +44,7 @@ def _magnitude(tree: PyTree) -> Array:
 
 def _first(bad: Bool[Array, "time env"]) -> tuple[Array, Array]:
     """`(t, env)` of the first bad entry in time order (`(-1, -1)` if none)."""
-    index = jnp.argmax(bad.ravel())
-    t, env = jnp.divmod(index, bad.shape[1])
+    t, env = jnp.divmod(jnp.argmax(bad.ravel()), bad.shape[1])
     found = bad.any()
     return tuple(jnp.where(found, i, -1).astype(jnp.int32) for i in (t, env))
 

@@ -54,8 +54,7 @@ def tree_select(mask: Bool[Array, " env"], on_true: Any, on_false: Any) -> Any:
     """Per-env `where` over two pytrees with a leading env axis."""
 
     def select(a, b):
-        m = mask.reshape(mask.shape + (1,) * (jnp.ndim(b) - 1))
-        return jnp.where(m, a, b)
+        return jnp.where(mask.reshape(mask.shape + (1,) * (jnp.ndim(b) - 1)), a, b)
 
     return jax.tree.map(select, on_true, on_false)
 

@@ -84,8 +84,7 @@ def variance(x: Array, axis_name: str | None) -> Array:
     """The variance over all envs of all devices, by two passes for accuracy."""
     if axis_name is None:
         return jnp.var(x)
-    centre = mean(x, axis_name)
-    return mean(jnp.square(x - centre), axis_name)
+    return mean(jnp.square(x - mean(x, axis_name)), axis_name)
 
 
 def gather_envs(tree: PyTree, axis_name: str | None, axis: int = 1) -> PyTree:
