@@ -77,10 +77,9 @@ def _probe(
             f"Distillation: the {who} cannot take the env's observation: {error}"
         ) from error
     check_output_type(out.output, f"Distillation: the {who}")
-    flat, _ = jax.tree_util.tree_flatten_with_path(
-        out.extras, is_leaf=lambda n: isinstance(n, _SamplerExtras)
-    )
-    return out, [(path, n) for path, n in flat if isinstance(n, _SamplerExtras)]
+    is_mark = lambda n: isinstance(n, _SamplerExtras)  # noqa: E731
+    flat = jax.tree_util.tree_leaves_with_path(out.extras, is_leaf=is_mark)
+    return out, [(path, n) for path, n in flat if is_mark(n)]
 
 
 def _sampler_paths(
@@ -189,11 +188,9 @@ def _inference(
 @register_config
 @checked
 class Distillation(AbstractLearner):
-    """Distillation: the student learns to score a frozen teacher's actions.
-
-    The student (the trained network) acts; the teacher runs beside it in
-    inference mode; the loss is `distillation_loss`. Evaluation and video
-    run the student, and every seed trains its own student.
+    """Distillation: the student (the trained network) learns to score a frozen
+    teacher's actions, by `distillation_loss`. Evaluation and video run the
+    student, and every seed trains its own student.
 
     ```python
     learner = eqx_ppo.Distillation(teacher, n_envs=64, learning_rate=1e-3)
@@ -214,10 +211,8 @@ class Distillation(AbstractLearner):
     def __check_init__(self):
         # Else training would stop later on a non-finite loss that names neither
         # the teacher nor the fix.
-        leaves = jax.tree_util.tree_flatten_with_path(
-            eqx.filter(self.teacher, eqx.is_inexact_array)
-        )[0]
-        for path, x in leaves:
+        weights = eqx.filter(self.teacher, eqx.is_inexact_array)
+        for path, x in jax.tree_util.tree_leaves_with_path(weights):
             # NumPy, not jnp: under a trace jnp would stage even a concrete leaf.
             if not isinstance(x, jax.core.Tracer) and not np.isfinite(x).all():
                 raise ValueError(

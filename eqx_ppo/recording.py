@@ -46,14 +46,9 @@ def is_leaf_layer(node: Any) -> bool:
 
 def is_recording(net: PyTree) -> bool:
     """Whether `net` already records: it holds a `Recorder` or a recording graph."""
-    nodes = jax.tree.leaves(
-        net, is_leaf=lambda node: isinstance(node, Recorder | PopulationGraph)
-    )
-    return any(
-        isinstance(node, Recorder)
-        or (isinstance(node, PopulationGraph) and node.record)
-        for node in nodes
-    )
+    is_node = lambda n: isinstance(n, Recorder | PopulationGraph)  # noqa: E731
+    nodes = jax.tree.leaves(net, is_leaf=is_node)
+    return any(isinstance(n, Recorder) or (is_node(n) and n.record) for n in nodes)
 
 
 @checked
