@@ -33,10 +33,6 @@ _KINDS: dict[str, tuple[tuple[tuple[int, int, int], ...], int]] = {
 }
 
 
-def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
-    return value if isinstance(value, tuple) else (value, value)
-
-
 def _output_size(size: int, kernel: int, stride: int, padding: str | int) -> int:
     """The length of one spatial axis after a convolution; < 1 if too short."""
     if padding == "SAME":
@@ -84,7 +80,9 @@ class Conv2d(AbstractStatelessLayer):
         - `activation`, `use_bias`, `kernel_init`, `bias_init`: as in
             [`eqx_ppo.nn.Dense`][].
         """
-        kernel_size, stride = _pair(kernel_size), _pair(stride)
+        kernel_size, stride = (
+            v if isinstance(v, tuple) else (v, v) for v in (kernel_size, stride)
+        )
         shape = (*kernel_size, in_channels, out_channels)
         kernel, bias = kernel_and_bias(key, shape, use_bias, kernel_init, bias_init)
         # Only Equinox's structure is wanted; our initialisers fill it, so its

@@ -43,9 +43,8 @@ class Delay(AbstractStatefulModule):
         - `k_steps`: the delay in steps, `>= 1`.
         - `initial_value`: what the buffer holds at first and after each reset.
         """
-        check_range(
-            "Delay(k_steps=", k_steps, 1, fix="for no delay, leave the Delay out."
-        )
+        fix = "for no delay, leave the Delay out."
+        check_range("Delay(k_steps=", k_steps, 1, fix=fix)
         leaves, treedef = jax.tree.flatten(canonicalize(sample_input))
         self.k_steps = k_steps
         self.initial_value = float(initial_value)

@@ -139,11 +139,9 @@ class AbstractLearner(eqx.Module):
     def __check_init__(self):
         name = type(self).__name__
         for field in dataclasses.fields(self):
-            bounds = field.metadata.get("bounds")
-            if bounds is not None:
-                check_range(
-                    f"{name}({field.name}=", getattr(self, field.name), **bounds
-                )
+            if "bounds" in field.metadata:
+                value = getattr(self, field.name)
+                check_range(f"{name}({field.name}=", value, **field.metadata["bounds"])
         if self.n_envs % self.n_minibatches:
             raise ValueError(
                 f"{name}(n_envs={self.n_envs}, n_minibatches={self.n_minibatches}): "
