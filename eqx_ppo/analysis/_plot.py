@@ -90,8 +90,7 @@ def plot_fixed_points(
     components of `pca`, to draw over [`eqx_ppo.analysis.plot_trajectories`][].
     Returns the matplotlib axes."""
     ax = _axes(ax)
-    if select is None:
-        select = jax.vmap(lambda s: ravel_pytree(s)[0])
+    select = jax.vmap(lambda s: ravel_pytree(s)[0]) if select is None else select
     vectors = np.asarray(select(points.states), np.float64)
     if pca is not None:
         vectors = (vectors - np.asarray(pca.mean)) @ np.asarray(pca.components).T

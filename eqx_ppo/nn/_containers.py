@@ -281,18 +281,16 @@ class Concat(_AbstractNamedContainer):
 
 
 def _merge(outputs: dict[str, Any]) -> dict[Any, Any]:
-    merged: dict[Any, Any] = {}
     producer: dict[Any, str] = {}
     for name, out in outputs.items():
-        for out_key, value in out.items():
-            if out_key in merged:
+        for out_key in out:
+            if out_key in producer:
                 raise ValueError(
                     f"`Merge`: children {producer[out_key]!r} and {name!r} both "
                     f"produce the key {out_key!r}; rename one of the outputs."
                 )
-            merged[out_key] = value
             producer[out_key] = name
-    return merged
+    return {out_key: outputs[name][out_key] for out_key, name in producer.items()}
 
 
 @checked
