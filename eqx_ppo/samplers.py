@@ -67,13 +67,9 @@ class _AbstractSampler(AbstractStatefulModule):
         del state
         check_draws(self, key)
         action, extras, log_likelihood, entropy, metrics = self._sample(x, extras, key)
-        return StatefulModuleOutput(
-            next_state=(),
-            output={"action": action, "log_likelihood": log_likelihood},
-            regularization_loss=-self.entropy_weight * entropy,
-            metrics=metrics,
-            extras=extras,
-        )
+        output = {"action": action, "log_likelihood": log_likelihood}
+        loss = -self.entropy_weight * entropy
+        return StatefulModuleOutput((), output, loss, metrics, extras)
 
 
 class _AbstractGaussianSampler(_AbstractSampler):
