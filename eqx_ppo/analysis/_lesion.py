@@ -92,9 +92,7 @@ class Intervention(AbstractLayerWrapper):
                 .set(jnp.broadcast_to(self.values, index.shape))
             )
         values = values.astype(y.dtype)
-        if self.mode == "clamp":
-            return jnp.where(mask, values, y)
-        return jnp.where(mask, y + values, y)
+        return jnp.where(mask, values if self.mode == "clamp" else y + values, y)
 
     def wrap_output(self, out: Any) -> Any:
         """A step's (or a replay's) output, held at `site="output"`."""
