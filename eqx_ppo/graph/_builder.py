@@ -39,9 +39,7 @@ class PopulationGraphBuilder:
         """Add a hidden population of `size` units (the size every incoming
         transform must output) under a unique `name`; `activation` (`None`, a
         callable or a name) is applied to its summed input."""
-        return self._add(
-            PopulationSpec(name, size, get_activation(activation), "hidden")
-        )
+        return self._add(name, size, activation, "hidden")
 
     @checked
     def add_input(
@@ -55,9 +53,7 @@ class PopulationGraphBuilder:
         """Add a population that sums the observation into its input: the key
         `input_from` of a dict observation, or with `None` the whole (array)
         observation. `name`, `size` and `activation` are as in `add_population`."""
-        return self._add(
-            PopulationSpec(name, size, get_activation(activation), "input", input_from)
-        )
+        return self._add(name, size, activation, "input", input_from)
 
     @checked
     def add_output(
@@ -78,9 +74,7 @@ class PopulationGraphBuilder:
                 f"add_output({name!r}, output_to={key!r}): population {taken[0]!r} "
                 "already writes that output key; pick another output_to."
             )
-        return self._add(
-            PopulationSpec(name, size, get_activation(activation), "output", None, key)
-        )
+        return self._add(name, size, activation, "output", None, key)
 
     @checked
     def connect(
@@ -190,8 +184,10 @@ class PopulationGraphBuilder:
             order=order,
         )
 
-    def _add(self, spec: PopulationSpec) -> "PopulationGraphBuilder":
-        name = spec.name
+    def _add(
+        self, name: str, size: int, activation: Activation | None, *rest: Any
+    ) -> "PopulationGraphBuilder":
+        spec = PopulationSpec(name, size, get_activation(activation), *rest)
         method = "add_population" if spec.role == "hidden" else f"add_{spec.role}"
         self._check_open()
         if name in self._populations:
@@ -254,8 +250,7 @@ class PopulationGraphBuilder:
     def _build_transform(
         self, spec: ConnectionSpec, key: Key[Array, ""]
     ) -> AbstractStatefulModule:
-        src = self._populations[spec.src]
-        dst = self._populations[spec.dst]
+        src, dst = self._populations[spec.src], self._populations[spec.dst]
         transform = self._transforms[spec.name]
         if transform is None:
             return Dense(src.size, dst.size, key=key)
