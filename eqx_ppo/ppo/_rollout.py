@@ -127,7 +127,15 @@ def start_episodes(
     return StepCarry(env_state, network.initialize_state(n_envs))
 
 
-def fresh_episodes(env, network, key, n_envs, length, save, reset="none") -> Steps:
+def fresh_episodes(
+    env: Any,
+    network: AbstractStatefulModule,
+    key: PRNGKeyArray,
+    n_envs: int,
+    length: int,
+    save: SaveAt,
+    reset: Literal["fresh", "none"] = "none",
+) -> Steps:
     """`run_episodes` from fresh envs (`key` split into `(reset, run)`, the envs
     started by `start_episodes`); by default never reset, for evaluation and
     recording: one episode per env, `Steps.finished` masking what follows."""
