@@ -392,9 +392,9 @@ def test_gradient_over_seeds_and_envs_equals_a_loop(getkey, name):
         _assert_tree_close(at, grad(layer, x, d), rtol=1e-5, atol=1e-5)
 
 
-def _as_pairs(x, n_time):
-    """A complex array as float32 `[*time, 2, size]`: its parts, flattened."""
-    x = x.reshape(*x.shape[:n_time], 1, -1)
+def _as_pairs(x, n_lead):
+    """A complex array as float32 `[*lead, 2, size]`: its parts, flattened."""
+    x = x.reshape(*x.shape[:n_lead], 1, -1)
     return jnp.concatenate([jnp.real(x), jnp.imag(x)], -2).astype(jnp.float32)
 
 
@@ -405,7 +405,7 @@ def _reference_recurrence(a, b, h0, done, h_reset):
     def step(h, inputs):
         a_t, b_t, d_t = inputs
         h = a_t * h + b_t
-        return jnp.where(d_t, h_reset, h), h
+        return jnp.where(d_t[:, None], h_reset, h), h
 
     last, states = jax.lax.scan(step, h0, (a, b, done))
     return states, last
@@ -421,13 +421,16 @@ def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_
             x = jax.lax.complex(x, scale * jax.random.normal(getkey(), shape))
         return x
 
-    n_steps = 20
+    n_steps, n_envs = 20, 2
     # A shared `a` (the LRU's) has a time axis of length 1.
-    a = draw((1 if shared_a else n_steps, 2, 3), 0.6)
-    inputs = (a, draw((n_steps, 2, 3)), draw((2, 3)))
-    h_reset = draw((2, 3))
-    # A reset after the first step, two in a row, and one after the last.
-    done = jnp.zeros(n_steps, bool).at[jnp.array([0, 7, 8, n_steps - 1])].set(True)
+    a = draw((1 if shared_a else n_steps, n_envs, 3), 0.6)
+    inputs = (a, draw((n_steps, n_envs, 3)), draw((n_envs, 3)))
+    h_reset = draw((3,))
+    # Env 0: a reset after the first step, two in a row, and one after the
+    # last; env 1: others.
+    done = jnp.zeros((n_steps, n_envs), bool)
+    done = done.at[jnp.array([0, 7, 8, n_steps - 1]), 0].set(True)
+    done = done.at[jnp.array([3, 12]), 1].set(True)
 
     def loss(recurrence, a, b, h0, h_reset):
         states, last = recurrence(a, b, h0, done, h_reset)
@@ -440,17 +443,17 @@ def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_
         # A complex recurrence as the LRU runs it: real and imaginary parts
         # on a second-last axis of size 2.
         states, last = linear_recurrence(
-            _as_pairs(a, 1),
-            _as_pairs(b, 1),
-            _as_pairs(h0, 0),
+            _as_pairs(a, 2),
+            _as_pairs(b, 2),
+            _as_pairs(h0, 1),
             done,
             _as_pairs(h_reset, 0),
             parallel=parallel,
             pairs=True,
         )
         return (
-            jax.lax.complex(states[:, 0], states[:, 1]).reshape(b.shape),
-            jax.lax.complex(last[0], last[1]).reshape(h0.shape),
+            jax.lax.complex(states[..., 0, :], states[..., 1, :]).reshape(b.shape),
+            jax.lax.complex(last[..., 0, :], last[..., 1, :]).reshape(h0.shape),
         )
 
     args = (*inputs, h_reset)
@@ -463,6 +466,37 @@ def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_
     grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)), static_argnums=0)
     _assert_tree_close(
         grad(fast, *args), grad(_reference_recurrence, *args), **GRAD_TOL
+    )
+
+
+def test_the_tpus_flat_complex_scan_is_the_same_arithmetic(getkey, monkeypatch):
+    """On a TPU a complex associative scan runs on `[time, env * n]`; the
+    same elementwise program as the `[time, env, n]` one, so bit-equal,
+    values and gradients."""
+    n_steps, n_envs = 12, 3
+    a = 0.6 * jax.random.normal(getkey(), (1, n_envs, 2, 4))
+    b = jax.random.normal(getkey(), (n_steps, n_envs, 2, 4))
+    h0 = jax.random.normal(getkey(), (n_envs, 2, 4))
+    h_reset = jax.random.normal(getkey(), (2, 4))
+    done = jax.random.bernoulli(getkey(), 0.2, (n_steps, n_envs))
+
+    def loss(a, b, h0, h_reset):
+        states, last = linear_recurrence(
+            a, b, h0, done, h_reset, parallel=True, pairs=True
+        )
+        return jnp.sum(jnp.sin(states)) + jnp.sum(last**2), (states, last)
+
+    def run():
+        # A new function each time, so that `jit` traces it anew.
+        grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
+        return jax.jit(lambda *args: grad(*args))(a, b, h0, h_reset)
+
+    three_d = run()
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    flat = run()
+    assert all(
+        np.array_equal(x, y)
+        for x, y in zip(jax.tree.leaves(flat), jax.tree.leaves(three_d), strict=True)
     )
 
 

@@ -2,7 +2,6 @@
 alone, so that the loss replay composes all steps at once: LRU and MinGRU."""
 
 import abc
-import functools
 import math
 from typing import Any, ClassVar
 
@@ -87,14 +86,14 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
         n_steps, n_envs = done.shape
         steps = xs.reshape(n_steps * n_envs, -1)
         a, b = (_by_env(c, n_envs) for c in self._coefficients(steps))
-        per_env = functools.partial(
-            linear_recurrence,
-            h_reset=self._pack(self.initial_state()),
+        states, last = linear_recurrence(
+            a,
+            b,
+            jax.vmap(self._pack)(state0),
+            done,
+            self._pack(self.initial_state()),
             parallel=use_associative_scan(self.parallel_replay, self.pairs),
             pairs=self.pairs,
-        )
-        states, last = jax.vmap(per_env, in_axes=(1, 1, 0, 1), out_axes=(1, 0))(
-            a, b, jax.vmap(self._pack)(state0), done
         )
         output = self._output(
             states.reshape(n_steps * n_envs, *states.shape[2:]), steps
