@@ -207,11 +207,9 @@ def _associative(
 
     A real recurrence scans each env apart (`vmap`); a complex one scans all
     envs at once as complex64, `[time, env, n]`, or with `flat` (the TPU's
-    form) `[time, env * n]`. XLA:TPU laid the other forms out with time as
-    the lane axis, where the scan's strided slices and pads took 73 of the
-    LRU replay's 78 ms (at T = 256: 4.9 ms per update, flat 0.57 ms;
-    `benchmarks/results/tpu_lru_layouts.md`); on a CPU the flat form was the
-    slower, 59 ms against 45 ms.
+    form) `[time, env * n]`: XLA:TPU lays the other forms out with time as
+    the lane axis, where the scan's strided slices dominate, while on a CPU
+    the flat form is the slower (`benchmarks/results/tpu_lru_layouts.md`).
     """
     a = jnp.broadcast_to(a, b.shape)
     b = jnp.where(restart, product(a, start, pairs=pairs, conjugate=False) + b, b)
