@@ -277,12 +277,19 @@ def curves(
     return steps, returns
 
 
-def collapsed_seeds(returns: np.ndarray, reached: float, collapsed: float) -> int:
-    """Seeds whose return fell below `collapsed` after first reaching `reached`."""
+def collapsed_seeds(
+    returns: np.ndarray, reached: float, collapsed: float, held: int = 1
+) -> int:
+    """Seeds whose return fell below `collapsed` after first reaching `reached`
+    in `held` evaluations in a row.
+
+    `held=2` leaves out an early evaluation that scored far above the policy
+    being trained and fell back to it (the FAQ, "Why did my run collapse?")."""
     count = 0
     for curve in returns.T:
-        hit = np.nonzero(curve >= reached)[0]
-        if hit.size and np.any(curve[hit[0] :] < collapsed):
+        above = np.convolve(curve >= reached, np.ones(held), "valid") == held
+        hit = np.nonzero(above)[0]
+        if hit.size and np.any(curve[hit[0] + held :] < collapsed):
             count += 1
     return count
 

@@ -493,6 +493,25 @@ def test_stability_results_name_the_machine_and_run_as_a_file():
     assert "--override" in run.stdout
 
 
+def test_a_collapse_is_a_fall_after_holding_the_level():
+    from benchmarks.stability import collapsed_seeds
+
+    returns = np.array(
+        [
+            [38, 296, 500, 500, 500, 39],  # held 500, then fell: collapsed
+            [41, 500, 176, 500, 500, 500],  # one early 500 fell back, then learned
+            [41, 500, 500, 150, 500, 500],  # held twice, then fell once
+            [10, 20, 300, 350, 390, 150],  # never reached 400
+        ],
+        dtype=float,
+    ).T
+    assert collapsed_seeds(returns, 400.0, 200.0) == 3
+    assert collapsed_seeds(returns, 400.0, 200.0, held=2) == 2
+    assert collapsed_seeds(returns, 400.0, 200.0, held=3) == 1
+    # Falling to exactly the level is not below it.
+    assert collapsed_seeds(np.array([[500.0], [200.0]]), 400.0, 200.0) == 0
+
+
 @pytest.mark.parametrize(
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "lesions", "memory", "multiseed"]
