@@ -1,4 +1,5 @@
 import atexit
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -37,11 +38,38 @@ def _use_own_compilation_cache():
 # whether a persistent cache is in use.
 _use_own_compilation_cache()
 jax.config.update("jax_numpy_dtype_promotion", "strict")
-# A TPU multiplies float32 matrices in reduced-precision passes by default;
-# two programs computing the same values (a rollout and its replay) then agree
-# to about 3 digits. The suite asserts float32 agreement (`tests/_helpers.py`).
-if jax.default_backend() == "tpu":
-    jax.config.update("jax_default_matmul_precision", "highest")
+
+QUICK_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+"""XLA:CPU flags that compile for speed: unoptimised code generation through
+the element-wise emitters."""
+
+
+def pytest_configure(config):
+    """Compile the default suite's programs for compile speed.
+
+    The default suite (`-m 'not slow'`) compiles many small programs and
+    runs most of them for a few steps, so XLA:CPU's compilation is nearly all
+    of its time: `QUICK_COMPILE` takes it from 980 s to 480 s on two Zen 3
+    cores. The slow tests train for long and keep the optimised code users
+    run, as do the docs pages (`test_docs.py`). Set before JAX starts its
+    backend, and inherited by the processes tests start (CLI runs).
+    """
+    on_cpu = importlib.util.find_spec("libtpu") is None
+    if config.option.markexpr == "not slow" and on_cpu:
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_COMPILE}"
+    # A TPU multiplies float32 matrices in reduced-precision passes by
+    # default; two programs computing the same values (a rollout and its
+    # replay) then agree to about 3 digits. The suite asserts float32
+    # agreement (`tests/_helpers.py`).
+    if jax.default_backend() == "tpu":
+        jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture
+def optimised_xla_flags():
+    """`XLA_FLAGS` without `QUICK_COMPILE`, for a process that compiles as
+    users compile."""
+    return os.environ.get("XLA_FLAGS", "").replace(QUICK_COMPILE, "").strip()
 
 
 @pytest.fixture

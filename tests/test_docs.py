@@ -228,7 +228,7 @@ def _name(page: Path) -> str:
     return "README.md" if page == README else page.relative_to(DOCS).as_posix()
 
 
-def _run(page: Path, sources: list[dict], tmp_path: Path) -> dict:
+def _run(page: Path, sources: list[dict], tmp_path: Path, xla_flags: str) -> dict:
     """Runs the instrumented blocks in a fresh interpreter; returns what they
     printed, or fails the test naming the block that raised."""
     spec, results, work = (tmp_path / f for f in ("spec.json", "results.json", "work"))
@@ -239,8 +239,9 @@ def _run(page: Path, sources: list[dict], tmp_path: Path) -> dict:
     proc = subprocess.run(
         [sys.executable, "-P", str(Path(__file__).resolve()), str(spec)],
         cwd=work,
-        # The printed values are the CPU's; one process can hold a TPU.
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        # The printed values are the CPU's (one process can hold a TPU), from
+        # code compiled as users compile it.
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags},
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -275,7 +276,7 @@ def _run(page: Path, sources: list[dict], tmp_path: Path) -> dict:
         for page in PAGES
     ],
 )
-def test_page(page: Path, tmp_path: Path) -> None:
+def test_page(page: Path, tmp_path: Path, optimised_xla_flags: str) -> None:
     """The page's ```python blocks run and print what the page says."""
     name = _name(page)
     blocks = [b for b in parse_page(page.read_text()) if b.skip is None]
@@ -286,7 +287,7 @@ def test_page(page: Path, tmp_path: Path) -> None:
         code, prints = instrument(block)
         sources.append({"line": block.line, "code": code})
         expected.update(prints)
-    outcome = _run(page, sources, tmp_path)
+    outcome = _run(page, sources, tmp_path, optimised_xla_flags)
 
     errors = []
     for line, want in expected.items():
