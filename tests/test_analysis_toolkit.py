@@ -8,6 +8,7 @@ import pytest
 
 import eqx_ppo
 from eqx_ppo import analysis, nn
+from eqx_ppo.analysis import _importance
 from eqx_ppo.envs._recall import Recall
 from eqx_ppo.graph import PopulationGraphBuilder
 from tests._helpers import assert_ulp_close
@@ -349,26 +350,29 @@ def test_unit_importance_equals_a_loop_of_ablate_and_eval_rollout(site, getkey):
     assert np.max(np.abs(loop)) > 1e-3  # the lesions do change the return
 
 
-def test_unit_importance_traces_the_evaluation_once_whatever_the_unit_count(getkey):
-    env = CountedRecall()
-    TRACES.clear()
-    net = eqx_ppo.make_lstm_actor_critic(2, 1, 3, key=getkey())
-    eqx.filter_jit(eqx_ppo.eval_rollout)(
-        env, eqx.nn.inference_mode(net), getkey(), n_envs=4, max_episode_length=5
-    )
-    one_evaluation = len(TRACES)
+def test_unit_importance_traces_the_evaluation_once_whatever_the_unit_count(
+    getkey, monkeypatch
+):
+    """One traced evaluation for all lesions (a vmap), not one per unit."""
+    traces = []
+
+    def counted(*args, **kwargs):
+        traces.append(None)
+        return eqx_ppo.eval_rollout(*args, **kwargs)
+
+    monkeypatch.setattr(_importance, "eval_rollout", counted)
     for units in (3, 9):
-        TRACES.clear()
+        traces.clear()
         net = eqx_ppo.make_lstm_actor_critic(2, 1, units, key=getkey())
         analysis.unit_importance(
-            env,
+            Recall(),
             net,
             lambda n: n.layers[1].action.layers[0],
             n_envs=4,
             max_episode_length=5,
             key=getkey(),
         )
-        assert len(TRACES) == one_evaluation
+        assert len(traces) == 1
 
 
 def test_unit_importance_needs_one_number_of_units(getkey):

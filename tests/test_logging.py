@@ -1,6 +1,7 @@
 """Metric reduction, sinks, and the driver's video hook."""
 
 import csv
+import gc
 import json
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 import eqx_ppo
 from eqx_ppo import LoggingLevel
 from eqx_ppo.logging import CSVLogger, JSONLLogger, combine_loggers, reduce_metric
-from eqx_ppo.ppo._host import CompileTimer as _CompileTimer
+from eqx_ppo.ppo._host import CompileTimer as _CompileTimer, paused_gc
 
 
 def test_reduce_metric_names_and_values():
@@ -214,6 +215,39 @@ def test_compile_timer_counts_compiling_only():
         worker.start()
         worker.join()
     assert other.seconds == 0
+
+
+def test_paused_gc_restores_the_collectors_state_even_on_an_error():
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), paused_gc():
+        raise RuntimeError
+    assert gc.isenabled()
+    gc.disable()  # a user's choice outlives the pause
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_train_leaves_the_garbage_collector_on():
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(n_envs=2, rollout_length=2, total_steps=8, n_minibatches=1),
+        eval=eqx_ppo.EvalConfig(n_envs=2, max_episode_length=3, every_steps=4),
+        progress=False,
+    )
+    seen = []
+    eqx_ppo.train(
+        eqx_ppo.envs.make("move_to_center"),
+        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [4], [4], key=k),
+        config,
+        log_fn=lambda m, s: seen.append(gc.isenabled()),
+    )
+    assert seen and all(seen) and gc.isenabled()  # paused only while tracing
 
 
 def test_jsonl_logger_never_mixes_two_runs(tmp_path):

@@ -194,11 +194,12 @@ def test_the_chunk_compiles_in_a_thread_while_the_initialisation_runs():
 
 
 @pytest.mark.parametrize("reset_mode", ["cached", "fresh", "initial"])
-def test_the_runs_programs_trace_the_envs_reset_once(reset_mode):
-    """`init` and `step` reset envs through one jitted `reset_envs`, so a run's
-    initialisation and chunk share its trace: the env's `reset` is traced
-    once per run, whichever programs call it (a Brax env's reset is seconds
-    of tracing on a TPU host)."""
+def test_the_runs_programs_trace_the_envs_reset_and_step_once(reset_mode):
+    """Every env's `reset` and `step` are one jitted function under the envs'
+    `vmap`, so a run's programs (the initialisation, the chunk, the evaluation
+    at another number of envs) share their traces: the env's code is traced
+    once per run (a Brax env's reset and step are seconds of tracing on a TPU
+    host)."""
     import eqx_ppo
 
     traced = []
@@ -207,23 +208,25 @@ def test_the_runs_programs_trace_the_envs_reset_once(reset_mode):
         env: eqx_ppo.envs.AbstractEnv
 
         def reset(self, key):
-            traced.append(key.shape)
+            traced.append("reset")
             return self.env.reset(key)
 
         def step(self, state, action):
+            traced.append("step")
             return self.env.step(state, action)
 
     config = eqx_ppo.TrainConfig(
         learner=eqx_ppo.PPO(
             n_envs=4, rollout_length=4, total_steps=32, reset_mode=reset_mode
         ),
-        eval=eqx_ppo.EvalConfig(enabled=False),
+        eval=eqx_ppo.EvalConfig(n_envs=3, max_episode_length=5, every_steps=16),
         progress=False,
     )
     env = Counted(eqx_ppo.envs.make("move_to_center"))
     result = eqx_ppo.train(env, _factory, config)
     assert result.total_steps == 32
-    assert traced == [()]
+    assert len(result.eval_history) == 3  # at steps 0, 16 and 32
+    assert sorted(traced) == ["reset", "step"]
 
 
 def _factory(key):

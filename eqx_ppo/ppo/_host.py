@@ -2,8 +2,11 @@
 progress bar and videos."""
 
 import concurrent.futures
+import contextlib
+import gc
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -26,6 +29,21 @@ def to_host(
         value = np.asarray(value if index is None else value[:, index], np.float64)
         out[name] = float(value[0]) if n_seeds == 1 else value.tolist()
     return out
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, as it was after. Tracing
+    makes many long-lived objects and the collector's full passes walk them
+    all: they made the evaluation's trace about 2x slower (the accelerator
+    guide, compile time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class CompileTimer:

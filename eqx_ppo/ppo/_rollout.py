@@ -113,10 +113,27 @@ class Steps(NamedTuple):
 
 
 @eqx.filter_jit
+def _reset_one(env: Any, key: PRNGKeyArray) -> Any:
+    return env.reset(key)
+
+
+@eqx.filter_jit
+def _step_one(env: Any, state: Any, action: PyTree[Array]) -> Any:
+    return env.step(state, action)
+
+
 def reset_envs(env: Any, keys: Key[Array, " env"]) -> Any:
-    """`env.reset` of every env. Jitted, so that a run's programs (`init`'s,
-    `step`'s) trace it once between them."""
-    return jax.vmap(env.reset)(keys)
+    """`env.reset` of every env: a `vmap` of one jitted reset, whose trace JAX
+    keeps per env shapes, so all of a run's programs (`init`'s, `step`'s, the
+    evaluation's, at any number of envs) trace the env's code once."""
+    return jax.vmap(lambda key: _reset_one(env, key))(keys)
+
+
+def step_envs(env: Any, states: Any, actions: PyTree[Array]) -> Any:
+    """`env.step` of every env, traced once per run as `reset_envs` is."""
+    return jax.vmap(lambda state, action: _step_one(env, state, action))(
+        states, actions
+    )
 
 
 def start_episodes(
@@ -190,7 +207,7 @@ def run_episodes(
         out = apply_network(network, net_state, env_state.obs, None, net_keys)
         check_network_output(out.output, env_state.reward)
         check_actions(env, out.output.actions)
-        next_env = jax.vmap(env.step)(env_state, out.output.actions)
+        next_env = step_envs(env, env_state, out.output.actions)
         check_step_output(env_state, next_env)
         done = jnp.asarray(next_env.done).astype(bool)
         transition = Transition(

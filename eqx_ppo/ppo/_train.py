@@ -27,7 +27,7 @@ from ..nn._module import AbstractStatefulModule
 from . import _guard
 from ._chunk import Chunk, compile_chunk, over_seeds, seed_zero, with_seed_axis
 from ._config import TrainConfig
-from ._host import CompileTimer, Progress, record_video, to_host
+from ._host import CompileTimer, Progress, paused_gc, record_video, to_host
 from ._result import Metrics, TrainResult, VideoData
 from ._rollout import eval_rollout
 from ._sharding import check_mesh, to_local
@@ -195,20 +195,22 @@ def train(
     chunk = Chunk(
         jax.tree_util.Partial(step, env, learner), min(schedule.periods), mesh
     )
-    if initial_state is None:
-        with seed_axis_hint(networks, "networks"):
-            (states, eval_keys), compiling = _initialise(
-                env, networks, key, config, chunk
-            )
-    else:
-        eval_keys = _seed_keys(key, config)[2]
-        states, compiling = _resume(env, networks, config, initial_state), None
-    if mesh is not None:
-        states = shard_state(states, mesh)
+    with paused_gc():
+        if initial_state is None:
+            with seed_axis_hint(networks, "networks"):
+                (states, eval_keys), compiling = _initialise(
+                    env, networks, key, config, chunk
+                )
+        else:
+            eval_keys = _seed_keys(key, config)[2]
+            states, compiling = _resume(env, networks, config, initial_state), None
+        if mesh is not None:
+            states = shard_state(states, mesh)
+        compiling = compiling or compile_chunk(chunk, states)
     driver = _Driver(
         config=config,
         schedule=schedule,
-        compiling=compiling or compile_chunk(chunk, states),
+        compiling=compiling,
         eval_env=env if eval_env is None else eval_env,
         eval_keys=eval_keys,
         log_fn=log_fn,
@@ -327,7 +329,7 @@ class _Driver(NamedTuple):
         step_count = iteration * config.learner.steps_per_iteration
         if main and schedule.due(schedule.eval, iteration):
             network = self.local(states.network)
-            with CompileTimer() as timer:
+            with CompileTimer() as timer, paused_gc():
                 metrics = _evaluate(self.eval_env, network, self.eval_keys, config.eval)
                 metrics = to_host(jax.device_get(metrics), config.n_seeds)
             progress.leave_out(timer)
@@ -346,7 +348,7 @@ class _Driver(NamedTuple):
             row = {**row, **metrics}
         if main and schedule.due(schedule.video, iteration):
             network = _first_seed(self.local(states.network))
-            with CompileTimer() as timer:
+            with CompileTimer() as timer, paused_gc():
                 frames = record_video(
                     self.eval_env, network, config.video, self.eval_keys[0], step_count
                 )
