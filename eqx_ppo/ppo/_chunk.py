@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array
 
+from ._host import paused_gc
 from ._sharding import on_mesh
 from ._step import TrainingState
 
@@ -93,6 +94,7 @@ def _run_chunk(static, chunk: Chunk, states: TrainingState, n_active: Array):
 _COMPILER = concurrent.futures.ThreadPoolExecutor(1, "eqx_ppo-compile")
 
 
+@paused_gc()
 def compile_chunk(chunk: Chunk, states: TrainingState) -> concurrent.futures.Future:
     """`chunk`'s program for `states` (arrays, or their `jax.ShapeDtypeStruct`s),
     traced and lowered now and compiled in a thread: XLA compiles without

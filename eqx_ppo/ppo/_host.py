@@ -33,10 +33,8 @@ def to_host(
 
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
-    """Python's cyclic garbage collector off inside, as it was after. Tracing
-    makes many long-lived objects and the collector's full passes walk them
-    all: they made the evaluation's trace about 2x slower (the accelerator
-    guide, compile time)."""
+    """Python's garbage collector off inside: its full passes walk every object
+    a trace holds, which made tracing up to 2x slower (accelerator guide)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

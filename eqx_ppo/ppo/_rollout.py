@@ -123,17 +123,10 @@ def _step_one(env: Any, state: Any, action: PyTree[Array]) -> Any:
 
 
 def reset_envs(env: Any, keys: Key[Array, " env"]) -> Any:
-    """`env.reset` of every env: a `vmap` of one jitted reset, whose trace JAX
-    keeps per env shapes, so all of a run's programs (`init`'s, `step`'s, the
-    evaluation's, at any number of envs) trace the env's code once."""
-    return jax.vmap(lambda key: _reset_one(env, key))(keys)
-
-
-def step_envs(env: Any, states: Any, actions: PyTree[Array]) -> Any:
-    """`env.step` of every env, traced once per run as `reset_envs` is."""
-    return jax.vmap(lambda state, action: _step_one(env, state, action))(
-        states, actions
-    )
+    """`env.reset` of every env, each through the jitted `_reset_one` (as each
+    `env.step` through `_step_one`): JAX keeps their traces per env shapes, so
+    a run's programs, at any number of envs, trace the env's code once."""
+    return jax.vmap(functools.partial(_reset_one, env))(keys)
 
 
 def start_episodes(
@@ -207,7 +200,9 @@ def run_episodes(
         out = apply_network(network, net_state, env_state.obs, None, net_keys)
         check_network_output(out.output, env_state.reward)
         check_actions(env, out.output.actions)
-        next_env = step_envs(env, env_state, out.output.actions)
+        next_env = jax.vmap(functools.partial(_step_one, env))(
+            env_state, out.output.actions
+        )
         check_step_output(env_state, next_env)
         done = jnp.asarray(next_env.done).astype(bool)
         transition = Transition(

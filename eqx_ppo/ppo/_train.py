@@ -195,22 +195,20 @@ def train(
     chunk = Chunk(
         jax.tree_util.Partial(step, env, learner), min(schedule.periods), mesh
     )
-    with paused_gc():
-        if initial_state is None:
-            with seed_axis_hint(networks, "networks"):
-                (states, eval_keys), compiling = _initialise(
-                    env, networks, key, config, chunk
-                )
-        else:
-            eval_keys = _seed_keys(key, config)[2]
-            states, compiling = _resume(env, networks, config, initial_state), None
-        if mesh is not None:
-            states = shard_state(states, mesh)
-        compiling = compiling or compile_chunk(chunk, states)
+    if initial_state is None:
+        with seed_axis_hint(networks, "networks"):
+            (states, eval_keys), compiling = _initialise(
+                env, networks, key, config, chunk
+            )
+    else:
+        eval_keys = _seed_keys(key, config)[2]
+        states, compiling = _resume(env, networks, config, initial_state), None
+    if mesh is not None:
+        states = shard_state(states, mesh)
     driver = _Driver(
         config=config,
         schedule=schedule,
-        compiling=compiling,
+        compiling=compiling or compile_chunk(chunk, states),
         eval_env=env if eval_env is None else eval_env,
         eval_keys=eval_keys,
         log_fn=log_fn,
@@ -221,6 +219,7 @@ def train(
     return driver.run(states)
 
 
+@paused_gc()
 def _initialise(env, networks, key, config, chunk):
     """`train`'s fresh states and eval keys, and `chunk`'s compiling program.
 
