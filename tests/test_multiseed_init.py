@@ -208,11 +208,11 @@ def test_the_runs_programs_trace_the_envs_reset_and_step_once(reset_mode):
         env: eqx_ppo.envs.AbstractEnv
 
         def reset(self, key):
-            traced.append("reset")
+            traced.append(("reset", key.shape))
             return self.env.reset(key)
 
         def step(self, state, action):
-            traced.append("step")
+            traced.append(("step", action.shape))
             return self.env.step(state, action)
 
     config = eqx_ppo.TrainConfig(
@@ -226,7 +226,7 @@ def test_the_runs_programs_trace_the_envs_reset_and_step_once(reset_mode):
     result = eqx_ppo.train(env, _factory, config)
     assert result.total_steps == 32
     assert len(result.eval_history) == 3  # at steps 0, 16 and 32
-    assert sorted(traced) == ["reset", "step"]
+    assert sorted(traced) == [("reset", ()), ("step", (2,))]  # one env each
 
 
 def _factory(key):
