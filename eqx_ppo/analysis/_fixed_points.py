@@ -93,11 +93,7 @@ def fixed_points(
 def _flat_step(cell: AbstractStatefulModule, x: Any) -> Any:
     """`F(h) = step(h, x)` on the flattened carry."""
     _, unravel = ravel_pytree(cell.initial_state())
-
-    def step(flat):
-        return ravel_pytree(cell(unravel(flat), x).next_state)[0]
-
-    return step
+    return lambda flat: ravel_pytree(cell(unravel(flat), x).next_state)[0]
 
 
 @eqx.filter_jit

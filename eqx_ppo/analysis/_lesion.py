@@ -21,7 +21,6 @@ from ..nn._module import (
     AbstractLayerWrapper,
     AbstractStatefulModule,
     SequenceOutput,
-    State,
     StatefulModuleOutput,
 )
 
@@ -86,11 +85,8 @@ class Intervention(AbstractLayerWrapper):
                 f"Intervention: a unit index outside the layer's {n} units.",
             )
             mask = jnp.zeros(n, jnp.bool_).at[index].set(True)
-            values = (
-                jnp.zeros(n, jnp.float32)
-                .at[index]
-                .set(jnp.broadcast_to(self.values, index.shape))
-            )
+            held = jnp.broadcast_to(self.values, index.shape)
+            values = jnp.zeros(n, jnp.float32).at[index].set(held)
         values = values.astype(y.dtype)
         return jnp.where(mask, values if self.mode == "clamp" else y + values, y)
 
@@ -98,17 +94,13 @@ class Intervention(AbstractLayerWrapper):
         """A step's (or a replay's) output, held at `site="output"`."""
         return out._replace(output=self._at("output", out.output))
 
-    def __call__(
-        self, state: State, x: Any, *args: Any, **kwargs: Any
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, *args, **kwargs) -> StatefulModuleOutput:
         """The wrapped step, from the held carry and input."""
         return super().__call__(
             self._at("carry", state), self._at("input", x), *args, **kwargs
         )
 
-    def replay(
-        self, state0: State, xs: Any, *args: Any, **kwargs: Any
-    ) -> SequenceOutput:
+    def replay(self, state0, xs, *args, **kwargs) -> SequenceOutput:
         if self.site == "carry":
             # Every step's carry is held: the default replay scans `__call__`.
             return AbstractStatefulModule.replay(self, state0, xs, *args, **kwargs)

@@ -97,14 +97,7 @@ def plot_fixed_points(
     xy = vectors[:, list(components)]
     stable = np.asarray(points.stable)
     ax.scatter(*xy[stable].T, s=80, c="k", marker="o", label="stable", zorder=3)
-    ax.scatter(
-        *xy[~stable].T,
-        s=80,
-        facecolors="none",
-        edgecolors="k",
-        lw=1.5,
-        label="unstable",
-        zorder=3,
-    )
+    hollow = dict(facecolors="none", edgecolors="k", lw=1.5)
+    ax.scatter(*xy[~stable].T, s=80, label="unstable", zorder=3, **hollow)
     ax.legend()
     return ax

@@ -73,11 +73,7 @@ class EpisodeWrapper(AbstractWrapper):
     random_initial_steps: bool = eqx.field(static=True)
 
     def __init__(
-        self,
-        env: Any,
-        max_len: Int | np.integer,
-        *,
-        random_initial_steps: bool = False,
+        self, env: Any, max_len: Int | np.integer, *, random_initial_steps: bool = False
     ):
         fix = "a positive int, the number of steps after which episodes end."
         check_range("EpisodeWrapper(max_len=", max_len, 1, fix=fix)

@@ -6,15 +6,10 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Key
+from jaxtyping import Array, Float
 
 from ..nn._keys import child_key
-from ..nn._module import (
-    AbstractStatefulModule,
-    State,
-    StatefulModuleOutput,
-    zero_loss,
-)
+from ..nn._module import AbstractStatefulModule, State, StatefulModuleOutput, zero_loss
 
 ACTIVATION_KEY = "__activation__"
 """Metrics key holding a recorded layer's forward output; see `extract_activations`."""
@@ -109,14 +104,7 @@ class PopulationGraph(AbstractStatefulModule):
         }
         return dataclasses.replace(self, transforms=transforms)
 
-    def __call__(
-        self,
-        state: GraphState,
-        x: Any,
-        extras: dict[str, Any] | None = None,
-        *,
-        key: Key[Array, ""] | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         """Run every population once for one env; `x` is the observation (an
         array, or a dict holding each input's `input_from` key)."""
         populations = {pop.name: pop for pop in self.populations}

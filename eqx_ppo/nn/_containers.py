@@ -194,9 +194,8 @@ def _dispatch(container: "Map | Concat", x: Any, run: Run) -> dict[str, Any]:
         seen = f"keys {sorted(x)}" if isinstance(x, Mapping) else type(x).__name__
         raise ValueError(
             f"`{type(container).__name__}` feeds child `k` the entry `x[k]` of a "
-            "dict input, so "
-            f"it needs a dict with keys {names}; got {seen}. Rename the children "
-            "or the input keys so they match."
+            f"dict input, so it needs a dict with keys {names}; got {seen}. Rename "
+            "the children or the input keys so they match."
         )
     return {name: run(name, x[name]) for name in names}
 

@@ -287,6 +287,4 @@ def apply_batched(
     """
     n = jnp.shape(jax.tree.leaves(x)[0])[0]
     keys = None if key is None else jax.random.split(key, n)
-    return jax.vmap(
-        lambda s, xi, e, k: module(s, xi, e, key=k),
-    )(state, x, extras, keys)
+    return jax.vmap(lambda s, xi, e, k: module(s, xi, e, key=k))(state, x, extras, keys)

@@ -1,5 +1,6 @@
 """Recurrent layers: LSTM (carry `(h, c)`) and GRU (carry `h`)."""
 
+import abc
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,9 @@ from .._typecheck import checked
 from ._dense import Activation, Initializer, get_activation, orthogonal
 from ._errors import check_input
 from ._module import AbstractStatefulModule, StatefulModuleOutput, zero_loss
+
+Inits = tuple[Initializer | None, ...]
+"""The initialisers of `kernel`, `recurrent_kernel` and `bias`; `None`: the default."""
 
 
 def init_gates(
@@ -26,27 +30,6 @@ def init_gates(
     init = default if init is None else init
     keys = jax.random.split(key, n_gates)
     return jnp.concatenate([init(k, shape, jnp.float32) for k in keys], axis=-1)
-
-
-def _gated_weights(
-    in_size: int,
-    hidden_size: int,
-    n_gates: int,
-    keys: Key[Array, " 3"],
-    inits: tuple[Initializer | None, Initializer | None, Initializer | None],
-) -> tuple[Array, Array, Array]:
-    """The gate-stacked `kernel`, `recurrent_kernel` and `bias`, from their
-    keys and initialisers: LeCun normal, orthogonal and zeros by default."""
-    defaults = (
-        jax.nn.initializers.lecun_normal(),
-        orthogonal(),
-        jax.nn.initializers.zeros,
-    )
-    shapes = ((in_size, hidden_size), (hidden_size, hidden_size), (hidden_size,))
-    return tuple(
-        init_gates(init, default, key, shape, n_gates)
-        for init, default, key, shape in zip(inits, defaults, keys, shapes, strict=True)
-    )
 
 
 def initial_parameter(
@@ -66,8 +49,9 @@ def initial_carry(hidden_size: int, *parts: Float[Array, " hidden_size"] | None)
 
 
 class _AbstractGated(AbstractStatefulModule):
-    """The fields of LSTM and GRU: gates stacked along the last axis of
-    `kernel`, `recurrent_kernel` and `bias`, and the functions squashing them."""
+    """LSTM and GRU: gates stacked along the last axis of `kernel`,
+    `recurrent_kernel` and `bias`, the functions squashing them, and the
+    `__init__` they share (each documents its arguments)."""
 
     ignores_key = True
 
@@ -78,6 +62,45 @@ class _AbstractGated(AbstractStatefulModule):
     activation_fn: Callable[[Array], Array] = eqx.field(static=True)
     in_size: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
+
+    @abc.abstractmethod
+    def _init_arrays(self, key: Key[Array, ""], inits: Inits, trainable: bool):
+        """Set the arrays from `key`: the stacked gates' (`_init_gates`), the
+        cell's own and, if `trainable`, the learned initial carry."""
+
+    def __init__(
+        self,
+        in_size: int,
+        hidden_size: int,
+        *,
+        key: Key[Array, ""],
+        trainable_initial_state: bool = False,
+        gate_fn: Activation = jax.nn.sigmoid,
+        activation_fn: Activation = jnp.tanh,
+        kernel_init: Initializer | None = None,
+        recurrent_init: Initializer | None = None,
+        bias_init: Initializer | None = None,
+    ):
+        self.gate_fn = get_activation(gate_fn)
+        self.activation_fn = get_activation(activation_fn)
+        self.in_size = in_size
+        self.hidden_size = hidden_size
+        inits = (kernel_init, recurrent_init, bias_init)
+        self._init_arrays(key, inits, trainable_initial_state)
+
+    def _init_gates(self, n_gates: int, keys: Key[Array, " 3"], inits: Inits):
+        """Set `kernel`, `recurrent_kernel` and `bias`, of `n_gates` blocks each,
+        from their keys and initialisers: LeCun normal, orthogonal and zeros by
+        default."""
+        lecun, zeros = jax.nn.initializers.lecun_normal(), jax.nn.initializers.zeros
+        h = self.hidden_size
+        shapes = ((self.in_size, h), (h, h), (h,))
+        self.kernel, self.recurrent_kernel, self.bias = (
+            init_gates(init, default, key, shape, n_gates)
+            for init, default, key, shape in zip(
+                inits, (lecun, orthogonal(), zeros), keys, shapes, strict=True
+            )
+        )
 
 
 @checked
@@ -95,46 +118,27 @@ class LSTM(_AbstractGated):
 
     As flax's `LSTMCell`: LeCun-normal input kernels, orthogonal recurrent
     kernels (one per gate), zero biases (the forget gate's too).
+
+    **Arguments:**
+
+    - `in_size`: input features.
+    - `hidden_size`: size of `h` and `c`, and of the output.
+    - `key`: PRNG key for the initialisers.
+    - `trainable_initial_state`: learn `(h0, c0)` instead of starting from 0.
+    - `gate_fn`: squashing of the `i`, `f`, `o` gates (callable or name).
+    - `activation_fn`: activation of `g` and of `c'` in `h'` (callable or name).
+    - `kernel_init`: initialiser of each gate's input kernel.
+    - `recurrent_init`: initialiser of each gate's recurrent kernel.
+    - `bias_init`: initialiser of each gate's bias.
     """
 
     initial_h: Float[Array, " hidden_size"] | None
     initial_c: Float[Array, " hidden_size"] | None
 
-    def __init__(
-        self,
-        in_size: int,
-        hidden_size: int,
-        *,
-        key: Key[Array, ""],
-        trainable_initial_state: bool = False,
-        gate_fn: Activation = jax.nn.sigmoid,
-        activation_fn: Activation = jnp.tanh,
-        kernel_init: Initializer | None = None,
-        recurrent_init: Initializer | None = None,
-        bias_init: Initializer | None = None,
-    ):
-        """**Arguments:**
-
-        - `in_size`: input features.
-        - `hidden_size`: size of `h` and `c`, and of the output.
-        - `key`: PRNG key for the initialisers.
-        - `trainable_initial_state`: learn `(h0, c0)` instead of starting from 0.
-        - `gate_fn`: squashing of the `i`, `f`, `o` gates (callable or name).
-        - `activation_fn`: activation of `g` and of `c'` in `h'` (callable or name).
-        - `kernel_init`: initialiser of each gate's input kernel.
-        - `recurrent_init`: initialiser of each gate's recurrent kernel.
-        - `bias_init`: initialiser of each gate's bias.
-        """
-        keys = jax.random.split(key, 3)
-        self.kernel, self.recurrent_kernel, self.bias = _gated_weights(
-            in_size, hidden_size, 4, keys, (kernel_init, recurrent_init, bias_init)
-        )
-        self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
-        self.initial_c = initial_parameter(trainable_initial_state, hidden_size)
-        self.gate_fn = get_activation(gate_fn)
-        self.activation_fn = get_activation(activation_fn)
-        self.in_size = in_size
-        self.hidden_size = hidden_size
+    def _init_arrays(self, key, inits, trainable):
+        self._init_gates(4, jax.random.split(key, 3), inits)
+        self.initial_h = initial_parameter(trainable, self.hidden_size)
+        self.initial_c = initial_parameter(trainable, self.hidden_size)
 
     def initial_state(self) -> tuple[Float[Array, " hidden_size"], ...]:
         """`(h0, c0)`: the learned initial state, or zeros."""
@@ -166,39 +170,21 @@ class GRU(_AbstractGated):
     ```
 
     Initialised as [`eqx_ppo.nn.LSTM`][].
+
+    **Arguments:** as in [`eqx_ppo.nn.LSTM`][], with `h` alone as the carry,
+    `gate_fn` for the `r` and `z` gates, `activation_fn` for the candidate
+    `n`, and `bias_init` for every bias.
     """
 
     recurrent_bias: Float[Array, " hidden_size"]
     initial_h: Float[Array, " hidden_size"] | None
 
-    def __init__(
-        self,
-        in_size: int,
-        hidden_size: int,
-        *,
-        key: Key[Array, ""],
-        trainable_initial_state: bool = False,
-        gate_fn: Activation = jax.nn.sigmoid,
-        activation_fn: Activation = jnp.tanh,
-        kernel_init: Initializer | None = None,
-        recurrent_init: Initializer | None = None,
-        bias_init: Initializer | None = None,
-    ):
-        """**Arguments:** as in [`eqx_ppo.nn.LSTM`][], with `h` alone as the
-        carry, `gate_fn` for the `r` and `z` gates, `activation_fn` for the
-        candidate `n`, and `bias_init` for every bias.
-        """
+    def _init_arrays(self, key, inits, trainable):
         keys = jax.random.split(key, 4)
-        self.kernel, self.recurrent_kernel, self.bias = _gated_weights(
-            in_size, hidden_size, 3, keys[:3], (kernel_init, recurrent_init, bias_init)
-        )
-        bias_init = jax.nn.initializers.zeros if bias_init is None else bias_init
-        self.recurrent_bias = bias_init(keys[3], (hidden_size,), jnp.float32)
-        self.initial_h = initial_parameter(trainable_initial_state, hidden_size)
-        self.gate_fn = get_activation(gate_fn)
-        self.activation_fn = get_activation(activation_fn)
-        self.in_size = in_size
-        self.hidden_size = hidden_size
+        self._init_gates(3, keys[:3], inits)
+        bias_init = jax.nn.initializers.zeros if inits[2] is None else inits[2]
+        self.recurrent_bias = bias_init(keys[3], (self.hidden_size,), jnp.float32)
+        self.initial_h = initial_parameter(trainable, self.hidden_size)
 
     def initial_state(self) -> Float[Array, " hidden_size"]:
         """`h0`: the learned initial state, or zeros."""
