@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--env",
         default="inverted_pendulum",
-        choices=["inverted_pendulum", "move_to_center", "cartpole_balance"],
-        help="cartpole_balance is MuJoCo Playground's CartpoleBalance (MJX)",
+        choices=["inverted_pendulum", "move_to_center", "cartpole", "cartpole_balance"],
+        help="cartpole is the built-in pure-JAX cart-pole; cartpole_balance is "
+        "MuJoCo Playground's CartpoleBalance (MJX)",
     )
     parser.add_argument("--policy", default="mlp", choices=["mlp", "lstm"])
     parser.add_argument(
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--n-envs", type=int, default=256)
     parser.add_argument("--rollout-length", type=int, default=20)
+    parser.add_argument("--minibatches", type=int, default=Spec.n_minibatches)
     parser.add_argument(
         "--hidden",
         default=None,
@@ -219,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         policy=args.policy,
         n_envs=args.n_envs,
         rollout_length=args.rollout_length,
+        n_minibatches=args.minibatches,
         total_steps=args.steps,
         n_chunks=args.chunks,
         hidden=tuple(int(h) for h in args.hidden.split(","))

@@ -530,6 +530,24 @@ def test_every_publishing_script_can_write_under_another_name(script, capsys):
     assert "--name" in capsys.readouterr().out
 
 
+def test_compare_runs_the_env_and_minibatch_count_asked_for(monkeypatch):
+    from benchmarks import compare
+
+    seen = {}
+    monkeypatch.setattr(
+        compare,
+        "run",
+        lambda base, systems, reps, **_: seen.update(base=base, systems=systems),
+    )
+    monkeypatch.setattr(compare, "publish", lambda *args: None)
+    monkeypatch.setattr(compare, "machine", lambda: None)
+    compare.main(["--env", "cartpole", "--minibatches", "32", "--systems", "eqx,brax"])
+    assert seen["systems"] == ["eqx", "brax"]
+    assert (seen["base"].env, seen["base"].n_minibatches) == ("cartpole", 32)
+    compare.main(["--systems", "eqx"])
+    assert seen["base"].n_minibatches == 8  # the other settings' count
+
+
 # ------------------------------------------------- backend-agnostic orchestration
 
 _NO_JAX_IN_PARENTS = """

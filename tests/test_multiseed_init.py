@@ -199,10 +199,15 @@ def test_the_runs_programs_trace_the_envs_reset_and_step_once(reset_mode):
     `vmap`, so a run's programs (the initialisation, the chunk, the evaluation
     at another number of envs) share their traces: the env's code is traced
     once per run (a Brax env's reset and step are seconds of tracing on a TPU
-    host)."""
+    host). The initialisation too is traced once (the network factory runs
+    once), though the chunk is lowered for its shapes before it is lowered."""
     import eqx_ppo
 
     traced = []
+
+    def factory(key):
+        traced.append(("factory", key.shape))
+        return _factory(key)
 
     class Counted(eqx_ppo.envs.AbstractWrapper):  # a new class: nothing cached
         env: eqx_ppo.envs.AbstractEnv
@@ -223,10 +228,10 @@ def test_the_runs_programs_trace_the_envs_reset_and_step_once(reset_mode):
         progress=False,
     )
     env = Counted(eqx_ppo.envs.make("move_to_center"))
-    result = eqx_ppo.train(env, _factory, config)
+    result = eqx_ppo.train(env, factory, config)
     assert result.total_steps == 32
     assert len(result.eval_history) == 3  # at steps 0, 16 and 32
-    assert sorted(traced) == [("reset", ()), ("step", (2,))]  # one env each
+    assert sorted(traced) == [("factory", ()), ("reset", ()), ("step", (2,))]
 
 
 def _factory(key):
