@@ -53,8 +53,8 @@ def test_brax_inverted_pendulum(brax_envs, getkey):
     env = make("brax:inverted_pendulum", backend="spring")
     assert isinstance(env, EpisodeWrapper) and env.max_len == 1000
     assert isinstance(env.env, brax_envs.Env)
-    # (`observation_size` is skipped: Brax computes it with an eager reset.)
-    assert (env.action_size, env.n_actions) == (1, None)
+    # Read off a traced reset (Brax's own runs one eagerly).
+    assert (env.observation_size, env.action_size, env.n_actions) == (4, 1, None)
     assert env.dt == pytest.approx(0.02)
     assert hasattr(env, "render") and hasattr(env, "sys")
 
@@ -117,7 +117,7 @@ def test_playground_point_mass(playground, getkey):
     env = make("playground:PointMass", impl="jax")
     assert isinstance(env, EpisodeWrapper)
     assert env.max_len == registry.get_default_config("PointMass").episode_length
-    assert (env.action_size, env.dt) == (2, 0.02)
+    assert (env.observation_size, env.action_size, env.dt) == (4, 2, 0.02)
     assert hasattr(env, "render")
 
     short = RewardScalingWrapper(

@@ -279,6 +279,7 @@ class ForeignEnv:
 
 def test_wraps_foreign_envs(getkey):
     env = RewardScalingWrapper(EpisodeWrapper(ForeignEnv(), max_len=4), 10.0)
+    # Another foreign env's own `observation_size` is forwarded as it is.
     assert (env.dt, env.extra, env.observation_size) == (0.01, "forwarded", 1)
     state = jax.jit(env.reset)(getkey())
     assert isinstance(state, ForeignState)
@@ -293,3 +294,54 @@ def test_wraps_foreign_envs(getkey):
     slow = [jnp.full(1, 0.1)] * 4
     states = steps(step, state, slow)
     assert column(states, lambda s: s.info["truncation"]) == [0.0, 0.0, 0.0, 1.0]
+
+
+class _BraxLike(ForeignEnv):
+    """As Brax's envs: `observation_size` runs a reset (the obs is `obs_shape`).
+    Its module says Brax, as the wrappers look for Brax's and Playground's rule
+    by the module of the class that defines `observation_size`."""
+
+    __module__ = "brax.envs.like"
+
+    def __init__(self, obs_shape, resets):
+        self.obs_shape, self.resets = obs_shape, resets
+
+    @property
+    def observation_size(self):
+        obs = self.reset(jax.random.PRNGKey(0)).obs
+        return obs.shape[-1] if isinstance(obs, jax.Array) else {"x": obs["x"].shape}
+
+    def reset(self, key):
+        self.resets.append(jnp.shape(key))
+        state = super().reset(key)
+        obs = jnp.zeros(self.obs_shape)
+        return state.replace(obs=obs if self.obs_shape else {"x": jnp.zeros((3, 2))})
+
+
+def test_a_foreign_envs_observation_size_is_read_off_the_runs_reset():
+    """Brax and Playground envs run or trace a reset for `observation_size`;
+    through a wrapper it is read off the reset a run traces anyway (so a
+    network factory that reads it adds no trace), by their rule."""
+    import eqx_ppo
+    from eqx_ppo import nn
+
+    resets = []
+    assert EpisodeWrapper(_BraxLike((3,), resets), 5).observation_size == 3
+    dict_env = RewardScalingWrapper(EpisodeWrapper(_BraxLike((), resets), 5), 2.0)
+    assert dict_env.observation_size == {"x": (3, 2)}
+    assert resets == [(), ()]  # traced for one env with a typed key, not run
+
+    resets.clear()
+    env = EpisodeWrapper(_BraxLike((1,), resets), 5)
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(n_envs=4, rollout_length=4, total_steps=32),
+        progress=False,
+    )
+
+    def factory(key):
+        return nn.make_mlp_actor_critic(
+            env.observation_size, env.action_size, [4], [4], key=key
+        )
+
+    assert eqx_ppo.train(env, factory, config).total_steps == 32
+    assert resets == [()]  # the factory's read and the run share one trace

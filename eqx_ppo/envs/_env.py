@@ -60,6 +60,20 @@ class AbstractEnv(eqx.Module):
         return self
 
 
+@eqx.filter_jit
+def reset_one(env: Any, key: PRNGKeyArray) -> Any:
+    """`env.reset(key)`, jitted so that JAX keeps one trace of the env's code
+    per env and key type: every program of a run (at any number of envs, under
+    their `vmap`) and a wrapper's `observation_size` share it."""
+    return env.reset(key)
+
+
+@eqx.filter_jit
+def step_one(env: Any, state: Any, action: PyTree[Array]) -> Any:
+    """`env.step(state, action)`, jitted as `reset_one` is."""
+    return env.step(state, action)
+
+
 def reported_truncation(state: Any) -> Bool[Array, "*env"]:
     """Whether the env reports a time-limit end in `info["truncation"]` (Brax)
     or `info["truncated"]` (gymnax)."""

@@ -1,5 +1,6 @@
 """Env wrappers: episode time limits and reward scaling."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -10,7 +11,7 @@ from beartype.door import is_bearable
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from .._typecheck import Int, Scalar, check_range, checked
-from ._env import AbstractEnv, Size, check_env, reported_truncation
+from ._env import AbstractEnv, Size, check_env, reported_truncation, reset_one
 
 
 class AbstractWrapper(AbstractEnv):
@@ -27,7 +28,17 @@ class AbstractWrapper(AbstractEnv):
 
     @property
     def observation_size(self) -> Size:
-        return self.env.observation_size
+        inner = type(self.unwrapped)
+        owner = next(c for c in inner.__mro__ if "observation_size" in vars(c))
+        if owner.__module__.partition(".")[0] not in ("brax", "mujoco_playground"):
+            return self.env.observation_size
+        # Brax and Playground run or trace a reset to answer; this traces the
+        # reset a run's programs trace (once), by their rule: the last axis of
+        # an array observation, the shapes of a dict's.
+        obs = eqx.filter_eval_shape(reset_one, self, jax.random.key(0)).obs
+        if isinstance(obs, Mapping):
+            return jax.tree.map(lambda x: x.shape, obs)
+        return obs.shape[-1]
 
     @property
     def action_size(self) -> Size:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree
 
 from .._typecheck import Int, checked
-from ..envs._env import check_env, reported_truncation
+from ..envs._env import check_env, reported_truncation, reset_one, step_one
 from ..logging import LoggingLevel, reduce_metric
 from ..nn._adapter import PPONetworkOutput
 from ..nn._module import AbstractStatefulModule, State, checked_output, reset_where
@@ -112,21 +112,10 @@ class Steps(NamedTuple):
     finished: Bool[Array, "time env"]
 
 
-@eqx.filter_jit
-def _reset_one(env: Any, key: PRNGKeyArray) -> Any:
-    return env.reset(key)
-
-
-@eqx.filter_jit
-def _step_one(env: Any, state: Any, action: PyTree[Array]) -> Any:
-    return env.step(state, action)
-
-
 def reset_envs(env: Any, keys: Key[Array, " env"]) -> Any:
-    """`env.reset` of every env, each through the jitted `_reset_one` (as each
-    `env.step` through `_step_one`): JAX keeps their traces per env shapes, so
-    a run's programs, at any number of envs, trace the env's code once."""
-    return jax.vmap(functools.partial(_reset_one, env))(keys)
+    """`env.reset` of every env, each through the jitted `reset_one` (as each
+    `env.step` through `step_one`), so a run traces the env's code once."""
+    return jax.vmap(functools.partial(reset_one, env))(keys)
 
 
 def start_episodes(
@@ -200,7 +189,7 @@ def run_episodes(
         out = apply_network(network, net_state, env_state.obs, None, net_keys)
         check_network_output(out.output, env_state.reward)
         check_actions(env, out.output.actions)
-        next_env = jax.vmap(functools.partial(_step_one, env))(
+        next_env = jax.vmap(functools.partial(step_one, env))(
             env_state, out.output.actions
         )
         check_step_output(env_state, next_env)
