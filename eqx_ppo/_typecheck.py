@@ -54,19 +54,26 @@ def checked(obj: F) -> F:
     """Check `obj`'s annotations at every call: a function's arguments, or a
     class's `__init__` arguments (for an `eqx.Module`, converted fields by
     their converter's annotation)."""
-    if isinstance(obj, type):
-        obj.__init__ = beartype(conf=_CONF)(obj.__init__)
-        return obj
-    fn = beartype(conf=_CONF)(obj)
+    if not isinstance(obj, type):
+        return _named(beartype(conf=_CONF)(obj), f"eqx_ppo.{obj.__name__}")
+    init = beartype(conf=_CONF)(obj.__init__)
+    if "__init__" not in vars(obj):  # beartype's message names the base class
+        public = [p for p in obj.__module__.split(".") if not p.startswith("_")]
+        init = _named(init, ".".join([*public, obj.__name__]))
+    obj.__init__ = init
+    return obj
 
-    @functools.wraps(obj)
+
+def _named(fn: Callable[..., Any], name: str) -> Any:
+    """`fn`, whose refusals get a note naming the public call `name`; the
+    outermost (the user's) call names itself last, replacing an inner call's."""
+    note = f"(raised in {name})"
+
+    @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except (TypeError, ValueError) as error:
-            # A note naming the public call; the outermost (the user's) call
-            # names itself last, replacing an inner call's note.
-            note = f"(raised in eqx_ppo.{obj.__name__})"
             notes = getattr(error, "__notes__", [])
             if notes and notes[-1].startswith("(raised in eqx_ppo."):
                 notes[-1] = note
@@ -74,7 +81,7 @@ def checked(obj: F) -> F:
                 error.add_note(note)
             raise
 
-    return call  # type: ignore[return-value]
+    return call
 
 
 Reals = Annotated[Real[ArrayLike, "..."], ~IsInstance[bool]]

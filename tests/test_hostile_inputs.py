@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 import types
 
 import equinox as eqx
@@ -265,7 +266,14 @@ def test_every_declared_parameter_refuses_a_wrong_type_by_name(targets):
         fn, args, kwargs = call
         with pytest.raises((TypeError, ValueError)) as info:
             fn(*args, **kwargs)
-        assert param in _message(info.value), (name, param, _message(info.value))
+        message = _message(info.value)
+        assert param in message, (name, param, message)
+        # The call is named too (by its class even where `__init__` is
+        # inherited): on the first line or in a note, not only in an argument's
+        # repr.
+        notes = getattr(info.value, "__notes__", [])
+        first = [str(info.value).splitlines()[0], *notes[-1:]]
+        assert re.search(rf"\b{name}\b", "\n".join(first)), (name, message)
         checked += 1
     assert checked >= 150, checked
 
