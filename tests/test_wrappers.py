@@ -318,6 +318,16 @@ class _BraxLike(ForeignEnv):
         return state.replace(obs=obs if self.obs_shape else {"x": jnp.zeros((3, 2))})
 
 
+def test_a_foreign_env_without_observation_size_lacks_it_wrapped_too():
+    class Bare:
+        reset, step = ForeignEnv.reset, ForeignEnv.step
+
+    env = EpisodeWrapper(Bare(), 5)
+    assert getattr(env, "observation_size", None) is None  # an AttributeError
+    with pytest.raises(AttributeError, match="observation_size"):
+        _ = env.observation_size
+
+
 def test_a_foreign_envs_observation_size_is_read_off_the_runs_reset():
     """Brax and Playground envs run or trace a reset for `observation_size`;
     through a wrapper it is read off the reset a run traces anyway (so a

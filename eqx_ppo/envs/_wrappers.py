@@ -29,7 +29,7 @@ class AbstractWrapper(AbstractEnv):
     @property
     def observation_size(self) -> Size:
         inner = type(self.unwrapped)
-        owner = next(c for c in inner.__mro__ if "observation_size" in vars(c))
+        owner = next((c for c in inner.__mro__ if "observation_size" in vars(c)), inner)
         if owner.__module__.partition(".")[0] not in ("brax", "mujoco_playground"):
             return self.env.observation_size
         # Brax and Playground run or trace a reset to answer; this traces the
