@@ -267,15 +267,10 @@ def _parse_kind(kind: str) -> tuple[str, str, str]:
     return cell, states, path
 
 
-def _default_parallel(cell: str) -> bool:
-    """Whether the cell replays with the associative scan by default here."""
-    from eqx_ppo.nn._recurrence import use_associative_scan
-
-    return use_associative_scan(None, pairs=cell == "lru")
-
-
-def _replay_path(kind: str) -> str:
-    """How `kind` replays a sequence in the loss, on this backend."""
+def _replay_path(kind: str, length: int) -> str:
+    """How `kind` replays a sequence of `length` steps in the loss, on this
+    backend (a linear recurrence's default path may depend on `length`)."""
+    from eqx_ppo.nn._recurrence import replay_method
 
     cell, _, path = _parse_kind(kind)
     if cell == "mlp":
@@ -284,14 +279,15 @@ def _replay_path(kind: str) -> str:
         return "scan"
     if path == "floor":
         return "projections only, no recurrence (a floor)"
-    if not path:  # the layer's default, `parallel_replay=None`
-        path = "parallel" if _default_parallel(cell) else "scan"
-    return "associative scan" if path == "parallel" else "scan"
+    parallel = {"": None, "scan": False, "parallel": True}[path]
+    method = replay_method(parallel, pairs=cell == "lru", n_steps=length)
+    return {"associative": "associative scan", "blocked": "blocked scan"}.get(
+        method, "scan"
+    )
 
 
 def _label(kind: str) -> str:
-    """A table label: the cell and, for the linear recurrences, the path,
-    marked when it is the layer's default on this backend."""
+    """A table label: the cell and, for a linear recurrence, the path forced."""
 
     cell, states, path = _parse_kind(kind)
     if cell == "mlp":
@@ -302,9 +298,7 @@ def _label(kind: str) -> str:
         return cell
     if path == "floor":
         return f"{cell}, no recurrence (floor)"
-    default = "parallel" if _default_parallel(cell) else "scan"
-    name = "associative scan" if path == "parallel" else "scan"
-    return f"{cell}, {name}" + (" (default here)" if path == default else "")
+    return f"{cell}, {'associative scan' if path == 'parallel' else 'scan'}"
 
 
 def _time_once(fn, args, number: int, updates: int = 1) -> float:
@@ -343,7 +337,7 @@ def run_replay(
             rows.append(
                 {
                     "network": kind,
-                    "replay_path": _replay_path(kind),
+                    "replay_path": _replay_path(kind, length),
                     "T": length,
                     "compile_s": compile_s,
                     "calls_per_sample": number,
@@ -438,6 +432,13 @@ def replay_markdown(result: dict[str, Any]) -> str:
         return f"{r['temp_bytes'] / 2**20:.1f} ({io:.2f}), {r['compile_s']:.1f}"
 
     lines += table(speed)
+    defaults = [
+        f"{r['network']} at T = {r['T']}: {r['replay_path']}"
+        for r in rows
+        if r["network"] in ("lru", "mingru")
+    ]
+    if defaults:
+        lines += ["", f"The layers' default paths here: {'; '.join(defaults)}."]
     lines += [
         "",
         "Peak memory of the compiled updates (XLA `memory_analysis()`: "

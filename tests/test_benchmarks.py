@@ -308,7 +308,8 @@ def test_memory_kind_names_the_lru_state_size():
         assert all(m.out_size == 8 for m in lrus)
     assert _label("lru@32") == "lru, 32 complex states"
     assert _label("lru@32:parallel").startswith("lru, 32 complex states, associative")
-    assert _replay_path("lru@32:parallel") == "associative scan"
+    assert _replay_path("lru@32:parallel", 256) == "associative scan"
+    assert _replay_path("mingru:scan", 16) == "scan"
 
 
 @pytest.mark.parametrize("cell", ["lru", "mingru"])

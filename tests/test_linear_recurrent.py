@@ -16,7 +16,7 @@ from eqx_ppo.nn import (
     trainable,
 )
 from eqx_ppo.nn._linear_recurrent import LRU, MinGRU, _log_of_draw
-from eqx_ppo.nn._recurrence import linear_recurrence
+from eqx_ppo.nn._recurrence import linear_recurrence, replay_method
 from tests._helpers import rtol
 
 T = 64
@@ -412,9 +412,9 @@ def _reference_recurrence(a, b, h0, done, h_reset):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.complex64])
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("method", ["sequential", "associative", "blocked"])
 @pytest.mark.parametrize("shared_a", [False, True])
-def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_a):
+def test_linear_recurrence_equals_the_step_loop(getkey, dtype, method, shared_a):
     def draw(shape, scale=1.0):
         x = scale * jax.random.normal(getkey(), shape)
         if dtype == jnp.complex64:
@@ -439,7 +439,7 @@ def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_
 
     def fast(a, b, h0, done, h_reset):
         if dtype == jnp.float32:
-            return linear_recurrence(a, b, h0, done, h_reset, parallel=parallel)
+            return linear_recurrence(a, b, h0, done, h_reset, method=method)
         # A complex recurrence as the LRU runs it: real and imaginary parts
         # on a second-last axis of size 2.
         states, last = linear_recurrence(
@@ -448,7 +448,7 @@ def test_linear_recurrence_equals_the_step_loop(getkey, dtype, parallel, shared_
             _as_pairs(h0, 1),
             done,
             _as_pairs(h_reset, 0),
-            parallel=parallel,
+            method=method,
             pairs=True,
         )
         return (
@@ -482,7 +482,7 @@ def test_the_tpus_flat_complex_scan_is_the_same_arithmetic(getkey, monkeypatch):
 
     def loss(a, b, h0, h_reset):
         states, last = linear_recurrence(
-            a, b, h0, done, h_reset, parallel=True, pairs=True
+            a, b, h0, done, h_reset, method="associative", pairs=True
         )
         return jnp.sum(jnp.sin(states)) + jnp.sum(last**2), (states, last)
 
@@ -498,6 +498,38 @@ def test_the_tpus_flat_complex_scan_is_the_same_arithmetic(getkey, monkeypatch):
         np.array_equal(x, y)
         for x, y in zip(jax.tree.leaves(flat), jax.tree.leaves(three_d), strict=True)
     )
+
+
+@pytest.mark.parametrize("n_steps", [1, 15, 16, 17, 64, 65, 97])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_the_blocked_scan_at_every_block_edge(getkey, n_steps, pairs):
+    """Blocks of 16 up to 64 steps and of 32 beyond, the last one padded:
+    every edge (one block, a full one, one step over, a padded last block)
+    gives the step loop's states and gradients."""
+    n_envs = 3
+    state = (n_envs, 2, 4) if pairs else (n_envs, 4)
+    # |a| < 1 (a complex one too): a stable recurrence, as the layers keep it.
+    a = 0.6 * jax.random.uniform(getkey(), (1, *state), minval=-1.0)
+    b = jax.random.normal(getkey(), (n_steps, *state))
+    h0 = jax.random.normal(getkey(), state)
+    h_reset = jax.random.normal(getkey(), state[1:])
+    done = jax.random.bernoulli(getkey(), 0.1, (n_steps, n_envs))
+
+    def loss(method, a, b, h0, h_reset):
+        states, last = linear_recurrence(
+            a, b, h0, done, h_reset, method=method, pairs=pairs
+        )
+        weights = jnp.cos(jnp.arange(states.size)).reshape(states.shape)
+        return jnp.sum(weights * states) + jnp.sum(last**2), (states, last)
+
+    run = jax.jit(
+        jax.value_and_grad(loss, argnums=(1, 2, 3, 4), has_aux=True),
+        static_argnums=0,
+    )
+    blocked = run("blocked", a, b, h0, h_reset)
+    loop = run("sequential", a, b, h0, h_reset)
+    _assert_tree_close(blocked[0], loop[0], **TOL)
+    _assert_tree_close(blocked[1], loop[1], **GRAD_TOL)
 
 
 def test_replay_compiles_once(getkey):
@@ -585,22 +617,76 @@ def _scan_bodies(jaxpr) -> list:
 
 
 @pytest.mark.parametrize("layer", [LRU, MinGRU])
-def test_default_replay_is_the_one_measured_faster_on_the_backend(getkey, layer):
-    """The sequential composition on a CPU, and on a TPU for the LRU's complex
-    recurrence; the associative scan elsewhere (`benchmarks.memory`). Either
-    way the projections run outside any loop."""
+def test_default_replay_is_the_one_measured_faster_on_the_backend(
+    getkey, layer, monkeypatch
+):
+    """`parallel_replay=None`: the loop on a CPU; on a TPU the blocked scan,
+    but the loop for the LRU's complex recurrence up to 64 steps; the
+    associative scan elsewhere (`benchmarks.memory`). Every way, the
+    projections run outside any loop."""
+    pairs = layer is LRU
+    expected = {
+        ("cpu", 16): "sequential",
+        ("cpu", 256): "sequential",
+        ("tpu", 16): "sequential" if pairs else "blocked",
+        ("tpu", 64): "sequential" if pairs else "blocked",
+        ("tpu", 65): "blocked",
+        ("gpu", 16): "associative",
+    }
+    for (backend, n_steps), method in expected.items():
+        monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+        assert replay_method(None, pairs, n_steps) == method
+        assert replay_method(True, pairs, n_steps) == "associative"
+        assert replay_method(False, pairs, n_steps) == "sequential"
+    monkeypatch.undo()
+
     xs = jax.random.normal(getkey(), (T, 3))
     done = jnp.zeros(T, bool)
 
     def replay(m):
         return replay_one(m, m.initial_state(), xs, done).output
 
-    sequential = {"cpu": True, "tpu": layer is LRU}.get(jax.default_backend(), False)
-    default = layer(3, 5, key=jax.random.key(0))
     loop = layer(3, 5, parallel_replay=False, key=jax.random.key(0))
     parallel = layer(3, 5, parallel_replay=True, key=jax.random.key(0))
     (body,) = _scan_bodies(jax.make_jaxpr(replay)(loop).jaxpr)
     # The loop body is the elementwise update alone: no matmul inside it.
     assert "dot_general" not in {eqn.primitive.name for eqn in body.eqns}
     assert not _has_scan(jax.make_jaxpr(replay)(parallel).jaxpr)
-    assert _has_scan(jax.make_jaxpr(replay)(default).jaxpr) == sequential
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    blocked = layer(3, 5, key=jax.random.key(0))
+    xs = jax.random.normal(getkey(), (97, 3))
+    done = jnp.zeros(97, bool)
+    bodies = _scan_bodies(jax.make_jaxpr(replay)(blocked).jaxpr)
+    assert len(bodies) == 2
+    assert all(
+        "dot_general" not in {eqn.primitive.name for eqn in body.eqns}
+        for body in bodies
+    )
+
+
+@pytest.mark.parametrize("layer", [LRU, MinGRU])
+def test_the_tpus_blocked_replay_equals_the_scan_of_calls(getkey, layer, monkeypatch):
+    """The default replay of 97 steps on a TPU is the blocked scan (run here on
+    the CPU): outputs, carries and gradients are the scan of `__call__`'s."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    model = layer(3, 5, trainable_initial_state=True, key=getkey())
+    model = _with_random_initial_state(model, getkey())
+    xs = jax.random.normal(getkey(), (97, 3))
+    state0 = _random_state(model, getkey())
+    done = jax.random.bernoulli(getkey(), 0.1, (97,))
+    assert replay_method(None, layer is LRU, 97) == "blocked"
+
+    def loss(model_and_state, replay):
+        model, state = model_and_state
+        out = replay(model, state, xs, done)
+        weights = jnp.cos(jnp.arange(out.output.size)).reshape(out.output.shape)
+        total = jnp.sum(weights * out.output) + sum(
+            jnp.sum(leaf) for leaf in jax.tree.leaves(out.last_state)
+        )
+        return total, out
+
+    run = eqx.filter_jit(eqx.filter_value_and_grad(loss, has_aux=True))
+    (_, blocked), blocked_grad = run((model, state0), replay_one)
+    (_, reference), reference_grad = run((model, state0), scan_one)
+    _assert_tree_close(blocked, reference, **TOL)
+    _assert_tree_close(blocked_grad, reference_grad, **GRAD_TOL)

@@ -19,7 +19,7 @@ from ._module import (
     StatefulModuleOutput,
     zero_loss,
 )
-from ._recurrence import linear_recurrence, product, use_associative_scan
+from ._recurrence import linear_recurrence, product, replay_method
 from ._recurrent import init_gates, initial_carry, initial_parameter
 
 LRUState = tuple[Float[Array, " hidden"], Float[Array, " hidden"]]
@@ -92,7 +92,7 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
             jax.vmap(self._pack)(state0),
             done,
             self._pack(self.initial_state()),
-            parallel=use_associative_scan(self.parallel_replay, self.pairs),
+            method=replay_method(self.parallel_replay, self.pairs, n_steps),
             pairs=self.pairs,
         )
         output = self._output(
@@ -173,7 +173,9 @@ class LRU(_AbstractLinearRecurrence):
         - `max_phase`: initial phases are uniform in `[0, max_phase]`.
         - `trainable_initial_state`: learn `(re, im)` instead of starting from 0.
         - `parallel_replay`: replay with the associative scan (`True`), a loop
-            (`False`), or whichever is faster on the backend (`None`).
+            (`False`), or whichever measured faster on the backend (`None`:
+            the loop on CPUs; on TPUs a scan in blocks of steps, but the loop
+            for an LRU's sequence of 64 steps or fewer).
         """
         if not 0.0 <= r_min <= r_max < 1.0:
             raise ValueError(

@@ -1,11 +1,12 @@
 """The linear recurrence `h_t = a_t * h_{t-1} + b_t`, resetting on episode ends:
-an associative scan, or an in-place sequential loop with its own `vmap` rule
-and VJP (the loop run backwards), so that neither pass stacks per-step buffers.
+an associative scan, a scan in blocks of steps, or an in-place sequential loop
+with its own `vmap` rule and VJP (the loop run backwards), so that neither of
+its passes stacks per-step buffers.
 """
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -158,6 +159,9 @@ def _sequential_backward(pairs, residuals, cotangent):
 _sequential.defvjp(_sequential_forward, _sequential_backward)
 
 
+Method = Literal["associative", "blocked", "sequential"]
+
+
 def linear_recurrence(
     a: Float[Array, " #time env *state"],
     b: Float[Array, " time env *state"],
@@ -165,7 +169,7 @@ def linear_recurrence(
     done: Bool[Array, " time env"],
     h_reset: Float[Array, "*state"],
     *,
-    parallel: bool = True,
+    method: Method = "associative",
     pairs: bool = False,
 ) -> tuple[Float[Array, " time env *state"], Float[Array, " env *state"]]:
     """All states of `h_t = a_t * h_{t-1} + b_t` of each env from its `h0`,
@@ -177,60 +181,91 @@ def linear_recurrence(
     complex, `[..., 2, n]` (the LRU's layout). `a` may have a time axis of
     length 1: the same at every step, never broadcast.
 
-    `parallel=True`: an associative scan, where a step that starts from a
-    known state folds it into its offset (`b_t <- a_t * start + b_t`,
-    `a_t <- 0`). `parallel=False`: the sequential loop per env, which
-    supports reverse-mode differentiation but not `jvp`.
-    """
+    `method`: an associative scan, a `_blocked` one or the sequential loop per
+    env (no `jvp`). The scans fold a step that starts from a known state into
+    its offset (`b_t <- a_t * start + b_t`, `a_t <- 0`)."""
     n_steps = done.shape[0]
     per_step = done.shape + (1,) * (b.ndim - 2)
     first = (jnp.arange(n_steps) == 0).reshape((n_steps,) + (1,) * (b.ndim - 1))
     restart = first | jnp.roll(done, 1, axis=0).reshape(per_step)
-    if parallel:
-        start = jnp.where(first, h0, h_reset)
-        flat = jax.default_backend() == "tpu"
-        states = _associative(a, b, start, restart, pairs, flat=flat)
-    else:
+    if method == "sequential":
         per_env = jax.vmap(
             functools.partial(_sequential, pairs=pairs),
             in_axes=(_Steps(1, 1, 1, 1, None),),
             out_axes=1,
         )
         states = per_env(_Steps(a, b, ~restart, h0[None], h_reset[None]))
+    else:
+        start = jnp.where(first, h0, h_reset)
+        a = jnp.broadcast_to(a, b.shape)
+        b = jnp.where(restart, product(a, start, pairs=pairs, conjugate=False) + b, b)
+        a = jnp.where(restart, jnp.zeros_like(a), a)
+        states = (_blocked if method == "blocked" else _associative)(a, b, pairs)
     return states, jnp.where(done[-1].reshape(per_step[1:]), h_reset, states[-1])
 
 
-def _associative(
-    a, b, start, restart, pairs: bool, *, flat: bool
-) -> Float[Array, "time env ..."]:
+def _complex(x: Float[Array, "time env 2 n"], flat: bool) -> Array:
+    """Pairs as complex64, `[time, env, n]`, or with `flat`, `[time, env * n]`."""
+    z = jax.lax.complex(x[..., 0, :], x[..., 1, :])
+    return z.reshape(z.shape[0], -1) if flat else z
+
+
+def _pairs(z: Array, shape: tuple[int, ...]) -> Float[Array, "time env 2 n"]:
+    """Complex states back as pairs of the given `shape`."""
+    z = z.reshape(*shape[:-2], 1, shape[-1])
+    return jnp.concatenate([jnp.real(z), jnp.imag(z)], -2)
+
+
+def _associative(a, b, pairs: bool) -> Float[Array, "time env ..."]:
     """`linear_recurrence`'s states by one associative scan along time.
 
-    A real recurrence scans each env apart (`vmap`); a complex one scans all
-    envs at once as complex64, `[time, env, n]`, or with `flat` (the TPU's
-    form) `[time, env * n]`: XLA:TPU lays the other forms out with time as
-    the lane axis, where the scan's strided slices dominate, while on a CPU
-    the flat form is the slower (`benchmarks/results/tpu_lru_layouts.md`).
-    """
-    a = jnp.broadcast_to(a, b.shape)
-    b = jnp.where(restart, product(a, start, pairs=pairs, conjugate=False) + b, b)
-    a = jnp.where(restart, jnp.zeros_like(a), a)
+    A real recurrence scans each env apart (`vmap`), a complex one all envs at
+    once as complex64 `[time, env, n]`, flat on a TPU, `[time, env * n]`: XLA:TPU
+    lays the others out with time as the lane axis, where the scan's strided
+    slices dominate; on a CPU the flat form is slower (`tpu_lru_layouts.md`)."""
     if not pairs:
         per_env = jax.vmap(lambda *ab: jax.lax.associative_scan(_compose, ab)[1], 1, 1)
         return per_env(a, b)
-    n_steps, n_envs = restart.shape[:2]
-    a, b = (jax.lax.complex(x[..., 0, :], x[..., 1, :]) for x in (a, b))
-    if flat:
-        a, b = a.reshape(n_steps, -1), b.reshape(n_steps, -1)
-    states = jax.lax.associative_scan(_compose, (a, b))[1]
-    states = states.reshape(n_steps, n_envs, 1, -1)
-    return jnp.concatenate([jnp.real(states), jnp.imag(states)], -2)
+    flat = jax.default_backend() == "tpu"
+    z = jax.lax.associative_scan(_compose, (_complex(a, flat), _complex(b, flat)))
+    return _pairs(z[1], b.shape)
 
 
-def use_associative_scan(parallel_replay: bool | None, pairs: bool) -> bool:
-    """Whether to replay with the associative scan. `None` picks what measured
-    faster (`benchmarks.memory`): sequential on CPUs, and on TPUs for a
-    complex recurrence (`pairs`); associative otherwise."""
+def _blocked(a, b, pairs: bool) -> Inexact[Array, "time ..."]:
+    """`linear_recurrence`'s states from `h_{-1} = 0` by two short scans: one
+    through blocks of 16 steps (32 past 64), all blocks at once, then one
+    over the blocks carrying each block's start in; about `2 sqrt(T)`
+    dependent steps. A complex one runs flat, `[time, env * n]`, as above."""
+    if pairs:
+        return _pairs(_blocked(_complex(a, True), _complex(b, True), False), b.shape)
+    n_steps = b.shape[0]
+    block = min(16 if n_steps <= 64 else 32, n_steps)
+    n_blocks = -(-n_steps // block)
+    padding = [(0, n_blocks * block - n_steps)] + [(0, 0)] * (b.ndim - 1)
+    a, b = jnp.pad(a, padding, constant_values=1), jnp.pad(b, padding)
+    a, b = (x.reshape(n_blocks, block, *x.shape[1:]).swapaxes(0, 1) for x in (a, b))
+
+    def within(carry, ab):  # the product of the block's `a`s, its state from 0
+        carry = ab[0] * carry[0], ab[0] * carry[1] + ab[1]
+        return carry, carry
+
+    ones = jnp.ones_like(b[0])
+    gains, states = jax.lax.scan(within, (ones, 0 * ones), (a, b))[1]
+    entering = jax.lax.scan(
+        lambda h, x: (x[0] * h + x[1], h), 0 * ones[0], (gains[-1], states[-1])
+    )[1]
+    states = states + gains * entering
+    return states.swapaxes(0, 1).reshape(-1, *states.shape[2:])[:n_steps]
+
+
+def replay_method(parallel_replay: bool | None, pairs: bool, n_steps: int) -> Method:
+    """How a layer replays `n_steps`: `parallel_replay=True` associatively,
+    `False` by the loop, `None` as measured fastest (`benchmarks.memory`,
+    `results/tpu_blocked_replay.md`): the loop on CPUs, blocked on TPUs (but
+    the loop for a complex one of <= 64 steps), associatively elsewhere."""
     if parallel_replay is not None:
-        return parallel_replay
+        return "associative" if parallel_replay else "sequential"
     backend = jax.default_backend()
-    return backend != "cpu" and not (pairs and backend == "tpu")
+    if backend == "tpu":
+        return "sequential" if pairs and n_steps <= 64 else "blocked"
+    return "sequential" if backend == "cpu" else "associative"
