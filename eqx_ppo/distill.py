@@ -11,7 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, PyTree
 
 from ._typecheck import checked
 from .checkpoint import register_config
@@ -148,24 +148,14 @@ class _StudentWithTeacher(AbstractStatefulModule):
     teacher: AbstractStatefulModule
     paths: tuple = eqx.field(static=True)
 
-    def __call__(
-        self,
-        state: dict[str, State],
-        x: Any,
-        extras: Any = None,
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> StatefulModuleOutput:
+    def __call__(self, state, x, extras=None, *, key=None) -> StatefulModuleOutput:
         del extras
         student_out = self.student(state["student"], x, key=key)
         teacher_key = None if key is None else jax.random.fold_in(key, 1)
         teacher_out = self.teacher(state["teacher"], x, key=teacher_key)
         extras = _swap(student_out.extras, teacher_out.extras, self.paths)
-        next_state = {
-            "student": student_out.next_state,
-            "teacher": teacher_out.next_state,
-        }
-        return student_out._replace(next_state=next_state, extras=extras)
+        carry = {"student": student_out.next_state, "teacher": teacher_out.next_state}
+        return student_out._replace(next_state=carry, extras=extras)
 
     def initial_state(self) -> dict[str, State]:
         modules = {"student": self.student, "teacher": self.teacher}

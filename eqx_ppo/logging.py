@@ -226,9 +226,8 @@ class WandbLogger:
     `wandb.init`."""
 
     def __init__(self, **init_kwargs: Any):
-        self.run = import_optional("wandb", "WandbLogger", "logging").init(
-            **init_kwargs
-        )
+        wandb = import_optional("wandb", "WandbLogger", "logging")
+        self.run = wandb.init(**init_kwargs)
 
     def __call__(self, metrics: Metrics, step: int) -> None:
         self.run.log(per_seed_columns(metrics), step=step)

@@ -150,10 +150,9 @@ class NormalSampler(_AbstractGaussianSampler):
     def _draw(
         self, mean: _Vec, std: _Vec, extras: _Vec | None, key: Key[Array, ""] | None
     ) -> tuple[_Vec, _Vec, Float[Array, ""], Float[Array, ""]]:
-        if self.inference:
-            sampled = mean
-        else:
-            sampled = mean + std * jax.random.normal(key, mean.shape)
+        sampled = (
+            mean if self.inference else mean + std * jax.random.normal(key, mean.shape)
+        )
         action = jax.lax.stop_gradient(sampled if extras is None else extras)
         log_likelihood = jnp.sum(_normal_logpdf(action, mean, std))
         return action, action, log_likelihood, jnp.sum(_normal_entropy(std))
@@ -184,9 +183,8 @@ class CategoricalSampler(_AbstractSampler):
             )
 
     def _group_sizes(self) -> tuple[int, ...]:
-        if isinstance(self.n_actions, tuple):
-            return self.n_actions
-        return (self.n_actions,)
+        n = self.n_actions
+        return n if isinstance(n, tuple) else (n,)
 
     def _sample(
         self,

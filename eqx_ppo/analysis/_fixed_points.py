@@ -111,10 +111,9 @@ def _solve(
     solver = optx.LevenbergMarquardt(rtol=1e-2 * tol, atol=1e-2 * tol)
 
     def solve(start):
-        solution = optx.least_squares(
+        h = optx.least_squares(
             lambda h, _: step(h) - h, solver, start, max_steps=max_steps, throw=False
-        )
-        h = solution.value
+        ).value
         return h, jnp.max(jnp.abs(step(h) - h)) / (1 + jnp.max(jnp.abs(h)))
 
     return jax.vmap(solve)(starts)

@@ -145,7 +145,6 @@ def make_checkpoint_fn(
 ) -> Callable[[Any, int], None]:
     """A `checkpoint_fn` for [`eqx_ppo.train`][] that saves every call to
     `directory` with [`save_checkpoint`][], keeping the newest `keep`."""
-
     check_range("make_checkpoint_fn(keep=", keep, 1, fix=_KEEP_FIX)
 
     def checkpoint_fn(state: Any, step: int) -> None:

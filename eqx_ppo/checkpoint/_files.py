@@ -164,11 +164,7 @@ def _remove_leftovers(directory: pathlib.Path) -> None:
 
 
 def write_atomically(
-    directory: pathlib.Path,
-    step: int,
-    files: dict[str, bytes],
-    *,
-    keep: int | None,
+    directory: pathlib.Path, step: int, files: dict[str, bytes], *, keep: int | None
 ) -> pathlib.Path:
     """Write `directory/step_<step>/` holding `files` (name: bytes, written in
     order, the header last), atomically, replacing any checkpoint of that step;

@@ -168,7 +168,6 @@ def _new_run(args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
         args, ("--env", "--env-kwarg"), "--env", (ValueError, TypeError, ImportError)
     ):
         env = envs.make(args.env, **env_kwargs)
-    # The flags of the same name, and what is worked out from the flags.
     run = {key: getattr(args, key, None) for key in RUN_KEYS}
     run.update(
         # With the machine's choices (a Playground backend) pinned, so that

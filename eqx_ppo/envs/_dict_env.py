@@ -9,9 +9,8 @@ from ._state import State, ongoing
 
 
 class DictObsAct(AbstractCenterTask):
-    """`MoveToCenter`'s task with dict observations
-    `{"pos", "vel"}` and a dict action `{"force"}`: a probe for pytree plumbing.
-    """
+    """`MoveToCenter`'s task with dict observations `{"pos", "vel"}` and a dict
+    action `{"force"}`: a probe for pytree plumbing."""
 
     def _state(
         self, pos: Float[Array, "2"], vel: Float[Array, "2"], reward: Float[Array, ""]

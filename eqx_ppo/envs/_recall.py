@@ -22,12 +22,8 @@ class Recall(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        check_range(
-            "Recall(length=",
-            self.length,
-            2,
-            fix="two or more: with one there is nothing to recall.",
-        )
+        fix = "two or more: with one there is nothing to recall."
+        check_range("Recall(length=", self.length, 2, fix=fix)
 
     @property
     def max_len(self) -> int:

@@ -120,7 +120,6 @@ class PopulationGraphBuilder:
         inputs = [p for p in pops.values() if p.role == "input"]
         whole = [p.name for p in inputs if p.input_from is None]
         keyed = [p.name for p in inputs if p.input_from is not None]
-        # What is wrong with the description as a whole, and what to do.
         problems = [
             (
                 ACTIVATION_KEY in names,
@@ -169,7 +168,6 @@ class PopulationGraphBuilder:
         # Sorted by name, the order JAX flattens dicts in: the graph iterates
         # its transforms the same way before and after `jit` or `tree_map`.
         transforms = {name: transforms[name] for name in sorted(transforms)}
-        # A population's ring buffer holds as many steps as its longest delay.
         populations = tuple(
             dataclasses.replace(
                 p, buffer_length=max((s.delay for s in specs if s.src == n), default=0)
@@ -177,12 +175,7 @@ class PopulationGraphBuilder:
             for n, p in pops.items()
         )
         self._finalized = True
-        return PopulationGraph(
-            transforms=transforms,
-            populations=populations,
-            connections=tuple(specs),
-            order=order,
-        )
+        return PopulationGraph(transforms, populations, tuple(specs), order)
 
     def _add(
         self, name: str, size: int, activation: Activation | None, *rest: Any
