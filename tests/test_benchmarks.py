@@ -986,3 +986,73 @@ def test_the_command_stops_on_another_backend_than_planned(monkeypatch):
         command.check_device({"backend": "tpu"})
     quick = accelerator.Command(accelerator.parse_args(["--quick"]))
     quick.check_device({"backend": "tpu"})  # --quick: toy sizes anywhere
+
+
+def test_op_trace_sums_a_device_traces_ops_per_category_and_iteration():
+    from benchmarks.op_trace import device_ops, markdown, summarise
+
+    def x(pid, tid, name, ts, dur, **args):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts,
+                "dur": dur, "args": args}  # fmt: skip
+
+    events = _events_of_a_tpu_trace()[:5] + [
+        x(2, 2, "fusion.1", 0.0, 3000.0, hlo_category="convolution fusion",
+          long_name="%fusion.1 = f32[8,8]"),
+        x(2, 2, "fusion.1", 4000.0, 1000.0, hlo_category="convolution fusion",
+          long_name="%fusion.1 = f32[8,8]"),
+        x(2, 2, "add.3", 6000.0, 600.0, hlo_category="loop fusion"),
+        # A loop's event spans the ops it runs; a module line and a host
+        # thread hold no op executions.
+        x(2, 2, "while.9", 0.0, 9000.0, hlo_category="while"),
+        x(2, 1, "jit_f(7)", 0.0, 9000.0),
+        x(1, 9, "fusion.1", 0.0, 99.0, hlo_category="convolution fusion"),
+    ]  # fmt: skip
+    ops = device_ops(events)
+    assert [op["name"] for op in ops] == ["fusion.1", "fusion.1", "add.3"]
+    brax = summarise(ops, iterations=1, top=1)
+    assert brax["op_ms"] == pytest.approx(4.6)
+    assert brax["by_category"] == [
+        {"name": "convolution fusion", "ms": 4.0, "ops": 2, "us_per_op": 2000.0},
+        {"name": "loop fusion", "ms": 0.6, "ops": 1, "us_per_op": 600.0},
+    ]
+    assert brax["top_ops"] == [
+        {"name": "fusion.1", "ms": 4.0, "ops": 2, "us_per_op": 2000.0,
+         "long_name": "%fusion.1 = f32[8,8]"}
+    ]  # fmt: skip
+    eqx = summarise(ops[2:], iterations=2, top=5)
+    result = {
+        "spec": {"env": "cartpole", "n_envs": 8, "hidden": [4, 4],
+                 "n_minibatches": 2},
+        "runs": [{"system": "brax", "sps": 2e6, **brax},
+                 {"system": "eqx", "sps": 1e6, **eqx},
+                 {"system": "rejax", "error": "exit 1: boom"}],
+        "machine": {"jax": "0.10.2", "backend": "tpu", "device_kind": "TPU v5 lite"},
+    }  # fmt: skip
+    text = markdown(result)
+    assert "| HLO category | brax: ms (ops) | eqx: ms (ops) |" in text
+    assert "| convolution fusion | 4.00 (2) | - |" in text
+    assert "| loop fusion | 0.60 (1) | 0.30 (0) |" in text
+    assert "| all ops | 4.60 | 0.30 |" in text
+    assert "| `fusion.1` | 4.00 | 2 | 2000.0 | `%fusion.1 = f32[8,8]` |" in text
+    assert "rejax failed: exit 1: boom" in text
+    assert "no device op lines" in markdown({**result, "runs": result["runs"][2:]})
+
+
+@pytest.mark.slow  # two worker processes that train briefly; about 60 s on 2 cores
+def test_op_trace_traces_both_systems_and_a_cpu_trace_has_no_device_ops(tmp_path):
+    import json
+
+    pytest.importorskip("brax")
+    root = pathlib.Path(__file__).parent.parent
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.op_trace", "--n-envs", "64",
+         "--hidden", "8,8", "--minibatches", "4", "--iterations", "3",
+         "--name", str(tmp_path / "op_trace")],
+        capture_output=True, text=True, cwd=root,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "op_trace.json").read_text())
+    assert [r["system"] for r in result["runs"]] == ["brax", "eqx"]
+    # 3 iterations run as two chunks of 2; the trace holds the second
+    assert all(r["traced_iterations"] == 2 and r["sps"] > 0 for r in result["runs"])
+    assert "no device op lines" in (tmp_path / "op_trace.md").read_text()
