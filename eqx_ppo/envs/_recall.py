@@ -22,8 +22,12 @@ class Recall(AbstractEnv):
     action_size: ClassVar[int] = 1
 
     def __check_init__(self):
-        fix = "two or more: with one there is nothing to recall."
-        check_range("Recall(length=", self.length, 2, fix=fix)
+        check_range(
+            "Recall(length=",
+            self.length,
+            2,
+            fix="two or more: with one there is nothing to recall.",
+        )
 
     @property
     def max_len(self) -> int:

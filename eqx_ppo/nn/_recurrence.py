@@ -159,9 +159,6 @@ def _sequential_backward(pairs, residuals, cotangent):
 _sequential.defvjp(_sequential_forward, _sequential_backward)
 
 
-Method = Literal["associative", "blocked", "sequential"]
-
-
 def linear_recurrence(
     a: Float[Array, " #time env *state"],
     b: Float[Array, " time env *state"],
@@ -169,7 +166,7 @@ def linear_recurrence(
     done: Bool[Array, " time env"],
     h_reset: Float[Array, "*state"],
     *,
-    method: Method = "associative",
+    method: Literal["associative", "blocked", "sequential"] = "associative",
     pairs: bool = False,
 ) -> tuple[Float[Array, " time env *state"], Float[Array, " env *state"]]:
     """All states of `h_t = a_t * h_{t-1} + b_t` of each env from its `h0`,
@@ -197,9 +194,8 @@ def linear_recurrence(
         states = per_env(_Steps(a, b, ~restart, h0[None], h_reset[None]))
     else:
         start = jnp.where(first, h0, h_reset)
-        a = jnp.broadcast_to(a, b.shape)
         b = jnp.where(restart, product(a, start, pairs=pairs, conjugate=False) + b, b)
-        a = jnp.where(restart, jnp.zeros_like(a), a)
+        a = jnp.where(restart, 0.0, a)  # broadcast over time
         states = (_blocked if method == "blocked" else _associative)(a, b, pairs)
     return states, jnp.where(done[-1].reshape(per_step[1:]), h_reset, states[-1])
 
@@ -258,7 +254,7 @@ def _blocked(a, b, pairs: bool) -> Inexact[Array, "time ..."]:
     return states.swapaxes(0, 1).reshape(-1, *states.shape[2:])[:n_steps]
 
 
-def replay_method(parallel_replay: bool | None, pairs: bool, n_steps: int) -> Method:
+def replay_method(parallel_replay: bool | None, pairs: bool, n_steps: int) -> str:
     """How a layer replays `n_steps`: `parallel_replay=True` associatively,
     `False` by the loop, `None` as measured fastest (`benchmarks.memory`,
     `results/tpu_blocked_replay.md`): the loop on CPUs, blocked on TPUs (but
