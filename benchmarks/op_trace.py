@@ -25,6 +25,7 @@ import tempfile
 from typing import Any
 
 from ._common import Spec, first_device, machine, publish, run_worker
+from .profile import _trace_events, device_op_lines
 
 _CONTROL_FLOW = {"while", "conditional", "call"}
 
@@ -32,19 +33,7 @@ _CONTROL_FLOW = {"while", "conditional", "call"}
 def device_ops(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The op executions on the trace's device "XLA Ops" lines, as
     `{"name", "category", "long_name", "dur"}` (microseconds)."""
-    processes = {
-        e["pid"]: e["args"]["name"]
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "process_name"
-    }
-    op_lines = {
-        (e["pid"], e["tid"])
-        for e in events
-        if e.get("ph") == "M"
-        and e.get("name") == "thread_name"
-        and "/device:" in processes.get(e["pid"], "")
-        and e["args"]["name"] == "XLA Ops"
-    }
+    _, op_lines = device_op_lines(events)
     out = []
     for e in events:
         if e.get("ph") != "X" or (e.get("pid"), e.get("tid")) not in op_lines:
@@ -95,11 +84,10 @@ def summarise(ops: list[dict[str, Any]], iterations: int, top: int) -> dict[str,
 def _worker(spec: Spec, iterations: int, top: int) -> dict[str, Any]:
     import jax
 
-    from . import _common, _worker
-    from .profile import _trace_events
+    from . import _worker
 
     directory = tempfile.mkdtemp()
-    mark = _common.Boundaries.mark
+    mark = _worker.Boundaries.mark
 
     def mark_and_trace(self, step):
         before = len(self.marks)
@@ -107,8 +95,7 @@ def _worker(spec: Spec, iterations: int, top: int) -> dict[str, Any]:
         if before == 0 and len(self.marks) == 1:
             jax.profiler.start_trace(directory, create_perfetto_trace=True)
 
-    _common.Boundaries.mark = mark_and_trace
-    _worker.Boundaries.mark = mark_and_trace
+    _worker.Boundaries.mark = mark_and_trace  # the class `_common` defines
     run = _worker.RUNNERS[spec.system](spec)
     jax.profiler.stop_trace()
     ops = device_ops(_trace_events(directory))

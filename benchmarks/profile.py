@@ -165,6 +165,31 @@ def _module_name(hlo: str) -> str | None:
     return m.group(1) if m else None
 
 
+def device_op_lines(
+    events: list[dict[str, Any]],
+) -> tuple[set[Any], set[tuple[Any, Any]]]:
+    """The trace's device processes (`/device:TPU:0`, ...) and, as
+    `(pid, tid)`, their "XLA Ops" lines, where device backends put the
+    executions of a program's ops."""
+
+    def named(kind: str) -> dict[Any, str]:
+        return {
+            (e.get("pid"), e.get("tid"))
+            if kind == "thread_name"
+            else e.get("pid"): str(e.get("args", {}).get("name", ""))
+            for e in events
+            if e.get("ph") == "M" and e.get("name") == kind
+        }
+
+    devices = {pid for pid, name in named("process_name").items() if "/device:" in name}
+    op_lines = {
+        line
+        for line, name in named("thread_name").items()
+        if line[0] in devices and name.startswith("XLA Ops")
+    }
+    return devices, op_lines
+
+
 def _op_events(
     events: list[dict[str, Any]], ops: dict[str, Any], module: str | None
 ) -> list[dict[str, Any]]:
@@ -182,21 +207,7 @@ def _op_events(
     instruction is no op execution.
     """
 
-    def named(kind: str) -> dict[Any, str]:
-        return {
-            (e.get("pid"), e.get("tid"))
-            if kind == "thread_name"
-            else e.get("pid"): str(e.get("args", {}).get("name", ""))
-            for e in events
-            if e.get("ph") == "M" and e.get("name") == kind
-        }
-
-    devices = {pid for pid, name in named("process_name").items() if "/device:" in name}
-    op_lines = {
-        line
-        for line, name in named("thread_name").items()
-        if line[0] in devices and name.startswith("XLA Ops")
-    }
+    devices, op_lines = device_op_lines(events)
     out = []
     for e in events:
         if e.get("ph") != "X" or "dur" not in e:

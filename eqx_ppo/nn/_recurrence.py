@@ -241,8 +241,8 @@ def _blocked(a, b, pairs: bool) -> Inexact[Array, "time ..."]:
     a, b = jnp.pad(a, padding, constant_values=1), jnp.pad(b, padding)
     a, b = (x.reshape(n_blocks, block, *x.shape[1:]).swapaxes(0, 1) for x in (a, b))
 
-    def within(carry, ab):  # the product of the block's `a`s, its state from 0
-        carry = ab[0] * carry[0], ab[0] * carry[1] + ab[1]
+    def within(carry, ab):  # the block's steps so far as one map `h -> gain h + state`
+        carry = _compose(carry, ab)
         return carry, carry
 
     ones = jnp.ones_like(b[0])
