@@ -3,6 +3,8 @@ env's step-by-step loop of `__call__`, carries reset where the rollout reset
 them; containers replay child by child, so the loss runs only the recurrent
 layers as scans and everything else as one batched call over all steps."""
 
+import contextlib
+
 import equinox as eqx
 import jax
 import jax.extend
@@ -11,7 +13,8 @@ import pytest
 
 import eqx_ppo
 from eqx_ppo import nn
-from eqx_ppo.nn._module import reset_where
+from eqx_ppo.nn._module import merged_steps, reset_where
+from eqx_ppo.ppo._chunk import over_seeds
 from tests._helpers import assert_ulp_close
 
 T = 7
@@ -187,10 +190,24 @@ def test_replaying_some_envs_equals_slicing_the_replay_of_all(kind, getkey):
     assert_ulp_close(sub, expected)
 
 
-def test_replay_runs_a_layer_without_a_carry_once_over_all_steps(getkey):
-    # A layer without a carry replays the minibatch's T x M steps as one batch
-    # (XLA's matmuls on [T x M, in] are faster than on [T, M, in]); a layer
-    # with a carry is scanned over the T steps, the M envs batched inside.
+@pytest.mark.parametrize(
+    "backend, merged, rows",
+    [("cpu", False, "merged"), ("tpu", False, "time, env"), ("tpu", True, "merged")],
+)
+def test_replay_runs_a_layer_without_a_carry_once_over_all_steps(
+    getkey, monkeypatch, backend, merged, rows
+):
+    # A layer without a carry replays the minibatch's T x M steps as one batch:
+    # merged into [T x M, in] rows on a CPU (XLA:CPU's weight gradients are
+    # faster there) and in `merged_steps()`, as [T, M, in] on a TPU otherwise
+    # (less memory traffic there); a layer with a carry is scanned over the T
+    # steps, the M envs batched inside.
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    with merged_steps() if merged else contextlib.nullcontext():
+        _replay_runs_a_layer_without_a_carry_once(getkey, rows)
+
+
+def _replay_runs_a_layer_without_a_carry_once(getkey, rows):
     class Sum(nn.AbstractStatefulModule):
         def initial_state(self):
             return jnp.zeros(3)
@@ -207,7 +224,8 @@ def test_replay_runs_a_layer_without_a_carry_once_over_all_steps(getkey):
     done = jax.random.bernoulli(getkey(), 0.3, (T, n_envs))
     state0 = net.initialize_state(n_envs)
     jaxpr = jax.make_jaxpr(net.replay)(state0, xs, None, None, done).jaxpr
-    assert matmul_shapes(jaxpr) == [(T * n_envs, 3), (T * n_envs, 3)]
+    shape = (T * n_envs, 3) if rows == "merged" else (T, n_envs, 3)
+    assert matmul_shapes(jaxpr) == [shape, shape]
     [scan] = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
     assert scan.params["length"] == T
     out = net.replay(state0, xs, None, None, done)
@@ -229,6 +247,27 @@ def test_replay_runs_a_layer_without_a_carry_once_over_all_steps(getkey):
             ),
             expected,
         )
+
+
+def test_many_seeds_in_one_vmap_replay_merged_steps(getkey, monkeypatch):
+    # Weights batched over seeds: on a TPU the [T, M, ...] layout trained at
+    # 0.56x the merged one's speed, so `over_seeds` traces in `merged_steps()`;
+    # one seed runs on its slice, unbatched, in the TPU's own layout.
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    net = nn.Dense(3, 3, key=getkey())
+    n_envs = 5
+    xs = jax.random.normal(getkey(), (T, n_envs, 3))
+    done = jnp.zeros((T, n_envs), bool)
+
+    def replay(x):
+        return net.replay((), x, None, None, done).output
+
+    for n_seeds, shape in [(1, (T, n_envs, 3)), (2, (2, T * n_envs, 3))]:
+        seeds = jnp.stack([xs] * n_seeds)
+        jaxpr = jax.make_jaxpr(lambda s: over_seeds(replay, s))(seeds).jaxpr
+        assert matmul_shapes(jaxpr) == [shape]
+        out = over_seeds(replay, seeds)
+        assert_ulp_close(out, jnp.stack([replay(xs)] * n_seeds))
 
 
 def test_replay_declares_a_time_then_env_batch(getkey):

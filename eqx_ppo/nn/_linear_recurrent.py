@@ -17,6 +17,7 @@ from ._module import (
     AbstractStatefulModule,
     SequenceOutput,
     StatefulModuleOutput,
+    merges_steps,
     zero_loss,
 )
 from ._recurrence import linear_recurrence, product, replay_method
@@ -84,8 +85,14 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
         `reset_state`). Equal to the scan of `__call__` to float32 rounding."""
         del extras, keys
         n_steps, n_envs = done.shape
-        steps = xs.reshape(n_steps * n_envs, -1)
-        a, b = (_by_env(c, n_envs) for c in self._coefficients(steps))
+        merged = merges_steps()
+        steps = xs.reshape(n_steps * n_envs, -1) if merged else xs
+        a, b = self._coefficients(steps)
+        if merged:
+            b = b.reshape(n_steps, n_envs, *b.shape[1:])
+            a = a[None] if a.shape[0] == 1 else a.reshape(b.shape)
+        # An `a` the same at every step stands for all of them as `[1, M, ...]`.
+        a = jnp.broadcast_to(a, (a.shape[0], n_envs, *a.shape[2:]))
         states, last = linear_recurrence(
             a,
             b,
@@ -95,24 +102,14 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
             method=replay_method(self.parallel_replay, self.pairs, n_steps),
             pairs=self.pairs,
         )
-        output = self._output(
-            states.reshape(n_steps * n_envs, *states.shape[2:]), steps
-        )
+        if merged:
+            output = self._output(states.reshape(-1, *states.shape[2:]), steps)
+            output = output.reshape(n_steps, n_envs, *output.shape[1:])
+        else:
+            output = self._output(states, steps)
         return SequenceOutput(
-            jax.vmap(self._unpack)(last),
-            output.reshape(n_steps, n_envs, *output.shape[1:]),
-            jnp.zeros(done.shape, jnp.float32),
+            jax.vmap(self._unpack)(last), output, jnp.zeros(done.shape, jnp.float32)
         )
-
-
-def _by_env(
-    coefficient: Float[Array, "steps ..."], n_envs: int
-) -> Float[Array, "time env ..."]:
-    """A coefficient of `T x M` merged steps as `[T, M, ...]`; one of a single
-    step (the same at all of them) as `[1, M, ...]`."""
-    if coefficient.shape[0] == 1:
-        return jnp.broadcast_to(coefficient, (1, n_envs, *coefficient.shape[1:]))
-    return coefficient.reshape(-1, n_envs, *coefficient.shape[1:])
 
 
 @checked

@@ -2,6 +2,8 @@
 Equinox; `docs/concepts.md` says how the library batches and routes keys."""
 
 import abc
+import contextlib
+import contextvars
 import math
 from typing import Any, ClassVar, NamedTuple
 
@@ -121,8 +123,9 @@ class AbstractStatefulModule(eqx.Module):
           with `reset_state`, exactly as the rollout reset it.
 
         The default runs a module without a carry on all `T x M` steps at once
-        and scans one with a carry; an override must give the same values,
-        routing keys and extras as `__call__` does.
+        (`merges_steps` says in which layout) and scans one with a carry; an
+        override must give the same values, routing keys and extras as
+        `__call__` does.
         """
         if jax.tree.leaves(state0):
 
@@ -136,9 +139,13 @@ class AbstractStatefulModule(eqx.Module):
                 step, state0, (xs, extras, keys, done)
             )
             return SequenceOutput(last, outputs, losses)
+        step = lambda x, e, k: self(state0, x, e, key=k)  # noqa: E731
+        if not merges_steps():
+            out = jax.vmap(jax.vmap(step))(xs, extras, keys)
+            return SequenceOutput(state0, out.output, out.regularization_loss)
         n_envs = done.shape[1]
         steps = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), (xs, extras, keys))
-        out = jax.vmap(lambda x, e, k: self(state0, x, e, key=k))(*steps)
+        out = jax.vmap(step)(*steps)
         output, loss = jax.tree.map(
             lambda a: a.reshape(-1, n_envs, *a.shape[1:]),
             (out.output, out.regularization_loss),
@@ -220,6 +227,31 @@ class AbstractLayerWrapper(AbstractStatefulModule):
         return eqx.tree_at(
             lambda wrapper: wrapper.layer, self, self.layer.update_statistics(extras)
         )
+
+
+_MERGED = contextvars.ContextVar("eqx_ppo_merged_steps", default=False)
+
+
+def merges_steps() -> bool:
+    """Whether a replay runs its carry-less work on the `T x M` steps merged
+    into one axis of rows, or on `[T, M, ...]`. Merged on a CPU (XLA:CPU's
+    weight gradients of 2-D matmuls are about twice as fast), on a GPU, and
+    inside `merged_steps()`; `[T, M, ...]` on a TPU otherwise, where the
+    merged rows' backward pass moved about twice the bytes
+    (`benchmarks/results/tpu_layout.md`)."""
+    return jax.default_backend() != "tpu" or _MERGED.get()
+
+
+@contextlib.contextmanager
+def merged_steps():
+    """Replays traced in this context merge their steps on every backend: for
+    weights batched by a `vmap` (many seeds in one program), where on a TPU
+    the `[T, M, ...]` layout trained at 0.56x the merged one's speed."""
+    token = _MERGED.set(True)
+    try:
+        yield
+    finally:
+        _MERGED.reset(token)
 
 
 def zero_loss() -> Float[Array, ""]:

@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array
 
+from ..nn._module import merged_steps
 from ._host import paused_gc
 from ._sharding import on_mesh
 from ._step import TrainingState
@@ -33,7 +34,8 @@ def over_seeds(fn: Callable, stacked: Any) -> Any:
     seed a call on its slice (which traces and compiles faster)."""
     n_seeds = next(x for x in jax.tree.leaves(stacked) if eqx.is_array(x)).shape[0]
     if n_seeds > 1:
-        return eqx.filter_vmap(fn)(stacked)
+        with merged_steps():
+            return eqx.filter_vmap(fn)(stacked)
     return with_seed_axis(fn(seed_zero(stacked)))
 
 
