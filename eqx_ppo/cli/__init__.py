@@ -3,6 +3,7 @@ getting-started guide lists the files of the run folder that `train` writes."""
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 from typing import Any
@@ -308,7 +309,8 @@ def live_peak(value: np.ndarray, dones: np.ndarray) -> float:
 
 def _use_compile_cache(args: argparse.Namespace) -> None:
     """Point JAX's persistent compilation cache at `--compile-cache` (a folder
-    set through JAX is kept unless the flag is given)."""
+    set through JAX is kept unless the flag is given, and so is a minimum
+    compile time set by `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`)."""
     if args.no_compile_cache:
         jax.config.update("jax_enable_compilation_cache", False)
         return
@@ -325,7 +327,8 @@ def _use_compile_cache(args: argparse.Namespace) -> None:
     jax.config.update("jax_compilation_cache_dir", str(folder))
     # Training's programs take seconds to compile; its small ones (a reset, a
     # key split) are not worth a file each.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
