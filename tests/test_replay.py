@@ -13,7 +13,7 @@ import pytest
 
 import eqx_ppo
 from eqx_ppo import nn
-from eqx_ppo.nn._module import merged_steps, reset_where
+from eqx_ppo.nn._module import merges_steps, reset_where
 from eqx_ppo.ppo._chunk import over_seeds
 from tests._helpers import assert_ulp_close
 
@@ -203,7 +203,7 @@ def test_replay_runs_a_layer_without_a_carry_once_over_all_steps(
     # (less memory traffic there); a layer with a carry is scanned over the T
     # steps, the M envs batched inside.
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    with merged_steps() if merged else contextlib.nullcontext():
+    with nn.merged_steps() if merged else contextlib.nullcontext():
         _replay_runs_a_layer_without_a_carry_once(getkey, rows)
 
 
@@ -247,6 +247,14 @@ def _replay_runs_a_layer_without_a_carry_once(getkey, rows):
             ),
             expected,
         )
+
+
+def test_merged_steps_ends_with_its_block_even_on_an_error(monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    with pytest.raises(ValueError), nn.merged_steps():
+        assert merges_steps()
+        raise ValueError
+    assert not merges_steps()
 
 
 def test_many_seeds_in_one_vmap_replay_merged_steps(getkey, monkeypatch):

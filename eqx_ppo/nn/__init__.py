@@ -31,6 +31,7 @@ from ._module import (
     SequenceOutput as SequenceOutput,
     StatefulModuleOutput as StatefulModuleOutput,
     apply_batched as apply_batched,
+    merged_steps as merged_steps,
 )
 from ._normalizer import Normalizer as Normalizer
 from ._recurrent import GRU as GRU, LSTM as LSTM

@@ -244,9 +244,11 @@ def merges_steps() -> bool:
 
 @contextlib.contextmanager
 def merged_steps():
-    """Replays traced in this context merge their steps on every backend: for
-    weights batched by a `vmap` (many seeds in one program), where on a TPU
-    the `[T, M, ...]` layout trained at 0.56x the merged one's speed."""
+    """Programs traced in this context replay their steps merged into rows on
+    every backend. Trace a `vmap` of your own over seeds or settings here:
+    with the weights batched, a TPU trained at 0.56x the speed on
+    `[T, M, ...]`. `TrainConfig(n_seeds=...)` does this itself. A function
+    already traced outside keeps its layout."""
     token = _MERGED.set(True)
     try:
         yield

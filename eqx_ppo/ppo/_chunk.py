@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array
 
-from ..nn._module import merged_steps
+from ..nn import merged_steps
 from ._host import paused_gc
 from ._sharding import on_mesh
 from ._step import TrainingState
