@@ -1,6 +1,7 @@
 """`train(key=...)`, of PPO and distillation alike: randomness enters as a
 key; `TrainConfig.seed` stays the default."""
 
+import collections
 import dataclasses
 
 import equinox as eqx
@@ -73,6 +74,37 @@ def test_the_seeds_keys_are_those_of_each_seed(seed):
     got = _seed_keys(None, config(seed=seed, n_seeds=3))
     each = jax.numpy.stack([jax.random.key(seed + i) for i in range(3)])
     assert same(got, _seed_keys(each, config(n_seeds=3)))
+
+
+def test_train_compiles_each_program_once_and_runs_no_eager_op():
+    # On an accelerator each program is a compile, or a load from the cache:
+    # the driver splits the keys, initialises, runs the chunks, evaluates and
+    # takes the seed out with one program each, and its three evaluations
+    # (the first on the initialisation's states, the others on the chunks')
+    # are one program. Sizes no other test uses, so nothing is in memory yet.
+    compiled = collections.Counter()
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled[kwargs.get("fun_name")] += 1
+
+    run = dataclasses.replace(
+        config(evaluate=True),
+        eval=eqx_ppo.EvalConfig(every_steps=16, n_envs=3, max_episode_length=5),
+    )
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        result = eqx_ppo.train(
+            ENV, lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, (7,), (5,), key=k), run
+        )
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert len(result.eval_history) == 3
+    # The key split has the same shapes in every run: another test in this
+    # process may have compiled it already.
+    assert compiled.pop("jit(_split_seed_keys)", 1) == 1
+    programs = ["_init_seeds", "_run_chunk", "_evaluate", "seed_zero"]
+    assert compiled == {f"jit({p})": 1 for p in programs}
 
 
 def test_one_key_is_split_over_seeds():

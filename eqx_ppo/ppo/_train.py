@@ -8,6 +8,7 @@ events run on process 0 only.
 """
 
 import concurrent.futures
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -43,25 +44,25 @@ def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainCo
     """Each seed's (init, train, eval) keys, `[n_seeds]` each: the one place
     they are split (see `train`'s `key`)."""
     n = config.n_seeds
-    if key is None:
-        # `jax.random.key(seed + i)` for each seed, in one program.
-        seeds = jnp.arange(n, dtype=jnp.uint32) + np.uint32(config.seed)
-        key = jax.vmap(jax.random.key)(seeds)
-    elif key.ndim == 0:
-        key = key[None] if n == 1 else jax.random.split(key, n)
-    elif key.shape[0] != n:
+    if key is not None and key.ndim > 0 and key.shape[0] != n:
         raise ValueError(
             f"train(key=<{key.shape[0]} keys>): one key per seed needs n_seeds="
             f"{key.shape[0]}, but the config has n_seeds={n}. Fix: set "
             f"TrainConfig(n_seeds={key.shape[0]}), or pass one key to split."
         )
-    return _split_seed_keys(key)
+    return _split_seed_keys(key, np.uint32(config.seed), n)
 
 
-@jax.jit
-def _split_seed_keys(keys: Array) -> tuple[Array, Array, Array]:
-    """Each seed's (init, train, eval) keys, as three stacks: one program."""
-    return tuple(jax.vmap(lambda k: jax.random.split(k, 3), out_axes=1)(keys))
+@functools.partial(jax.jit, static_argnums=2)
+def _split_seed_keys(key, seed, n: int) -> tuple[Array, Array, Array]:
+    """Each seed's (init, train, eval) keys, as three stacks, in one program
+    (each eager op would be a program of its own, compiled on a TPU). With no
+    `key`, seed `i`'s is `jax.random.key(seed + i)`."""
+    if key is None:
+        key = jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32) + seed)
+    elif key.ndim == 0:
+        key = key[None] if n == 1 else jax.random.split(key, n)
+    return tuple(jax.vmap(lambda k: jax.random.split(k, 3), out_axes=1)(key))
 
 
 # Module level, so a second run of the same env, networks and learner reuses
@@ -232,16 +233,23 @@ def _initialise(env, networks, key, config, chunk):
     init_keys, train_keys, eval_keys = _seed_keys(key, config)
     args = (env, networks, config.learner, init_keys, train_keys)
     lowered = _init_seeds.lower(*args)
-    compiling = None
-    if chunk.mesh is None:  # The chunk's input: the states on the device.
-        (device,) = jax.device_put(0).devices()
-        on_device = jax.sharding.SingleDeviceSharding(device)
-        shapes = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device),
-            lowered.lowered.out_info,
-        )
-        compiling = compile_chunk(chunk, lowered.postprocess(shapes))
-    return (lowered.compile()(*args), eval_keys), compiling
+    if chunk.mesh is not None:
+        return (lowered.compile()(*args), eval_keys), None
+    # The chunk's input: the states on the device.
+    (device,) = jax.device_put(0).devices()
+    on_device = jax.sharding.SingleDeviceSharding(device)
+    shapes = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device),
+        lowered.lowered.out_info,
+    )
+    compiling = compile_chunk(chunk, lowered.postprocess(shapes))
+    # Committed to the device, as the chunk's outputs are: else the first
+    # evaluation's program differs from the later ones' and compiles twice.
+    dynamic, static = eqx.partition(lowered.compile()(*args), eqx.is_array)
+    return (
+        eqx.combine(jax.device_put(dynamic, on_device), static),
+        eval_keys,
+    ), compiling
 
 
 def _resume(env, networks, config, state):
@@ -282,8 +290,9 @@ class _Driver(NamedTuple):
         )
         if iteration == 0:
             if learner.check_finite:
+                obs = jax.device_get(self.local(states.env_state.obs))
                 _guard.check_host_values(
-                    _first_seed(self.local(states.env_state.obs)),
+                    jax.tree.map(lambda x: x[0], obs),  # NumPy: no program
                     "observation from env.reset at the start of the run",
                     "env",
                     "Check the env's reset.",
