@@ -517,7 +517,7 @@ def test_a_collapse_is_a_fall_after_holding_the_level():
     "script",
     ["compare", "dips", "fusion", "guards", "layout", "lesions", "memory", "multiseed"]
     + ["profile", "quality", "scaling", "compile_time", "seeds_at_scale"]
-    + ["init_compile", "compile_ab", "accuracy"],
+    + ["init_compile", "compile_ab", "accuracy", "chunk_overhead"],
 )
 def test_every_publishing_script_can_write_under_another_name(script, capsys):
     # Rerunning a benchmark from a checkout must not have to overwrite the
@@ -1056,3 +1056,13 @@ def test_op_trace_traces_both_systems_and_a_cpu_trace_has_no_device_ops(tmp_path
     # 3 iterations run as two chunks of 2; the trace holds the second
     assert all(r["traced_iterations"] == 2 and r["sps"] > 0 for r in result["runs"])
     assert "no device op lines" in (tmp_path / "op_trace.md").read_text()
+
+
+def test_chunk_overhead_times_one_chunk_against_one_per_iteration():
+    from benchmarks.chunk_overhead import markdown, run
+
+    result = run("move_to_center", 8, (4,), iterations=4, reps=2)
+    assert len(result["one_chunk_s"]) == len(result["chunk_per_iteration_s"]) == 2
+    one, many = (min(result[k]) for k in ("one_chunk_s", "chunk_per_iteration_s"))
+    assert 0 < one and 0 < many
+    assert "| host time per chunk (ms) |" in markdown(result)

@@ -79,10 +79,28 @@ def seeds_chunk(states: TrainingState, chunk: Chunk, n_active: Array):
     return over_seeds(lambda state: scan_steps(chunk, state, n_active), states)
 
 
+def _leaves(tree: Any, is_array: Callable = eqx.is_array):
+    """`tree`'s treedef, its leaves with `None` for each array, and its arrays:
+    one flatten, where a partition and a combine of Modules take four."""
+    leaves, treedef = jax.tree.flatten(tree)
+    rest = tuple(None if is_array(x) else x for x in leaves)
+    return treedef, rest, tuple(x for x in leaves if is_array(x))
+
+
+def _filled(treedef: Any, rest: tuple, arrays: Any) -> Any:
+    """The tree of `_leaves`, with `arrays` in the arrays' places."""
+    it = iter(arrays)
+    return jax.tree.unflatten(treedef, [next(it) if x is None else x for x in rest])
+
+
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _run_chunk(static, chunk: Chunk, states: TrainingState, n_active: Array):
-    """The compiled chunk; `static` is the non-array rest of `(chunk, states)`."""
-    chunk, states = eqx.combine((chunk, states), jax.tree.unflatten(*static))
+def _run_chunk(static, chunk_arrays: tuple, arrays: tuple, n_active: Array):
+    """The compiled chunk on the chunk's and the states' arrays, as flat tuples
+    (quick to pass in and out, once per chunk); `static` is the treedef and
+    non-array leaves of each."""
+    (chunk_def, chunk_rest), (treedef, rest) = static
+    chunk = _filled(chunk_def, chunk_rest, chunk_arrays)
+    states = _filled(treedef, rest, arrays)
     if chunk.mesh is None:
         states, metrics = seeds_chunk(states, chunk, n_active)
     else:
@@ -90,7 +108,7 @@ def _run_chunk(static, chunk: Chunk, states: TrainingState, n_active: Array):
             chunk, step=jax.tree_util.Partial(chunk.step, axis_name="env")
         )
         states, metrics = on_mesh(seeds_chunk, chunk.mesh, states, sharded, n_active)
-    return eqx.filter(states, eqx.is_array), metrics
+    return _leaves(states)[2], metrics
 
 
 _COMPILER = concurrent.futures.ThreadPoolExecutor(1, "eqx_ppo-compile")
@@ -107,20 +125,19 @@ def compile_chunk(chunk: Chunk, states: TrainingState) -> concurrent.futures.Fut
     def is_array(x: Any) -> bool:
         return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
-    (chunk_arrays, state_arrays), static = eqx.partition((chunk, states), is_array)
-    leaves, treedef = jax.tree.flatten(static)
+    chunk_def, chunk_rest, chunk_arrays = _leaves(chunk, is_array)
+    treedef, rest, arrays = _leaves(states, is_array)
+    static = ((chunk_def, chunk_rest), (treedef, rest))
     n_active = jax.ShapeDtypeStruct((), jnp.int32)
-    lowered = _run_chunk.lower(
-        (treedef, tuple(leaves)), chunk_arrays, state_arrays, n_active
-    )
+    lowered = _run_chunk.lower(static, chunk_arrays, arrays, n_active)
 
     def compile():
         compiled = lowered.compile()
 
         def run(states: TrainingState, n_active: int):
-            arrays, static = eqx.partition(states, eqx.is_array)
+            treedef, rest, arrays = _leaves(states)
             new, metrics = compiled(chunk_arrays, arrays, np.int32(n_active))
-            return eqx.combine(new, static), metrics
+            return _filled(treedef, rest, new), metrics
 
         return run
 

@@ -1,0 +1,113 @@
+"""The host's time per compiled chunk: what a run with many host events pays.
+
+    python -m benchmarks.chunk_overhead [--env cartpole] [--n-envs 2048]
+        [--hidden 32,32,32,32] [--iterations 100] [--reps 5] [--name NAME]
+
+`train` runs compiled chunks of iterations between host events (logging,
+evaluation, checkpoints). Each chunk boundary costs host work: passing the
+states in and out of the program, fetching the metrics and building the log
+rows, while the device waits. This trains the same `--iterations` iterations
+twice, as one chunk and as one chunk per iteration (a `log_fn` called every
+iteration), after one warm-up run of each so nothing compiles in the timed
+runs. It alternates the two for `--reps` rounds. The overhead per chunk is the
+difference of the median wall times divided by the extra chunks. Run it on
+the accelerator whose short runs you want to explain. Writes
+`results/[<backend>_]chunk_overhead_<env>.{json,md}`.
+"""
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from ._common import eqx_env, machine, publish
+
+
+def run(
+    env_name: str, n_envs: int, hidden: tuple[int, ...], iterations: int, reps: int
+):
+    import jax
+
+    import eqx_ppo
+
+    env = eqx_env(env_name)
+    settings = {"n_envs": n_envs, "rollout_length": 20, "n_minibatches": 8}
+    per_iteration = eqx_ppo.PPO(**settings).steps_per_iteration
+    learner = eqx_ppo.PPO(**settings, total_steps=iterations * per_iteration)
+
+    def networks(key):
+        return eqx_ppo.make_mlp_actor_critic(
+            env.observation_size, env.action_size, hidden, hidden, key=key
+        )
+
+    def train(chunks: int) -> float:
+        config = eqx_ppo.TrainConfig(
+            learner=learner,
+            eval=eqx_ppo.EvalConfig(enabled=False),
+            log_every_steps=learner.total_steps // chunks,
+            progress=False,
+        )
+        start = time.perf_counter()
+        result = eqx_ppo.train(
+            env, networks, config, key=jax.random.key(0), log_fn=lambda m, s: None
+        )
+        jax.block_until_ready(result.training_state)
+        return time.perf_counter() - start
+
+    times: dict[int, list[float]] = {1: [], iterations: []}
+    for chunks in times:  # compiles each chunk program once
+        train(chunks)
+    for _ in range(reps):
+        for chunks in times:
+            times[chunks].append(train(chunks))
+    one, many = (statistics.median(times[c]) for c in times)
+    return {
+        "env": env_name,
+        "n_envs": n_envs,
+        "hidden": list(hidden),
+        "iterations": iterations,
+        "one_chunk_s": times[1],
+        "chunk_per_iteration_s": times[iterations],
+        "overhead_per_chunk_ms": 1e3 * (many - one) / (iterations - 1),
+        "overhead_fraction": (many - one) / many,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    one = statistics.median(result["one_chunk_s"])
+    many = statistics.median(result["chunk_per_iteration_s"])
+    return "\n".join(
+        [
+            f"### Host time per chunk: `{result['env']}`, {result['n_envs']} envs, "
+            f"{'x'.join(map(str, result['hidden']))} MLPs",
+            "",
+            f"{result['iterations']} iterations as one chunk and as one chunk per "
+            f"iteration, {len(result['one_chunk_s'])} alternated rounds, medians "
+            "(`python -m benchmarks.chunk_overhead`).",
+            "",
+            "| one chunk (s) | a chunk per iteration (s) | host time per chunk (ms) | "
+            "share of the many-chunk run |",
+            "|---|---|---|---|",
+            f"| {one:.3f} | {many:.3f} | {result['overhead_per_chunk_ms']:.3f} | "
+            f"{100 * result['overhead_fraction']:.0f} % |",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="cartpole")
+    parser.add_argument("--n-envs", type=int, default=2048)
+    parser.add_argument("--hidden", default="32,32,32,32")
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--name", default=None, help="results file stem")
+    args = parser.parse_args(argv)
+    started = machine()
+    hidden = tuple(int(h) for h in args.hidden.split(","))
+    result = run(args.env, args.n_envs, hidden, args.iterations, args.reps)
+    publish(args.name or f"chunk_overhead_{args.env}", result, markdown, started)
+
+
+if __name__ == "__main__":
+    main()
