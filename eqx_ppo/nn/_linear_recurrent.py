@@ -87,26 +87,21 @@ class _AbstractLinearRecurrence(AbstractStatefulModule):
         n_steps, n_envs = done.shape
         merged = merges_steps()
         steps = xs.reshape(n_steps * n_envs, -1) if merged else xs
+        by_env = lambda c: c.reshape(-1, n_envs, *c.shape[1:]) if merged else c  # noqa: E731
         a, b = self._coefficients(steps)
-        if merged:
-            b = b.reshape(n_steps, n_envs, *b.shape[1:])
-            a = a[None] if a.shape[0] == 1 else a.reshape(b.shape)
         # An `a` the same at every step stands for all of them as `[1, M, ...]`.
-        a = jnp.broadcast_to(a, (a.shape[0], n_envs, *a.shape[2:]))
+        a = a[None] if merged and a.shape[0] == 1 else by_env(a)
         states, last = linear_recurrence(
-            a,
-            b,
+            jnp.broadcast_to(a, (a.shape[0], n_envs, *a.shape[2:])),
+            by_env(b),
             jax.vmap(self._pack)(state0),
             done,
             self._pack(self.initial_state()),
             method=replay_method(self.parallel_replay, self.pairs, n_steps),
             pairs=self.pairs,
         )
-        if merged:
-            output = self._output(states.reshape(-1, *states.shape[2:]), steps)
-            output = output.reshape(n_steps, n_envs, *output.shape[1:])
-        else:
-            output = self._output(states, steps)
+        h = states.reshape(-1, *states.shape[2:]) if merged else states
+        output = by_env(self._output(h, steps))
         return SequenceOutput(
             jax.vmap(self._unpack)(last), output, jnp.zeros(done.shape, jnp.float32)
         )
