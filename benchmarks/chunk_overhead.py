@@ -16,11 +16,9 @@ the accelerator whose short runs you want to explain. Writes
 """
 
 import argparse
-import statistics
-import time
 from typing import Any
 
-from ._common import eqx_env, machine, publish
+from ._common import alternated_medians_us, eqx_env, machine, publish
 
 
 def run(
@@ -40,49 +38,45 @@ def run(
             env.observation_size, env.action_size, hidden, hidden, key=key
         )
 
-    def train(chunks: int) -> float:
+    def train(chunks: int):
         config = eqx_ppo.TrainConfig(
             learner=learner,
             eval=eqx_ppo.EvalConfig(enabled=False),
             log_every_steps=learner.total_steps // chunks,
             progress=False,
         )
-        start = time.perf_counter()
         result = eqx_ppo.train(
             env, networks, config, key=jax.random.key(0), log_fn=lambda m, s: None
         )
-        jax.block_until_ready(result.training_state)
-        return time.perf_counter() - start
+        return result.training_state
 
-    times: dict[int, list[float]] = {1: [], iterations: []}
-    for chunks in times:  # compiles each chunk program once
-        train(chunks)
-    for _ in range(reps):
-        for chunks in times:
-            times[chunks].append(train(chunks))
-    one, many = (statistics.median(times[c]) for c in times)
+    # The warm-up call of each compiles its chunk program.
+    medians_us = alternated_medians_us(
+        {"one": (train, (1,)), "many": (train, (iterations,))}, reps
+    )
+    one, many = medians_us["one"] / 1e6, medians_us["many"] / 1e6
     return {
         "env": env_name,
         "n_envs": n_envs,
         "hidden": list(hidden),
         "iterations": iterations,
-        "one_chunk_s": times[1],
-        "chunk_per_iteration_s": times[iterations],
+        "rounds": reps,
+        "one_chunk_s": one,
+        "chunk_per_iteration_s": many,
         "overhead_per_chunk_ms": 1e3 * (many - one) / (iterations - 1),
         "overhead_fraction": (many - one) / many,
     }
 
 
 def markdown(result: dict[str, Any]) -> str:
-    one = statistics.median(result["one_chunk_s"])
-    many = statistics.median(result["chunk_per_iteration_s"])
+    one, many = result["one_chunk_s"], result["chunk_per_iteration_s"]
     return "\n".join(
         [
             f"### Host time per chunk: `{result['env']}`, {result['n_envs']} envs, "
             f"{'x'.join(map(str, result['hidden']))} MLPs",
             "",
             f"{result['iterations']} iterations as one chunk and as one chunk per "
-            f"iteration, {len(result['one_chunk_s'])} alternated rounds, medians "
+            f"iteration, {result['rounds']} alternated rounds, medians "
             "(`python -m benchmarks.chunk_overhead`).",
             "",
             "| one chunk (s) | a chunk per iteration (s) | host time per chunk (ms) | "

@@ -1062,7 +1062,10 @@ def test_chunk_overhead_times_one_chunk_against_one_per_iteration():
     from benchmarks.chunk_overhead import markdown, run
 
     result = run("move_to_center", 8, (4,), iterations=4, reps=2)
-    assert len(result["one_chunk_s"]) == len(result["chunk_per_iteration_s"]) == 2
-    one, many = (min(result[k]) for k in ("one_chunk_s", "chunk_per_iteration_s"))
+    assert result["rounds"] == 2
+    one, many = result["one_chunk_s"], result["chunk_per_iteration_s"]
     assert 0 < one and 0 < many
-    assert "| host time per chunk (ms) |" in markdown(result)
+    assert result["overhead_per_chunk_ms"] == 1e3 * (many - one) / 3
+    text = markdown(result)
+    assert "2 alternated rounds" in text
+    assert "| host time per chunk (ms) |" in text
