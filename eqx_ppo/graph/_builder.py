@@ -168,6 +168,7 @@ class PopulationGraphBuilder:
         # Sorted by name, the order JAX flattens dicts in: the graph iterates
         # its transforms the same way before and after `jit` or `tree_map`.
         transforms = {name: transforms[name] for name in sorted(transforms)}
+        # A population's ring buffer holds as many steps as its longest delay.
         populations = tuple(
             dataclasses.replace(
                 p, buffer_length=max((s.delay for s in specs if s.src == n), default=0)
@@ -175,7 +176,12 @@ class PopulationGraphBuilder:
             for n, p in pops.items()
         )
         self._finalized = True
-        return PopulationGraph(transforms, populations, tuple(specs), order)
+        return PopulationGraph(
+            transforms=transforms,
+            populations=populations,
+            connections=tuple(specs),
+            order=order,
+        )
 
     def _add(
         self, name: str, size: int, activation: Activation | None, *rest: Any
