@@ -1058,14 +1058,21 @@ def test_op_trace_traces_both_systems_and_a_cpu_trace_has_no_device_ops(tmp_path
     assert "no device op lines" in (tmp_path / "op_trace.md").read_text()
 
 
-def test_chunk_overhead_times_one_chunk_against_one_per_iteration():
-    from benchmarks.chunk_overhead import markdown, run
+def test_chunk_overhead_times_one_chunk_against_chunks_of_k():
+    from benchmarks.chunk_overhead import main, markdown, run
 
     result = run("move_to_center", 8, (4,), iterations=4, reps=2)
-    assert result["rounds"] == 2
-    one, many = result["one_chunk_s"], result["chunk_per_iteration_s"]
+    assert result["rounds"] == 2 and result["per_chunk"] == 1
+    one, many = result["one_chunk_s"], result["chunked_s"]
     assert 0 < one and 0 < many
     assert result["overhead_per_chunk_ms"] == 1e3 * (many - one) / 3
+    assert result["rate_ratio"] == one / many
     text = markdown(result)
     assert "2 alternated rounds" in text
     assert "| host time per chunk (ms) |" in text
+    result = run("move_to_center", 8, (4,), iterations=4, reps=1, per_chunk=2)
+    many = result["chunked_s"]
+    assert result["overhead_per_chunk_ms"] == 1e3 * (many - result["one_chunk_s"])
+    assert "as chunks of 2" in markdown(result)
+    with pytest.raises(SystemExit):
+        main(["--iterations", "10", "--per-chunk", "4"])

@@ -1,5 +1,6 @@
 """Metric reduction, sinks, and the driver's video hook."""
 
+import concurrent.futures
 import csv
 import gc
 import json
@@ -195,6 +196,44 @@ def test_throughput_leaves_out_the_time_spent_compiling():
     chunks = rates[::10]  # one rate per chunk of ten iterations
     assert len(chunks) == 4
     assert chunks[0] > np.median(chunks[1:]) / 10
+
+
+def test_a_chunks_rows_are_logged_while_the_next_chunk_runs(monkeypatch):
+    # Six one-iteration chunks, an evaluation after the third: each row is
+    # logged once the next chunk is dispatched, except where the evaluation
+    # needs the states the chunk returned, and at the end.
+    dispatched = []
+    compile_chunk = eqx_ppo.ppo._train.compile_chunk
+
+    def counting(chunk, states):
+        compiling = compile_chunk(chunk, states)
+
+        def run(states, n_active):
+            dispatched.append(n_active)
+            return compiling.result()(states, n_active)
+
+        done = concurrent.futures.Future()
+        done.set_result(run)
+        return done
+
+    monkeypatch.setattr(eqx_ppo.ppo._train, "compile_chunk", counting)
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(
+            n_envs=8, rollout_length=4, total_steps=8 * 4 * 6, n_minibatches=2
+        ),
+        eval=eqx_ppo.EvalConfig(every_steps=8 * 4 * 3, n_envs=2, max_episode_length=5),
+        log_every_steps=8 * 4,
+        progress=False,
+    )
+    logged = []
+    eqx_ppo.train(
+        eqx_ppo.envs.make("move_to_center"),
+        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
+        config,
+        log_fn=lambda m, step: logged.append((step // 32, len(dispatched))),
+    )
+    assert dispatched == [1] * 6
+    assert logged == [(0, 0), (1, 2), (2, 3), (3, 3), (4, 5), (5, 6), (6, 6)]
 
 
 def test_compile_timer_counts_compiling_only():

@@ -58,7 +58,7 @@ class CompileTimer:
     def __enter__(self) -> "CompileTimer":
         self.seconds, self._thread = 0.0, threading.get_ident()
         jax.monitoring.register_event_duration_secs_listener(self._add)
-        self._start = time.perf_counter()
+        self.start = time.perf_counter()
         return self
 
     def _add(self, event: str, duration: float, **kwargs: Any) -> None:
@@ -73,7 +73,7 @@ class CompileTimer:
         return result
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.running = max(time.perf_counter() - self._start - self.seconds, 1e-9)
+        self.running = max(time.perf_counter() - self.start - self.seconds, 1e-9)
         jax.monitoring.unregister_event_duration_listener(self._add)
 
 
@@ -92,13 +92,13 @@ class Progress:
             disable=not enabled,
         )
 
-    def leave_out(self, timer: CompileTimer) -> None:
-        """Move the bar's clock past the seconds `timer` spent compiling."""
+    def leave_out(self, seconds: float) -> None:
+        """Move the bar's clock past `seconds` spent compiling."""
         if not self.bar.disable:  # a disabled bar keeps no clock
-            self.bar.start_t += timer.seconds
+            self.bar.start_t += seconds
 
-    def advance(self, n: int, timer: CompileTimer, rate: float) -> None:
-        self.leave_out(timer)
+    def advance(self, n: int, compiling: float, rate: float) -> None:
+        self.leave_out(compiling)
         self.bar.set_description("train")
         self.bar.update(n)
         self.bar.set_postfix_str(f"{rate:,.0f} steps/s now", refresh=False)

@@ -10,6 +10,7 @@ events run on process 0 only.
 import concurrent.futures
 import functools
 import math
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -146,6 +147,13 @@ class _Schedule(NamedTuple):
     def due(self, every: int | None, iteration: int) -> bool:
         return every is not None and (iteration % every == 0 or iteration == self.total)
 
+    def needs_states(self, iteration: int) -> bool:
+        """Whether an event at `iteration` reads the states (evaluation,
+        video, checkpoint), not only the metrics."""
+        return any(
+            self.due(e, iteration) for e in (self.eval, self.video, self.checkpoint)
+        )
+
     @property
     def periods(self) -> list[int]:
         return [p for p in (self.eval, self.video, self.checkpoint, self.log) if p]
@@ -263,6 +271,17 @@ def _resume(env, networks, config, state):
     return copy if config.n_seeds > 1 else with_seed_axis(copy)
 
 
+class _Dispatched(NamedTuple):
+    """A chunk on the device: its iterations, its metrics (not yet read), when
+    it started running and how many of those seconds went to compiling."""
+
+    iteration: int
+    stop: int
+    metrics: Metrics
+    start: float
+    compiling: float
+
+
 class _Driver(NamedTuple):
     """The host loop: compiled chunks between the schedule's events."""
 
@@ -279,7 +298,7 @@ class _Driver(NamedTuple):
     def run(self, states: TrainingState) -> TrainResult:
         config, schedule, main = self.config, self.schedule, jax.process_index() == 0
         learner, n_seeds = config.learner, config.n_seeds
-        spi, throughput = learner.steps_per_iteration, self.throughput
+        spi = learner.steps_per_iteration
         start = iteration = int(np.max(jax.device_get(states.iteration)))
         history: list[Metrics] = []
         final: Metrics = {}
@@ -298,34 +317,52 @@ class _Driver(NamedTuple):
                     "Check the env's reset.",
                 )
             self.events(states, 0, {}, history, progress)
+        queued = None  # a chunk left running while the next one is dispatched
         while iteration < schedule.total:
             stop = schedule.next_stop(iteration)
-            n = stop - iteration
             with CompileTimer() as timer:
-                states, metrics = timer.wait(self.compiling)(states, n)
-                metrics = jax.device_get(metrics)
-            if learner.check_finite:
-                flags = {
-                    k: metrics.pop(k) for k in list(metrics) if k.startswith("debug/")
-                }
-                _guard.raise_if_nonfinite(flags, iteration, n, learner)
-            rate = n * spi * n_seeds / timer.running
-            logged = main and self.log_fn is not None
-            for i in range(n) if logged else [n - 1]:  # Rows no one reads: not made.
-                row = to_host(metrics, n_seeds, i)
-                row["total_steps"] = (iteration + i + 1) * spi
-                if throughput:
-                    row["throughput/train_sps"] = rate
-                if iteration + i + 1 == stop:
-                    row = self.events(states, stop, row, history, progress)
-                else:
-                    self.log_fn(row, row["total_steps"])
-                final = row
-            progress.advance(n * spi * n_seeds, timer, rate)
+                states, metrics = timer.wait(self.compiling)(states, stop - iteration)
+            chunk = _Dispatched(iteration, stop, metrics, timer.start, timer.seconds)
+            if queued is not None:
+                ready, _ = self.finish(queued, None, history, progress)
+                chunk = chunk._replace(start=ready, compiling=0.0)
+            if stop < schedule.total and not schedule.needs_states(stop):
+                # Its metrics are read once the next chunk is on the device, so
+                # the device runs on while the host logs.
+                queued = chunk
+            else:
+                _, final = self.finish(chunk, states, history, progress)
+                queued = None
             iteration = stop
         progress.close()
         states = states if n_seeds > 1 else _first_seed(states)
         return TrainResult(states, final, history, iteration * spi, iteration - start)
+
+    def finish(self, chunk, states, history, progress) -> tuple[float, Metrics]:
+        """Read `chunk`'s metrics, check them, log its rows and run the events
+        at its stop (on `states`, the states it returned, if still held);
+        the time its metrics were read and its last row."""
+        learner, n_seeds = self.config.learner, self.config.n_seeds
+        iteration, stop, metrics = chunk.iteration, chunk.stop, chunk.metrics
+        n, spi = stop - iteration, learner.steps_per_iteration
+        metrics = jax.device_get(metrics)
+        ready = time.perf_counter()
+        if learner.check_finite:
+            flags = {k: metrics.pop(k) for k in list(metrics) if k.startswith("debug/")}
+            _guard.raise_if_nonfinite(flags, iteration, n, learner)
+        rate = n * spi * n_seeds / max(ready - chunk.start - chunk.compiling, 1e-9)
+        logged = jax.process_index() == 0 and self.log_fn is not None
+        for i in range(n) if logged else [n - 1]:  # Rows no one reads: not made.
+            row = to_host(metrics, n_seeds, i)
+            row["total_steps"] = (iteration + i + 1) * spi
+            if self.throughput:
+                row["throughput/train_sps"] = rate
+            if iteration + i + 1 == stop:
+                row = self.events(states, stop, row, history, progress)
+            else:
+                self.log_fn(row, row["total_steps"])
+        progress.advance(n * spi * n_seeds, chunk.compiling, rate)
+        return ready, row
 
     @property
     def throughput(self) -> bool:
@@ -340,7 +377,7 @@ class _Driver(NamedTuple):
             with CompileTimer() as timer, paused_gc():
                 metrics = _evaluate(self.eval_env, network, self.eval_keys, config.eval)
                 metrics = to_host(jax.device_get(metrics), config.n_seeds)
-            progress.leave_out(timer)
+            progress.leave_out(timer.seconds)
             if config.learner.check_finite:
                 _guard.check_host_values(
                     metrics,
@@ -360,7 +397,7 @@ class _Driver(NamedTuple):
                 frames = record_video(
                     self.eval_env, network, config.video, self.eval_keys[0], step_count
                 )
-            progress.leave_out(timer)
+            progress.leave_out(timer.seconds)
             if frames is not None:
                 self.video_fn(VideoData(*frames))
                 if self.throughput:
