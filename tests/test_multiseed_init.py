@@ -8,6 +8,7 @@ its init. eqx_ppo's `orthogonal` (`eqx_ppo.nn._dense`) loops over the batch
 instead.
 """
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -103,15 +104,16 @@ def test_vmapped_recurrent_init_runs_no_batched_qr():
 
 def test_initialisation_compiles_once_per_shape():
     """A second run with the same env, factory and config reuses the compiled
-    initialisation: the factory is traced once, whatever the key."""
+    initialisation: the factory is traced once, whatever the seed, and once
+    more for runs given keys, whatever their values."""
     import eqx_ppo
-    from eqx_ppo.ppo._train import _init_seeds, _seed_keys
+    from eqx_ppo.ppo._train import _init_seeds
 
     traces = []
 
     def initial(config, key=None):
-        init_keys, train_keys, _ = _seed_keys(key, config)
-        return _init_seeds(env, networks, config.learner, init_keys, train_keys)
+        seed = np.uint32(config.seed)
+        return _init_seeds(env, networks, config.learner, key, seed, config.n_seeds)[0]
 
     def networks(key):
         traces.append(1)
@@ -126,9 +128,12 @@ def test_initialisation_compiles_once_per_shape():
         )
         traces.clear()
         first = initial(config)
-        initial(config, key=jax.random.key(7))
+        initial(dataclasses.replace(config, seed=9))
         again = initial(config)
         assert len(traces) == 1, n_seeds
+        initial(config, key=jax.random.key(7))
+        initial(config, key=jax.random.key(8))
+        assert len(traces) == 2, n_seeds
         assert all(
             bool(np.array_equal(a, b))
             for a, b in zip(

@@ -78,8 +78,8 @@ def test_the_seeds_keys_are_those_of_each_seed(seed):
 
 def test_train_compiles_each_program_once_and_runs_no_eager_op():
     # On an accelerator each program is a compile, or a load from the cache:
-    # the driver splits the keys, initialises, runs the chunks, evaluates and
-    # takes the seed out with one program each, and its three evaluations
+    # the driver initialises (splitting the keys), runs the chunks, evaluates
+    # and takes the seed out with one program each, and its three evaluations
     # (the first on the initialisation's states, the others on the chunks')
     # are one program. Sizes no other test uses, so nothing is in memory yet.
     compiled = collections.Counter()
@@ -100,9 +100,6 @@ def test_train_compiles_each_program_once_and_runs_no_eager_op():
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert len(result.eval_history) == 3
-    # The key split has the same shapes in every run: another test in this
-    # process may have compiled it already.
-    assert compiled.pop("jit(_split_seed_keys)", 1) == 1
     programs = ["_init_seeds", "_run_chunk", "_evaluate", "seed_zero"]
     assert compiled == {f"jit({p})": 1 for p in programs}
 

@@ -8,7 +8,6 @@ events run on process 0 only.
 """
 
 import concurrent.futures
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -41,9 +40,7 @@ NetworkOrFactory = (
 )
 
 
-def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
-    """Each seed's (init, train, eval) keys, `[n_seeds]` each: the one place
-    they are split (see `train`'s `key`)."""
+def _check_key(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
     n = config.n_seeds
     if key is not None and key.ndim > 0 and key.shape[0] != n:
         raise ValueError(
@@ -51,14 +48,12 @@ def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainCo
             f"{key.shape[0]}, but the config has n_seeds={n}. Fix: set "
             f"TrainConfig(n_seeds={key.shape[0]}), or pass one key to split."
         )
-    return _split_seed_keys(key, np.uint32(config.seed), n)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _split_seed_keys(key, seed, n: int) -> tuple[Array, Array, Array]:
-    """Each seed's (init, train, eval) keys, as three stacks, in one program
-    (each eager op would be a program of its own, compiled on a TPU). With no
-    `key`, seed `i`'s is `jax.random.key(seed + i)`."""
+def _split_keys(key, seed, n: int) -> tuple[Array, Array, Array]:
+    """Each seed's (init, train, eval) keys, as three stacks: the one place
+    they are split (see `train`'s `key`). With no `key`, seed `i`'s is
+    `jax.random.key(seed + i)`."""
     if key is None:
         key = jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32) + seed)
     elif key.ndim == 0:
@@ -66,10 +61,25 @@ def _split_seed_keys(key, seed, n: int) -> tuple[Array, Array, Array]:
     return tuple(jax.vmap(lambda k: jax.random.split(k, 3), out_axes=1)(key))
 
 
+# One program, not an eager op each (each a compile on a TPU).
+_split_keys_jit = jax.jit(_split_keys, static_argnums=2)
+
+
+def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
+    """Each seed's (init, train, eval) keys, `[n_seeds]` each."""
+    _check_key(key, config)
+    return _split_keys_jit(key, np.uint32(config.seed), config.n_seeds)
+
+
 # Module level, so a second run of the same env, networks and learner reuses
-# the compiled program instead of tracing a new closure.
+# the compiled program instead of tracing a new closure. The keys are split
+# inside: a program of their own would be compiled before this one is traced,
+# on the way to the first chunk.
 @eqx.filter_jit
-def _init_seeds(env, networks, learner, init_keys, train_keys):
+def _init_seeds(env, networks, learner, key, seed, n_seeds: int):
+    """Each seed's fresh training state, and each seed's eval key."""
+    init_keys, train_keys, eval_keys = _split_keys(key, seed, n_seeds)
+
     def init_seed(keys):
         init_key, train_key = keys
         network = networks
@@ -83,7 +93,7 @@ def _init_seeds(env, networks, learner, init_keys, train_keys):
             )
         return fresh_state(env, network, learner, train_key)
 
-    return over_seeds(init_seed, (init_keys, train_keys))
+    return over_seeds(init_seed, (init_keys, train_keys)), eval_keys
 
 
 _first_seed = eqx.filter_jit(seed_zero)  # One program, not one per leaf.
@@ -94,8 +104,8 @@ def _initial_states(
 ) -> TrainingState:
     """The fresh states of `train` with `key=None`, as the user sees them:
     `load_checkpoint(env=, networks=)`'s template."""
-    init_keys, train_keys, _ = _seed_keys(None, config)
-    states = _init_seeds(env, networks, config.learner, init_keys, train_keys)
+    args = (None, np.uint32(config.seed), config.n_seeds)
+    states, _ = _init_seeds(env, networks, config.learner, *args)
     return states if config.n_seeds > 1 else _first_seed(states)
 
 
@@ -238,11 +248,11 @@ def _initialise(env, networks, key, config, chunk):
     default device: on a TPU, XLA compiles the chunk faster beside an
     initialisation for the chip than beside one for the host
     (`benchmarks/README.md`)."""
-    init_keys, train_keys, eval_keys = _seed_keys(key, config)
-    args = (env, networks, config.learner, init_keys, train_keys)
+    _check_key(key, config)
+    args = (env, networks, config.learner, key, np.uint32(config.seed), config.n_seeds)
     lowered = _init_seeds.lower(*args)
     if chunk.mesh is not None:
-        return (lowered.compile()(*args), eval_keys), None
+        return lowered.compile()(*args), None
     # The chunk's input: the states on the device.
     (device,) = jax.device_put(0).devices()
     on_device = jax.sharding.SingleDeviceSharding(device)
@@ -250,14 +260,11 @@ def _initialise(env, networks, key, config, chunk):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device),
         lowered.lowered.out_info,
     )
-    compiling = compile_chunk(chunk, lowered.postprocess(shapes))
+    compiling = compile_chunk(chunk, lowered.postprocess(shapes)[0])
     # Committed to the device, as the chunk's outputs are: else the first
     # evaluation's program differs from the later ones' and compiles twice.
     dynamic, static = eqx.partition(lowered.compile()(*args), eqx.is_array)
-    return (
-        eqx.combine(jax.device_put(dynamic, on_device), static),
-        eval_keys,
-    ), compiling
+    return eqx.combine(jax.device_put(dynamic, on_device), static), compiling
 
 
 def _resume(env, networks, config, state):
