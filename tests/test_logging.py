@@ -198,10 +198,8 @@ def test_throughput_leaves_out_the_time_spent_compiling():
     assert chunks[0] > np.median(chunks[1:]) / 10
 
 
-def test_a_chunks_rows_are_logged_while_the_next_chunk_runs(monkeypatch):
-    # Six one-iteration chunks, an evaluation after the third: each row is
-    # logged once the next chunk is dispatched, except where the evaluation
-    # needs the states the chunk returned, and at the end.
+def _count_dispatches(monkeypatch) -> list[int]:
+    """The iterations of each chunk `train` dispatches, in order."""
     dispatched = []
     compile_chunk = eqx_ppo.ppo._train.compile_chunk
 
@@ -217,6 +215,14 @@ def test_a_chunks_rows_are_logged_while_the_next_chunk_runs(monkeypatch):
         return done
 
     monkeypatch.setattr(eqx_ppo.ppo._train, "compile_chunk", counting)
+    return dispatched
+
+
+def test_a_chunks_rows_are_logged_while_the_next_chunk_runs(monkeypatch):
+    # Six one-iteration chunks, an evaluation after the third: each row is
+    # logged once the next chunk is dispatched, except where the evaluation
+    # needs the states the chunk returned, and at the end.
+    dispatched = _count_dispatches(monkeypatch)
     config = eqx_ppo.TrainConfig(
         learner=eqx_ppo.PPO(
             n_envs=8, rollout_length=4, total_steps=8 * 4 * 6, n_minibatches=2
@@ -234,6 +240,29 @@ def test_a_chunks_rows_are_logged_while_the_next_chunk_runs(monkeypatch):
     )
     assert dispatched == [1] * 6
     assert logged == [(0, 0), (1, 2), (2, 3), (3, 3), (4, 5), (5, 6), (6, 6)]
+
+
+@pytest.mark.parametrize(
+    ("iterations", "chunks"), [(12, [5, 5, 2]), (3, [3]), (600, [12] * 50)]
+)
+def test_chunks_default_to_a_fiftieth_of_the_run_and_5_iterations_at_least(
+    monkeypatch, iterations, chunks
+):
+    dispatched = _count_dispatches(monkeypatch)
+    config = eqx_ppo.TrainConfig(
+        learner=eqx_ppo.PPO(n_envs=8, rollout_length=2, total_steps=16 * iterations),
+        eval=eqx_ppo.EvalConfig(enabled=False),
+        progress=False,
+    )
+    rows = []
+    eqx_ppo.train(
+        eqx_ppo.envs.make("move_to_center"),
+        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
+        config,
+        log_fn=lambda m, step: rows.append(step),
+    )
+    assert dispatched == chunks
+    assert rows == [16 * (i + 1) for i in range(iterations)]  # a row each
 
 
 def test_compile_timer_counts_compiling_only():

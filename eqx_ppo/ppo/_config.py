@@ -60,7 +60,8 @@ class TrainConfig:
     - `seed`: the first seed, in `[0, 2**32)`, when `train` gets no `key`.
     - `n_seeds`: how many seeds one vmapped program trains together.
     - `checkpoint_every_steps`: cadence of `checkpoint_fn` calls.
-    - `log_every_steps`: cadence of logging, and of the compiled chunks.
+    - `log_every_steps`: cadence of the compiled chunks, and so of the progress bar
+      (default: about 50 chunks a run, of at least 5 iterations).
     - `progress`: show a progress bar.
     """
 

@@ -130,7 +130,10 @@ def _evaluate(env, networks, keys, config):
 
 class _Schedule(NamedTuple):
     """Which iterations have host events: every `eval`, `video`, `checkpoint`
-    and `log` iterations (`None`: never), and the last one, `total`."""
+    and `log` iterations (`None`: never), and the last one, `total`. Logging
+    defaults to about 50 chunks a run, of at least 5 iterations: on a TPU a
+    chunk boundary costs ~2.5 ms of host time, which the next chunk hides
+    only if it runs longer (`benchmarks/README.md`, "Short runs")."""
 
     eval: int | None
     video: int | None
@@ -150,7 +153,7 @@ class _Schedule(NamedTuple):
             eval=every(config.eval.every_steps, config.eval.enabled),
             video=every(config.video.every_steps, config.video.enabled and videos),
             checkpoint=every(config.checkpoint_every_steps, checkpoints),
-            log=every(log, True) if log is not None else max(1, math.ceil(total / 50)),
+            log=every(log, True) if log is not None else max(5, math.ceil(total / 50)),
             total=total,
         )
 
