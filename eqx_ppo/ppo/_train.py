@@ -214,9 +214,10 @@ def train(
     if mesh is not None:
         check_mesh(mesh, learner.n_envs, learner.n_minibatches)
     schedule = _Schedule.of(config, checkpoint_fn is not None, video_fn is not None)
-    chunk = Chunk(
-        jax.tree_util.Partial(step, env, learner), min(schedule.periods), mesh
-    )
+    # Sized for the longest chunk, the log period (each stop falls within
+    # one), which the config alone sets: a run resumed without
+    # `checkpoint_fn` or `video_fn` runs the same program, bit for bit.
+    chunk = Chunk(jax.tree_util.Partial(step, env, learner), schedule.log, mesh)
     if initial_state is None:
         with seed_axis_hint(networks, "networks"):
             (states, eval_keys), compiling = _initialise(
