@@ -265,6 +265,30 @@ def test_chunks_default_to_a_fiftieth_of_the_run_and_5_iterations_at_least(
     assert rows == [16 * (i + 1) for i in range(iterations)]  # a row each
 
 
+@pytest.mark.parametrize("checkpoints", [False, True])
+@pytest.mark.parametrize("videos", [False, True])
+def test_the_chunks_program_is_sized_by_the_config_alone(checkpoints, videos):
+    # A run resumed without checkpoint_fn or video_fn must compile the
+    # program of the run it continues (bit-identical resume).
+    from eqx_ppo.ppo._train import _Schedule
+
+    def schedule(total_steps, **kwargs):
+        config = eqx_ppo.TrainConfig(
+            learner=eqx_ppo.PPO(n_envs=8, rollout_length=2, total_steps=total_steps),
+            video=eqx_ppo.VideoConfig(every_steps=16),
+            checkpoint_every_steps=16,
+            **kwargs,
+        )
+        return _Schedule.of(config, checkpoints, videos)
+
+    every_3 = eqx_ppo.EvalConfig(every_steps=48)
+    assert schedule(16 * 40, eval=every_3, log_every_steps=16 * 8).chunk_length == 3
+    off = eqx_ppo.EvalConfig(enabled=False)
+    assert schedule(16 * 40, eval=off, log_every_steps=16 * 8).chunk_length == 8
+    assert schedule(16 * 40, eval=off).chunk_length == 5  # the default's least
+    assert schedule(16 * 3, eval=off).chunk_length == 3  # the whole run
+
+
 def test_compile_timer_counts_compiling_only():
     f = jax.jit(lambda x: jnp.sin(x) * 3.0 + x**2)
     t0 = time.perf_counter()

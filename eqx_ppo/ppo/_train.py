@@ -168,6 +168,13 @@ class _Schedule(NamedTuple):
         )
 
     @property
+    def chunk_length(self) -> int:
+        """The longest chunk: every stop falls within the log and eval periods.
+        The config alone sets it, so a run resumed without `checkpoint_fn` or
+        `video_fn` runs the same program, bit for bit."""
+        return min(p for p in (self.eval, self.log, self.total) if p)
+
+    @property
     def periods(self) -> list[int]:
         return [p for p in (self.eval, self.video, self.checkpoint, self.log) if p]
 
@@ -214,10 +221,9 @@ def train(
     if mesh is not None:
         check_mesh(mesh, learner.n_envs, learner.n_minibatches)
     schedule = _Schedule.of(config, checkpoint_fn is not None, video_fn is not None)
-    # Sized for the longest chunk, the log period (each stop falls within
-    # one), which the config alone sets: a run resumed without
-    # `checkpoint_fn` or `video_fn` runs the same program, bit for bit.
-    chunk = Chunk(jax.tree_util.Partial(step, env, learner), schedule.log, mesh)
+    chunk = Chunk(
+        jax.tree_util.Partial(step, env, learner), schedule.chunk_length, mesh
+    )
     if initial_state is None:
         with seed_axis_hint(networks, "networks"):
             (states, eval_keys), compiling = _initialise(
