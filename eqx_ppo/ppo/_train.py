@@ -40,7 +40,8 @@ NetworkOrFactory = (
 )
 
 
-def _check_key(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
+def _key_args(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
+    """`_split_keys`' arguments for `train`'s `key` (checked) and `config`."""
     n = config.n_seeds
     if key is not None and key.ndim > 0 and key.shape[0] != n:
         raise ValueError(
@@ -48,6 +49,7 @@ def _check_key(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainCo
             f"{key.shape[0]}, but the config has n_seeds={n}. Fix: set "
             f"TrainConfig(n_seeds={key.shape[0]}), or pass one key to split."
         )
+    return key, np.uint32(config.seed), n
 
 
 def _split_keys(key, seed, n: int) -> tuple[Array, Array, Array]:
@@ -67,8 +69,7 @@ _split_keys_jit = jax.jit(_split_keys, static_argnums=2)
 
 def _seed_keys(key: Key[Array, ""] | Key[Array, " seed"] | None, config: TrainConfig):
     """Each seed's (init, train, eval) keys, `[n_seeds]` each."""
-    _check_key(key, config)
-    return _split_keys_jit(key, np.uint32(config.seed), config.n_seeds)
+    return _split_keys_jit(*_key_args(key, config))
 
 
 # Module level, so a second run of the same env, networks and learner reuses
@@ -104,8 +105,7 @@ def _initial_states(
 ) -> TrainingState:
     """The fresh states of `train` with `key=None`, as the user sees them:
     `load_checkpoint(env=, networks=)`'s template."""
-    args = (None, np.uint32(config.seed), config.n_seeds)
-    states, _ = _init_seeds(env, networks, config.learner, *args)
+    states, _ = _init_seeds(env, networks, config.learner, *_key_args(None, config))
     return states if config.n_seeds > 1 else _first_seed(states)
 
 
@@ -258,8 +258,7 @@ def _initialise(env, networks, key, config, chunk):
     default device: on a TPU, XLA compiles the chunk faster beside an
     initialisation for the chip than beside one for the host
     (`benchmarks/README.md`)."""
-    _check_key(key, config)
-    args = (env, networks, config.learner, key, np.uint32(config.seed), config.n_seeds)
+    args = (env, networks, config.learner, *_key_args(key, config))
     lowered = _init_seeds.lower(*args)
     if chunk.mesh is not None:
         return lowered.compile()(*args), None
@@ -369,10 +368,11 @@ class _Driver(NamedTuple):
             _guard.raise_if_nonfinite(flags, iteration, n, learner)
         rate = n * spi * n_seeds / max(ready - chunk.start - chunk.compiling, 1e-9)
         logged = jax.process_index() == 0 and self.log_fn is not None
+        throughput = self.throughput
         for i in range(n) if logged else [n - 1]:  # Rows no one reads: not made.
             row = to_host(metrics, n_seeds, i)
             row["total_steps"] = (iteration + i + 1) * spi
-            if self.throughput:
+            if throughput:
                 row["throughput/train_sps"] = rate
             if iteration + i + 1 == stop:
                 row = self.events(states, stop, row, history, progress)
