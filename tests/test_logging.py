@@ -171,6 +171,16 @@ def test_advantages_are_logged_as_the_surrogate_weighs_them_and_eval_has_a_rate(
     assert all(m.get("throughput/eval_sps", 1) > 0 for _, m in logged)
 
 
+def _train_small(config, log_fn):
+    """`move_to_center` with a network no other file compiles (13 and 11 units)."""
+    return eqx_ppo.train(
+        eqx_ppo.envs.make("move_to_center"),
+        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
+        config,
+        log_fn=log_fn,
+    )
+
+
 def test_throughput_leaves_out_the_time_spent_compiling():
     # A network size no other test compiles: the first chunk compiles (~3 s)
     # and runs (~50 ms, as each later chunk); its rate must be one of running.
@@ -187,12 +197,7 @@ def test_throughput_leaves_out_the_time_spent_compiling():
         progress=False,
     )
     rates = []
-    eqx_ppo.train(
-        eqx_ppo.envs.make("move_to_center"),
-        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
-        config,
-        log_fn=lambda m, s: rates.append(m["throughput/train_sps"]),
-    )
+    _train_small(config, lambda m, s: rates.append(m["throughput/train_sps"]))
     chunks = rates[::10]  # one rate per chunk of ten iterations
     assert len(chunks) == 4
     assert chunks[0] > np.median(chunks[1:]) / 10
@@ -232,12 +237,7 @@ def test_a_chunks_rows_are_logged_while_the_next_chunk_runs(monkeypatch):
         progress=False,
     )
     logged = []
-    eqx_ppo.train(
-        eqx_ppo.envs.make("move_to_center"),
-        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
-        config,
-        log_fn=lambda m, step: logged.append((step // 32, len(dispatched))),
-    )
+    _train_small(config, lambda m, step: logged.append((step // 32, len(dispatched))))
     assert dispatched == [1] * 6
     assert logged == [(0, 0), (1, 2), (2, 3), (3, 3), (4, 5), (5, 6), (6, 6)]
 
@@ -255,12 +255,7 @@ def test_chunks_default_to_a_fiftieth_of_the_run_and_5_iterations_at_least(
         progress=False,
     )
     rows = []
-    eqx_ppo.train(
-        eqx_ppo.envs.make("move_to_center"),
-        lambda k: eqx_ppo.make_mlp_actor_critic(2, 2, [13], [11], key=k),
-        config,
-        log_fn=lambda m, step: rows.append(step),
-    )
+    _train_small(config, lambda m, step: rows.append(step))
     assert dispatched == chunks
     assert rows == [16 * (i + 1) for i in range(iterations)]  # a row each
 
